@@ -1,0 +1,51 @@
+"""Train on Intel Gaudi HPUs with PyTorch Lightning 2.6.
+
+Importing this package registers the ``"hpu"`` accelerator and the ``"hpu_single"`` / ``"hpu_parallel"``
+strategies (and their variants) with Lightning, so ``Trainer(accelerator="hpu", strategy="hpu_parallel")``
+works by name. Importing it again, or registering again, is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lightning.pytorch.accelerators import AcceleratorRegistry
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightning_gaudi._lightning import install_connector_hooks
+from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.precision import HPUPrecision
+from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HPUAccelerator",
+    "HPUCheckpointIO",
+    "HPUParallelStrategy",
+    "HPUPrecision",
+    "SingleHPUStrategy",
+    "register",
+]
+
+_log = logging.getLogger(__name__)
+if not _log.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(message)s"))
+    _log.addHandler(_handler)
+    _log.propagate = False
+
+
+def register() -> None:
+    """Registers the HPU accelerator and strategies with Lightning and installs the auto-selection hooks.
+
+    Runs at import; safe to call again.
+    """
+    HPUAccelerator.register_accelerators(AcceleratorRegistry)
+    SingleHPUStrategy.register_strategies(StrategyRegistry)
+    HPUParallelStrategy.register_strategies(StrategyRegistry)
+    install_connector_hooks()
+
+
+register()

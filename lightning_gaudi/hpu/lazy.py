@@ -1,0 +1,87 @@
+"""Lazy emulation: PyTorch's Lazy Tensor Core with its TorchScript backend, on the CPU.
+
+LTC accumulates ops into graphs, compiles them at ``mark_step``, recompiles for new shapes and counts host
+syncs and CPU fallbacks, as Gaudi's lazy mode does. What it cannot do, and what this backend does instead:
+
+- autocast: there is no ``torch.autocast`` for device type "lazy"; ``autocast_device_type`` is ``None`` and
+  ``bf16-mixed`` is refused with an error (``bf16-true`` works);
+- fused optimizers: ``fused=True`` kernels do not exist for lazy tensors; the fused factories return torch's
+  single-tensor implementations (same numerics, no fusion) and say so once;
+- collectives: gloo refuses lazy tensors, so lazy emulation drives one device per run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from lightning_gaudi.hpu.backend import LazyCounters
+from lightning_gaudi.hpu.eager import EagerBackend
+
+_FALLBACK_PREFIX = "aten::"
+_HOST_SYNC_COUNTER = "aten::_local_scalar_dense"
+
+
+class LazyBackend(EagerBackend):
+    """HPU lazy-mode emulation on torch's Lazy Tensor Core (``LIGHTNING_GAUDI_EMULATE=lazy``)."""
+
+    name = "lazy"
+    device_type = "lazy"
+    autocast_device_type = None
+    compile_backend = "aot_eager"
+
+    def __init__(self, devices: int, device_name: str) -> None:
+        super().__init__(devices, device_name)
+        import torch._lazy
+        import torch._lazy.metrics
+        import torch._lazy.ts_backend
+
+        torch._lazy.ts_backend.init()
+        self._lazy = torch._lazy
+        self._metrics = torch._lazy.metrics
+        self._warned_unfused = False
+
+    def is_lazy(self) -> bool:
+        return True
+
+    def mark_step(self) -> None:
+        self._lazy.mark_step()
+
+    def synchronize(self) -> None:
+        self._lazy.wait_device_ops()
+
+    def _unfused(self, cls: type[Optimizer], params: Any, kwargs: dict[str, Any]) -> Optimizer:
+        if not self._warned_unfused:
+            self._warned_unfused = True
+            warnings.warn(
+                "Lazy emulation has no fused optimizer kernels: using torch's single-tensor"
+                f" {cls.__name__} (same numerics, no fusion).",
+                stacklevel=3,
+            )
+        return cls(params, foreach=False, **kwargs)
+
+    def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:
+        return self._unfused(torch.optim.AdamW, params, kwargs)
+
+    def fused_sgd(self, params: Any, **kwargs: Any) -> Optimizer:
+        return self._unfused(torch.optim.SGD, params, kwargs)
+
+    def lazy_counters(self) -> LazyCounters:
+        m = self._metrics
+        names = m.counter_names()
+        fallbacks = {
+            n[len(_FALLBACK_PREFIX) :]: m.counter_value(n)
+            for n in names
+            if n.startswith(_FALLBACK_PREFIX) and n != _HOST_SYNC_COUNTER
+        }
+        return LazyCounters(
+            graph_compilations=m.counter_value("UncachedCompile") or 0,
+            cpu_fallbacks=fallbacks,
+            host_syncs=m.counter_value(_HOST_SYNC_COUNTER) or 0,
+        )
+
+    def reset_lazy_counters(self) -> None:
+        self._metrics.reset()

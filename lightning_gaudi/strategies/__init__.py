@@ -1,0 +1,6 @@
+"""HPU training strategies."""
+
+from lightning_gaudi.strategies.parallel import HPUParallelStrategy
+from lightning_gaudi.strategies.single import SingleHPUStrategy
+
+__all__ = ["HPUParallelStrategy", "SingleHPUStrategy"]

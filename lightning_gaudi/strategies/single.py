@@ -1,0 +1,69 @@
+"""The ``"hpu_single"`` strategy: one process, one HPU."""
+
+from __future__ import annotations
+
+import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.strategies.registry import _StrategyRegistry
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import SingleDeviceStrategy
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.strategies._common import check_hpu_accelerator
+
+
+class SingleHPUStrategy(SingleDeviceStrategy):
+    """Trains on one HPU (real or emulated).
+
+    Args:
+        device: the device to train on; by default the card this process drives.
+        accelerator: normally left to the Trainer (``accelerator="hpu"``).
+        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (CPU tensors, atomic).
+        precision_plugin: e.g. :class:`~lightning_gaudi.precision.HPUPrecision`.
+    """
+
+    strategy_name = "hpu_single"
+
+    def __init__(
+        self,
+        device: torch.device | str | int | None = None,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+    ) -> None:
+        check_hpu_accelerator(self.strategy_name, accelerator)
+        super().__init__(
+            device="cpu",
+            accelerator=accelerator,
+            checkpoint_io=checkpoint_io or HPUCheckpointIO(),
+            precision_plugin=precision_plugin,
+        )
+        self._requested_device = device
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        backend = hpu.get_backend()
+        device = self._requested_device
+        if isinstance(device, torch.device) and device.type == backend.device_type:
+            return device
+        return backend.device(device if isinstance(device, int) else None)
+
+    @property  # type: ignore[override]
+    @override
+    def accelerator(self) -> Accelerator | None:
+        return self._accelerator
+
+    @accelerator.setter
+    @override
+    def accelerator(self, accelerator: Accelerator | None) -> None:
+        check_hpu_accelerator(self.strategy_name, accelerator)
+        self._accelerator = accelerator
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(cls.strategy_name, cls, description=cls.__name__, override=True)
