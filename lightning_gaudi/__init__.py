@@ -12,7 +12,7 @@ import logging
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightning_gaudi._lightning import install_connector_hooks
+from lightning_gaudi._lightning import install_connector_hooks, install_logging_hooks
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.precision import HPUPrecision
@@ -46,6 +46,7 @@ def register() -> None:
     SingleHPUStrategy.register_strategies(StrategyRegistry)
     HPUParallelStrategy.register_strategies(StrategyRegistry)
     install_connector_hooks()
+    install_logging_hooks()
 
 
 register()

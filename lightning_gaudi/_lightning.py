@@ -125,3 +125,189 @@ def install_connector_hooks() -> bool:
         setattr(wrapped.__func__ if isinstance(wrapped, staticmethod) else wrapped, _MARK, True)
         setattr(_AcceleratorConnector, name, wrapped)
     return True
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Host-sync-free logging (issue 3)
+#
+# At every batch end Lightning's ``_LoggerConnector.on_batch_end`` calls ``_ResultCollection.metrics``, which turns
+# each ``prog_bar=True`` value into a Python number (``convert_tensors_to_scalars``): a host sync per step, which on
+# Gaudi flushes the lazy graph and stalls the host whatever the progress bar's refresh rate. For trainers on the HPU
+# accelerator only:
+#
+# - ``_LoggerConnector.metrics`` (read at every batch end and every ``log_every_n_steps``) leaves progress-bar values
+#   as device tensors;
+# - ``_LoggerConnector.progress_bar_metrics`` (what the progress bar reads when it refreshes) turns them into numbers;
+# - ``_CallbackConnector._configure_progress_bar`` makes the Trainer's default bar a ``TQDMProgressBar`` refreshing
+#   every :data:`HPU_PROGRESS_BAR_REFRESH_RATE` steps (a bar the user passes, or ``TQDM_MINITERS``, wins).
+#
+# Loggers still receive numbers when they write (every ``log_every_n_steps``). ``tests/callbacks/
+# test_sync_free_logging.py`` fails when Lightning changes what these wrappers rely on.
+# ---------------------------------------------------------------------------------------------------------------------
+
+#: The default progress-bar refresh interval (steps) under HPU; Intel advises 20 or more.
+HPU_PROGRESS_BAR_REFRESH_RATE = 20
+
+#: (module, attribute) pairs the logging wrappers replace or rely on; checked before installing.
+LOGGING_HOOK_TARGETS = (
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "convert_tensors_to_scalars"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "_ResultCollection"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector"),
+    ("lightning.pytorch.trainer.connectors.callback_connector", "_CallbackConnector"),
+)
+_LOGGING_MARK = "__lightning_gaudi_logging_hook__"
+
+
+class _Deferral:
+    active = False
+
+
+def _on_hpu(trainer: Any) -> bool:
+    from lightning_gaudi.accelerator import HPUAccelerator
+
+    strategy = getattr(trainer, "strategy", None)
+    return isinstance(getattr(strategy, "accelerator", None), HPUAccelerator)
+
+
+def _deferring_convert(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(data: Any) -> Any:
+        if _Deferral.active:
+            return data
+        return original(data)
+
+    return wrapper
+
+
+def _deferring_metrics(original: property) -> property:
+    fget = original.fget
+    assert fget is not None
+
+    @functools.wraps(fget)
+    def getter(self: Any) -> Any:
+        if not _on_hpu(self.trainer):
+            return fget(self)
+        _Deferral.active = True
+        try:
+            return fget(self)
+        finally:
+            _Deferral.active = False
+
+    return property(getter)
+
+
+def _converting_progress_bar_metrics(original: property) -> property:
+    from torch import Tensor
+
+    fget = original.fget
+    assert fget is not None
+
+    @functools.wraps(fget)
+    def getter(self: Any) -> Any:
+        metrics = fget(self)
+        for key, value in metrics.items():
+            if isinstance(value, Tensor):
+                metrics[key] = value.item() if value.numel() == 1 else value.tolist()
+        return metrics
+
+    return property(getter)
+
+
+def _hpu_progress_bar(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self: Any, enable_progress_bar: bool = True) -> None:
+        import os
+
+        from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+
+        callbacks = self.trainer.callbacks
+        configured = any(isinstance(c, ProgressBar) for c in callbacks)
+        original(self, enable_progress_bar)
+        if configured or not enable_progress_bar or "TQDM_MINITERS" in os.environ or not _on_hpu(self.trainer):
+            return
+        for index, callback in enumerate(callbacks):
+            if isinstance(callback, ProgressBar):
+                # Rich's bar reads the metrics at every batch; tqdm's only when it refreshes
+                callbacks[index] = TQDMProgressBar(refresh_rate=HPU_PROGRESS_BAR_REFRESH_RATE)
+
+    return wrapper
+
+
+def logging_hooks_installed() -> bool:
+    """Whether the host-sync-free logging wrappers are in place."""
+    from lightning.pytorch.trainer.connectors import callback_connector, logger_connector
+
+    connector = logger_connector.logger_connector._LoggerConnector
+    return all(
+        getattr(target, _LOGGING_MARK, False)
+        for target in (
+            logger_connector.result.convert_tensors_to_scalars,
+            connector.__dict__["metrics"].fget,
+            connector.__dict__["progress_bar_metrics"].fget,
+            callback_connector._CallbackConnector._configure_progress_bar,
+        )
+    )
+
+
+def _missing_logging_targets() -> list[str]:
+    import importlib
+
+    missing = []
+    for module_name, attribute in LOGGING_HOOK_TARGETS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            missing.append(module_name)
+            continue
+        if not hasattr(module, attribute):
+            missing.append(f"{module_name}.{attribute}")
+    if missing:
+        return missing
+    from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
+    from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
+
+    for name in ("metrics", "progress_bar_metrics"):
+        if not isinstance(_LoggerConnector.__dict__.get(name), property):
+            missing.append(f"_LoggerConnector.{name} (a property)")
+    if "_configure_progress_bar" not in _CallbackConnector.__dict__:
+        missing.append("_CallbackConnector._configure_progress_bar")
+    if "metrics" not in _ResultCollection.__dict__:
+        missing.append("_ResultCollection.metrics")
+    return missing
+
+
+def install_logging_hooks() -> bool:
+    """Installs the host-sync-free logging wrappers (idempotent). Returns whether they are installed.
+
+    On a Lightning version outside :data:`SUPPORTED_LIGHTNING`, or one that lacks what the wrappers rely on, nothing
+    is patched and a warning says what that costs (a host sync per step for each ``prog_bar`` value).
+    """
+    from lightning.pytorch.trainer.connectors import callback_connector, logger_connector
+
+    if logging_hooks_installed():
+        return True
+    missing = _missing_logging_targets()
+    if not _LIGHTNING_SUPPORTED or missing:
+        warnings.warn(
+            f"lightning_gaudi was checked against {SUPPORTED_LIGHTNING} ({_LIGHTNING_SUPPORTED.message or 'ok'};"
+            f" missing: {missing or 'nothing'}). Progress-bar values will be read to the host at every step; log"
+            " with `prog_bar=False` on HPU, or pin a supported Lightning, to avoid the per-step host sync.",
+            stacklevel=2,
+        )
+        return False
+    result = logger_connector.result
+    connector = logger_connector.logger_connector._LoggerConnector
+    callbacks = callback_connector._CallbackConnector
+
+    convert = _deferring_convert(result.convert_tensors_to_scalars)
+    metrics = _deferring_metrics(connector.__dict__["metrics"])
+    pbar_metrics = _converting_progress_bar_metrics(connector.__dict__["progress_bar_metrics"])
+    configure_bar = _hpu_progress_bar(callbacks._configure_progress_bar)
+    for hook in (convert, metrics.fget, pbar_metrics.fget, configure_bar):
+        setattr(hook, _LOGGING_MARK, True)
+    result.convert_tensors_to_scalars = convert
+    setattr(connector, "metrics", metrics)  # noqa: B010 - replacing a property
+    setattr(connector, "progress_bar_metrics", pbar_metrics)  # noqa: B010
+    setattr(callbacks, "_configure_progress_bar", configure_bar)  # noqa: B010
+    return True

@@ -30,12 +30,16 @@ def _parse_indices(devices: int | str | list[int] | tuple[int, ...], available: 
         else:
             raise ValueError(f"`devices={original!r}` is not understood; pass an int, 'auto', -1, a list or '0,1'.")
     if isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
-        raise ValueError(f"`devices={original!r}` must be an int, 'auto', -1, a list of indices or a string like '0,1'.")
+        raise ValueError(
+            f"`devices={original!r}` must be an int, 'auto', -1, a list of indices or a string like '0,1'."
+        )
     if isinstance(devices, int):
         if devices == -1:
             devices = available
         if devices < 1:
-            raise ValueError(f"`devices={original!r}` asks for no HPU; pass a positive count, 'auto' or -1.")
+            raise ValueError(
+                f"`devices={original!r}` is not a number of HPUs; pass a positive count, 'auto' or -1 (all)."
+            )
         if devices > available:
             raise ValueError(
                 f"`devices={original!r}` asks for {devices} HPUs but this node has {available}."

@@ -89,7 +89,9 @@ def _emulated_devices() -> int:
 def _emulated_device_name() -> str:
     name = os.environ.get(DEVICE_NAME_ENV, _DEFAULT_DEVICE_NAME).strip().upper()
     if name not in GAUDI_NAMES:
-        raise ValueError(f"{DEVICE_NAME_ENV}={name!r} is not a Gaudi generation; choose one of {', '.join(GAUDI_NAMES)}.")
+        raise ValueError(
+            f"{DEVICE_NAME_ENV}={name!r} is not a Gaudi generation; choose one of {', '.join(GAUDI_NAMES)}."
+        )
     return name
 
 
@@ -127,10 +129,7 @@ def get_backend() -> Backend:
         HPUUnavailableError: no emulation is asked for and Intel's bridge is not installed.
     """
     mode = emulation_mode()
-    if mode is None:
-        key = ("habana", 0, "")
-    else:
-        key = (mode, _emulated_devices(), _emulated_device_name())
+    key = ("habana", 0, "") if mode is None else (mode, _emulated_devices(), _emulated_device_name())
     backend = _backends.get(key)
     if backend is not None:
         return backend

@@ -42,11 +42,13 @@ class LazyCounters:
         graph_compilations: graphs compiled (a new graph or a new shape).
         cpu_fallbacks: ops that ran on the host instead of the device, by op name.
         host_syncs: device-to-host reads (``.item()``, ``bool(tensor)``); ``None`` where the backend cannot count them.
+        mark_steps: graph cuts (``mark_step`` calls); ``None`` where the backend cannot count them.
     """
 
     graph_compilations: int = 0
     cpu_fallbacks: dict[str, int] = field(default_factory=dict)
     host_syncs: int | None = None
+    mark_steps: int | None = None
 
 
 class ClipNorm(abc.ABC):

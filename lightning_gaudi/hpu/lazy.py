@@ -23,6 +23,7 @@ from lightning_gaudi.hpu.eager import EagerBackend
 
 _FALLBACK_PREFIX = "aten::"
 _HOST_SYNC_COUNTER = "aten::_local_scalar_dense"
+_ts_backend_ready = False
 
 
 class LazyBackend(EagerBackend):
@@ -39,7 +40,10 @@ class LazyBackend(EagerBackend):
         import torch._lazy.metrics
         import torch._lazy.ts_backend
 
-        torch._lazy.ts_backend.init()
+        global _ts_backend_ready
+        if not _ts_backend_ready:  # registering the TorchScript backend twice in one process raises
+            torch._lazy.ts_backend.init()
+            _ts_backend_ready = True
         self._lazy = torch._lazy
         self._metrics = torch._lazy.metrics
         self._warned_unfused = False
@@ -61,7 +65,7 @@ class LazyBackend(EagerBackend):
                 f" {cls.__name__} (same numerics, no fusion).",
                 stacklevel=3,
             )
-        return cls(params, foreach=False, **kwargs)
+        return cls(params, foreach=False, **kwargs)  # type: ignore[call-arg]
 
     def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:
         return self._unfused(torch.optim.AdamW, params, kwargs)
@@ -81,6 +85,7 @@ class LazyBackend(EagerBackend):
             graph_compilations=m.counter_value("UncachedCompile") or 0,
             cpu_fallbacks=fallbacks,
             host_syncs=m.counter_value(_HOST_SYNC_COUNTER) or 0,
+            mark_steps=m.counter_value("MarkStep") or 0,
         )
 
     def reset_lazy_counters(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from numbers import Real
 from typing import Any, Literal
 
 import torch
@@ -17,11 +16,13 @@ from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
-from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.callbacks.mark_step import add_default_mark_step
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.launch import validate_launch
+from lightning_gaudi.strategies import _process_group
 from lightning_gaudi.strategies._common import check_hpu_accelerator
 
 _MEAN_OPS = ("mean", "avg")
@@ -30,7 +31,7 @@ _MEAN_OPS = ("mean", "avg")
 def _check_bucket_cap_mb(value: Any) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(
             f"`bucket_cap_mb={value!r}` must be a positive number of megabytes (Intel suggests 100 to 230 on Gaudi)."
         )
@@ -56,9 +57,13 @@ class HPUParallelStrategy(DDPStrategy):
         static_graph: tell DDP the set of used parameters and the graph never change between iterations.
         find_unused_parameters: search the autograd graph for parameters without gradients each step; leave
             ``False`` unless the model really skips parameters (it costs a graph traversal per step).
-        broadcast_buffers: broadcast module buffers from rank 0 at each forward.
+        broadcast_buffers: broadcast module buffers from rank 0 at each forward; ``None`` leaves torch's default
+            (passing it on torch 2.13+, where it is deprecated in favour of ``forward_sync_buffers``, warns).
         process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
-        timeout: how long a collective waits for its peers before it fails.
+        timeout: how long a collective, a barrier or the process-group set-up waits for its peers before it fails
+            with a :class:`~lightning_gaudi.strategies._process_group.CollectiveTimeoutError` (so the launcher can
+            restart the job); a ``timedelta`` or seconds. Default 10 minutes, a third of PyTorch's 30: long enough
+            for rank 0 to write a large checkpoint or compile a new graph while the others wait.
         start_method: how extra local ranks start: "popen" (re-run the script) or "spawn".
         **kwargs: any other ``torch.nn.parallel.DistributedDataParallel`` argument, passed through.
     """
@@ -76,9 +81,9 @@ class HPUParallelStrategy(DDPStrategy):
         gradient_as_bucket_view: bool = True,
         static_graph: bool = False,
         find_unused_parameters: bool = False,
-        broadcast_buffers: bool = True,
+        broadcast_buffers: bool | None = None,
         process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
+        timeout: timedelta | float | None = _process_group.DEFAULT_TIMEOUT,
         start_method: Literal["popen", "spawn"] = "popen",
         **kwargs: Any,
     ) -> None:
@@ -88,6 +93,8 @@ class HPUParallelStrategy(DDPStrategy):
         check_hpu_accelerator(self.strategy_name, accelerator)
         if bucket_cap_mb is not None:
             kwargs["bucket_cap_mb"] = bucket_cap_mb
+        if broadcast_buffers is not None:
+            kwargs["broadcast_buffers"] = broadcast_buffers
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -95,12 +102,11 @@ class HPUParallelStrategy(DDPStrategy):
             checkpoint_io=checkpoint_io or HPUCheckpointIO(),
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=timeout,
+            timeout=_process_group.coerce_timeout(timeout),
             start_method=start_method,
             gradient_as_bucket_view=gradient_as_bucket_view,
             static_graph=static_graph,
             find_unused_parameters=find_unused_parameters,
-            broadcast_buffers=broadcast_buffers,
             **kwargs,
         )
 
@@ -139,9 +145,51 @@ class HPUParallelStrategy(DDPStrategy):
             assert env is not None
             os.environ["MASTER_ADDR"] = env.main_address
             os.environ["MASTER_PORT"] = str(env.main_port)
-            dist.init_process_group(
-                self._process_group_backend, rank=self.global_rank, world_size=self.world_size, timeout=self._timeout
+            _process_group.init_process_group(
+                self._process_group_backend, rank=self.global_rank, world_size=self.world_size, timeout=self.timeout
             )
+
+    @property
+    def timeout(self) -> timedelta:
+        """How long a collective, a barrier or the process-group set-up waits for its peers."""
+        return _process_group.coerce_timeout(self._timeout)
+
+    @override
+    def set_world_ranks(self) -> None:
+        """Checks the launch against ``num_nodes`` x ``devices`` and the node, then sets the ranks.
+
+        Lightning calls this while building the Trainer (after devices, nodes and the cluster environment are final,
+        before the launcher starts any process) and again in every process before the process group forms, so a bad
+        launch fails here, before anything is started or written (see :func:`lightning_gaudi.launch.validate_launch`).
+        """
+        if self.parallel_devices and self.cluster_environment is not None:
+            validate_launch(
+                self.cluster_environment,
+                num_devices=self.num_processes,
+                num_nodes=self.num_nodes,
+                devices_on_node=hpu.get_backend().device_count(),
+            )
+        super().set_world_ranks()
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        with _process_group.collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
+            super().barrier(name)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with _process_group.collective_errors("broadcast", self.timeout):
+            return super().broadcast(obj, src)
+
+    @override
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        with _process_group.collective_errors("all_gather", self.timeout):
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    @override
+    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
+        with _process_group.collective_errors("backward (gradient all-reduce)", self.timeout, transport_only=True):
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
     def _get_process_group_backend(self) -> str:
@@ -165,10 +213,17 @@ class HPUParallelStrategy(DDPStrategy):
         else:
             op = ReduceOp.SUM if mean else reduce_op
         result = tensor if tensor.is_floating_point() else tensor.float()
-        dist.all_reduce(result, op=op, group=group)
+        with _process_group.collective_errors("all_reduce", self.timeout):
+            dist.all_reduce(result, op=op, group=group)
         if mean:
             result = result / dist.get_world_size(group)
         return result
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self.lightning_module is not None:
+            add_default_mark_step(self.lightning_module.trainer)  # lazy mode only; a configured MarkStep wins
 
     @classmethod
     @override

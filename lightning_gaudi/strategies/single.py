@@ -11,6 +11,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.callbacks.mark_step import add_default_mark_step
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.strategies._common import check_hpu_accelerator
 
@@ -62,6 +63,12 @@ class SingleHPUStrategy(SingleDeviceStrategy):
     def accelerator(self, accelerator: Accelerator | None) -> None:
         check_hpu_accelerator(self.strategy_name, accelerator)
         self._accelerator = accelerator
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self.lightning_module is not None:
+            add_default_mark_step(self.lightning_module.trainer)  # lazy mode only; a configured MarkStep wins
 
     @classmethod
     @override

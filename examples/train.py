@@ -1,0 +1,28 @@
+"""Train with a Hydra config from ``conf/`` on Gaudi, or on the emulated HPU when there is no Gaudi.
+
+    python examples/train.py                                  # the example GPT on the standard library's sources
+    python examples/train.py trainer.max_steps=50 data.batch_size=16
+    python examples/train.py strategy=hpu_parallel trainer.devices=2
+    python examples/train.py -m strategy=hpu_parallel trainer.devices=2 strategy.bucket_cap_mb=1,8
+    python examples/train.py hparams_search=bucket_sweep      # then: python scripts/sweep_report.py <sweep dir>
+    python examples/train.py --cfg job                        # print the composed config and exit
+
+Outputs (checkpoints, CSV log, results.json) go to ``logs/<task_name>/runs/<id>/`` or, under ``-m``,
+``logs/<task_name>/multiruns/<id>/<job number>/``. See ``lightning_gaudi/app.py`` for what runs.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from lightning_gaudi import app  # registers the config schemas and resolvers before Hydra composes
+
+
+@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    return app.main(cfg)
+
+
+if __name__ == "__main__":
+    main()

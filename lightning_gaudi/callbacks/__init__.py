@@ -1,0 +1,23 @@
+"""Training-loop callbacks for Gaudi: graph cuts, mixed precision, fused optimizers, statistics, diagnostics."""
+
+from lightning_gaudi.callbacks.autocast import BF16Autocast
+from lightning_gaudi.callbacks.bridge_settings import BridgeSettings, RecipeCache
+from lightning_gaudi.callbacks.diagnostics import LazyModeDiagnostics
+from lightning_gaudi.callbacks.fused_optimizers import FusedOptimizers
+from lightning_gaudi.callbacks.inference import HPUCompile, HPUGraphs
+from lightning_gaudi.callbacks.mark_step import MarkStep
+from lightning_gaudi.callbacks.memory_stats import MemoryStats
+from lightning_gaudi.callbacks.throughput import HPUThroughputMonitor
+
+__all__ = [
+    "BF16Autocast",
+    "BridgeSettings",
+    "FusedOptimizers",
+    "HPUCompile",
+    "HPUGraphs",
+    "HPUThroughputMonitor",
+    "LazyModeDiagnostics",
+    "MarkStep",
+    "MemoryStats",
+    "RecipeCache",
+]

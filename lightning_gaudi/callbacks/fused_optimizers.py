@@ -1,0 +1,166 @@
+"""Swaps torch's AdamW/Adam/SGD for Gaudi's fused optimizers, and clipping by norm for the fused clipper."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+
+#: What each replaceable optimizer keeps, by its torch class name.
+_HYPERPARAMETERS = {
+    "AdamW": ("lr", "betas", "eps", "weight_decay"),
+    "Adam": ("lr", "betas", "eps", "weight_decay"),
+    "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+}
+#: Options the fused kernels do not have: a group that turns one on cannot be replaced without changing numerics.
+_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable")
+_TORCH_CLASSES = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
+REPLACEABLE = tuple(_TORCH_CLASSES)
+
+
+def _check_replaceable(optimizer: Optimizer) -> str:
+    name = type(optimizer).__name__
+    if type(optimizer) is not _TORCH_CLASSES.get(name):
+        raise ValueError(
+            f"FusedOptimizers cannot replace {type(optimizer).__qualname__}: it replaces torch.optim"
+            f" {', '.join(REPLACEABLE)} (exactly those classes). Remove FusedOptimizers, or build one of those."
+        )
+    for index, group in enumerate(optimizer.param_groups):
+        on = [option for option in _UNSUPPORTED if group.get(option)]
+        if on:
+            raise ValueError(
+                f"FusedOptimizers cannot replace {name} with {', '.join(f'{o}=True' for o in on)} (param group"
+                f" {index}): the fused kernels do not have it. Turn it off or remove FusedOptimizers."
+            )
+        if name == "Adam" and group["weight_decay"] and not group.get("decoupled_weight_decay"):
+            raise ValueError(
+                f"FusedOptimizers cannot replace Adam with weight_decay={group['weight_decay']} (param group {index}):"
+                " Adam's L2 penalty is not FusedAdamW's decoupled weight decay. Use torch.optim.AdamW (and retune"
+                " weight_decay) or remove FusedOptimizers."
+            )
+    return "SGD" if name == "SGD" else "AdamW"
+
+
+def fuse_optimizer(optimizer: Optimizer, backend: hpu.Backend | None = None) -> Optimizer:
+    """A fused optimizer with ``optimizer``'s param groups and hyperparameters.
+
+    Every hyperparameter is passed explicitly (FusedAdamW's default eps is 1e-6, torch's 1e-8), empty param groups
+    are dropped (they crash FusedAdamW) and extra group entries (``initial_lr``, names) are kept.
+
+    Raises:
+        ValueError: ``optimizer`` is not a torch AdamW, Adam or SGD, or uses an option the fused kernels lack.
+    """
+    kind = _check_replaceable(optimizer)
+    backend = backend or hpu.get_backend()
+    keys = _HYPERPARAMETERS[kind]
+    kept = [group for group in optimizer.param_groups if group["params"]]
+    groups = [{"params": group["params"], **{key: group[key] for key in keys}} for group in kept]
+    defaults = {key: optimizer.defaults[key] for key in keys}
+    factory = backend.fused_sgd if kind == "SGD" else backend.fused_adamw
+    fused = factory(groups, **defaults)
+    for old, new in zip(kept, fused.param_groups, strict=True):
+        new.update({key: value for key, value in old.items() if key != "params" and key not in fused.defaults})
+    return fused
+
+
+def _rebind_scheduler(scheduler: Any, old: Optimizer, new: Optimizer) -> None:
+    scheduler.optimizer = new
+    if hasattr(old.step, "_wrapped_by_lr_sched") and not hasattr(new.step, "_wrapped_by_lr_sched"):
+        # torch's schedulers mark their optimizer's step to warn when they step first; keep that check working
+        step = new.step
+
+        @functools.wraps(step)
+        def marked_step(*args: Any, **kwargs: Any) -> Any:
+            new._opt_called = True  # type: ignore[attr-defined]
+            return step(*args, **kwargs)
+
+        marked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        new.step = marked_step  # type: ignore[method-assign]
+
+
+class FusedOptimizers(Callback):
+    """Replaces torch ``AdamW``/``Adam``/``SGD`` from ``configure_optimizers`` with fused ones, before the first step.
+
+    On Gaudi: ``hpex.optimizers.FusedAdamW`` / ``FusedSGD``; in eager emulation torch's ``fused=True`` kernels; in
+    lazy emulation torch's single-tensor ones (LTC has no fused kernels). Param groups and hyperparameters are kept
+    (eps explicitly), empty param groups dropped, LR schedulers rebound to the new optimizer; on resume the
+    checkpoint's optimizer state is loaded into the fused optimizer. With ``Trainer(gradient_clip_val=...)`` and the
+    default ``gradient_clip_algorithm="norm"``, gradients are clipped by the fused clipper (``FusedClipNorm`` on Gaudi).
+
+    Args:
+        optimizers: which torch optimizer classes to replace (names from ``"AdamW"``, ``"Adam"``, ``"SGD"``);
+            optimizers of other types are left as they are, with a warning.
+        clip_norm: clip by norm with the fused clipper.
+
+    Raises:
+        ValueError: an optimizer name it cannot replace; at fit start, an optimizer of a listed type with an option
+            the fused kernels lack (``amsgrad``, ``maximize``, Adam's coupled ``weight_decay``...).
+    """
+
+    def __init__(self, optimizers: Iterable[str] = REPLACEABLE, clip_norm: bool = True) -> None:
+        if isinstance(optimizers, str):
+            optimizers = [optimizers]
+        self.optimizers = tuple(optimizers)
+        unknown = [name for name in self.optimizers if name not in _TORCH_CLASSES]
+        if unknown:
+            raise ValueError(
+                f"FusedOptimizers cannot replace {', '.join(map(repr, unknown))}: it replaces torch.optim"
+                f" {', '.join(REPLACEABLE)}. Leave {', '.join(unknown)} out of `optimizers`."
+            )
+        self.clip_norm = clip_norm
+        self._clippers: dict[tuple[int, float], hpu.ClipNorm] = {}
+        self._plugin: Precision | None = None
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        backend = hpu.get_backend()
+        strategy = trainer.strategy
+        optimizers = list(strategy.optimizers)
+        for index, optimizer in enumerate(optimizers):
+            if type(optimizer).__name__ not in self.optimizers:
+                rank_zero_warn(
+                    f"FusedOptimizers leaves {type(optimizer).__qualname__} as it is (not in {self.optimizers})."
+                )
+                continue
+            fused = fuse_optimizer(optimizer, backend)
+            for config in strategy.lr_scheduler_configs:
+                if getattr(config.scheduler, "optimizer", None) is optimizer:
+                    _rebind_scheduler(config.scheduler, optimizer, fused)
+            optimizers[index] = fused
+        strategy.optimizers = optimizers
+        if self.clip_norm:
+            self._install_clipper(trainer, backend)
+
+    def _install_clipper(self, trainer: pl.Trainer, backend: hpu.Backend) -> None:
+        plugin = trainer.precision_plugin
+        clippers = self._clippers
+        clippers.clear()
+
+        def clip_grad_by_norm(optimizer: Optimizer, clip_val: int | float) -> None:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            key = (id(optimizer), float(clip_val))
+            clipper = clippers.get(key)
+            if clipper is None:
+                clipper = clippers[key] = backend.fused_clip_norm(params, float(clip_val))
+            clipper.clip_norm(params)
+
+        plugin.clip_grad_by_norm = clip_grad_by_norm  # type: ignore[method-assign]
+        self._plugin = plugin
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        plugin = self._plugin
+        if plugin is not None and "clip_grad_by_norm" in vars(plugin):
+            del plugin.clip_grad_by_norm
+        self._plugin = None
+        self._clippers.clear()

@@ -1,0 +1,140 @@
+"""Where lazy mode cuts the accumulated graph: the one place that decides ``mark_step`` placement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+
+
+class MarkStep(Callback):
+    """Calls ``mark_step`` at the points Intel recommends for lazy mode; does nothing in eager or compile mode.
+
+    Per optimizer step it cuts the graph after backward and after the optimizer step: 2 per step, ``k + 1`` with
+    ``accumulate_grad_batches=k``. It also cuts after every validation, test and predict batch. In lazy mode the HPU
+    strategies add a default ``MarkStep()`` (first in the callback list) when none is configured; pass your own to
+    change the points, or ``MarkStep(enabled=False)`` to turn it off.
+
+    Args:
+        after_forward: also cut after the forward pass, before backward, so the device runs the forward graph while
+            the host builds the backward one (optimum-habana's ``pipelining_fwd_bwd``). Adds one per micro-batch.
+        after_backward: cut after each backward pass.
+        after_optimizer_step: cut after each optimizer step.
+        after_eval_batch: cut after each validation, test and predict batch.
+        enabled: ``False`` turns every point off (and stops the strategy adding the default one).
+    """
+
+    def __init__(
+        self,
+        after_forward: bool = False,
+        after_backward: bool = True,
+        after_optimizer_step: bool = True,
+        after_eval_batch: bool = True,
+        enabled: bool = True,
+    ) -> None:
+        self.after_forward = after_forward
+        self.after_backward = after_backward
+        self.after_optimizer_step = after_optimizer_step
+        self.after_eval_batch = after_eval_batch
+        self.enabled = enabled
+        self._backend: hpu.Backend | None = None
+        self._stepped = False
+        self._forward = self._backward = self._step = self._eval = False
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        backend = hpu.get_backend()
+        active = self.enabled and backend.is_lazy()
+        self._backend = backend
+        self._forward = active and self.after_forward
+        self._backward = active and self.after_backward
+        self._step = active and self.after_optimizer_step
+        self._eval = active and self.after_eval_batch
+        self._stepped = False
+
+    def _mark(self) -> None:
+        assert self._backend is not None
+        self._backend.mark_step()
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
+        if self._forward:
+            self._mark()
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._backward:
+            self._mark()
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
+    ) -> None:
+        # Lightning has no callback hook after the step; the batch end that follows is the first point after it
+        self._stepped = self._step
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._stepped:
+            self._stepped = False
+            self._mark()
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._eval:
+            self._mark()
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._eval:
+            self._mark()
+
+    @override
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._eval:
+            self._mark()
+
+
+def add_default_mark_step(trainer: pl.Trainer) -> MarkStep | None:
+    """In lazy mode, puts a default :class:`MarkStep` first in ``trainer.callbacks`` unless one is configured.
+
+    The HPU strategies call this when they set up. Returns the callback added, or ``None``.
+    """
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    if not hpu.get_backend().is_lazy() or any(isinstance(c, MarkStep) for c in callbacks):
+        return None
+    callback = MarkStep()
+    callbacks.insert(0, callback)
+    return callback

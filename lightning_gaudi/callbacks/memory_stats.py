@@ -1,0 +1,72 @@
+"""Device memory in GiB at every logging step, as optimum-habana reports it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+
+_GIB = 1024**3
+#: Logged name -> the ``memory_stats`` key it comes from.
+MEMORY_METRICS = {
+    "memory_allocated (GB)": "InUse",
+    "max_memory_allocated (GB)": "MaxInUse",
+    "total_memory_available (GB)": "Limit",
+}
+
+
+def check_interval(name: str, value: Any, allow_zero: bool = False) -> None:
+    """Raises a clear error unless ``value`` is a positive int (or 0 where allowed)."""
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"`{name}={value!r}` must be {kind} number of steps.")
+
+
+class MemoryStats(Callback):
+    """Logs ``memory_allocated (GB)``, ``max_memory_allocated (GB)`` and ``total_memory_available (GB)``.
+
+    The values are the bridge's ``memory_stats()`` ``InUse``, ``MaxInUse`` and ``Limit`` in GiB, rounded to 2 places,
+    written to the Trainer's loggers every ``log_every_n_steps`` optimizer steps by the rank-zero process only.
+    Between logging steps nothing is read. Under emulation the same names carry what the host can honestly measure:
+    this process's resident memory, its peak, and the machine's physical memory.
+
+    Args:
+        log_every_n_steps: the interval in optimizer steps; the Trainer's ``log_every_n_steps`` when ``None``.
+
+    Raises:
+        ValueError: an interval that is not a positive integer.
+    """
+
+    def __init__(self, log_every_n_steps: int | None = None) -> None:
+        if log_every_n_steps is not None:
+            check_interval("log_every_n_steps", log_every_n_steps)
+        self.log_every_n_steps = log_every_n_steps
+        self._interval = log_every_n_steps or 50
+        self._last_step = -1
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._interval = self.log_every_n_steps or max(int(getattr(trainer, "log_every_n_steps", 50)), 1)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step % self._interval or step == self._last_step or not trainer.is_global_zero or not trainer.loggers:
+            return
+        self._last_step = step
+        metrics = read_memory_metrics()
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+
+def read_memory_metrics(backend: hpu.Backend | None = None) -> dict[str, float]:
+    """The three memory metrics, in GiB rounded to 2 places."""
+    stats = (backend or hpu.get_backend()).memory_stats()
+    return {name: round(stats[key] / _GIB, 2) for name, key in MEMORY_METRICS.items()}

@@ -1,0 +1,30 @@
+"""Test double of ``habana_frameworks.torch.distributed.hccl``.
+
+Importing it registers an ``"hccl"`` process-group backend with ``torch.distributed``, as the bridge does; in the
+double that backend is gloo underneath, so ``init_process_group(backend="hccl")`` really runs on the CPU.
+"""
+
+import os
+
+import _bridge_double_state as _state
+import torch.distributed as dist
+
+_state.record("import hccl")
+
+
+def _create_gloo(store, rank, world_size, timeout):
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+if not hasattr(dist.Backend, "HCCL"):  # torch keeps registrations for the life of the process
+    dist.Backend.register_backend("hccl", _create_gloo, devices=["cpu", "hpu"])
+
+
+def initialize_distributed_hpu(world_size=None, rank=None, local_rank=None):
+    _state.record("hccl.initialize_distributed_hpu", world_size=world_size, rank=rank, local_rank=local_rank)
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    os.environ.setdefault("MASTER_PORT", "12345")
+    return world_size, rank, local_rank

@@ -1,0 +1,109 @@
+"""Host-sync-free logging: progress-bar values reach the host only when the bar refreshes or a logger writes.
+
+Counted in lazy emulation with torch's ``aten::_local_scalar_dense`` counter (the seam's ``host_syncs``).
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+from pathlib import Path
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
+from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
+
+from lightning_gaudi import _lightning, hpu
+from tests.callbacks._workload import CounterWindow, Workload, loader, quiet_trainer
+
+WARMUP, STEPS = 20, 200
+
+
+def _syncs_per_step(**trainer_kwargs: object) -> tuple[float, Trainer]:
+    window = CounterWindow(start=WARMUP, stop=WARMUP + STEPS)
+    trainer = quiet_trainer(callbacks=[window, *trainer_kwargs.pop("callbacks", [])], **trainer_kwargs)  # type: ignore[list-item]
+    trainer.fit(Workload(), loader(WARMUP + STEPS + 4))
+    return window.delta("host_syncs") / STEPS, trainer
+
+
+def test_lazy_default_loop_syncs_only_when_the_bar_refreshes(lazy_hpu: hpu.Backend) -> None:
+    per_step, trainer = _syncs_per_step(enable_progress_bar=True)
+    bar = trainer.progress_bar_callback
+    assert isinstance(bar, TQDMProgressBar)
+    assert bar.refresh_rate == _lightning.HPU_PROGRESS_BAR_REFRESH_RATE == 20
+    assert per_step <= 0.05
+    assert window_graphs_ok(trainer)
+    loss = trainer.progress_bar_metrics["loss"]
+    assert isinstance(loss, float)
+    assert loss == pytest.approx(trainer.callback_metrics["loss"].item())
+
+
+def window_graphs_ok(trainer: Trainer) -> bool:
+    return trainer.global_step == WARMUP + STEPS + 4
+
+
+def test_stock_lightning_syncs_every_step(lazy_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same loop with the wrappers standing aside: what Lightning alone does (the number issue 3 quotes)."""
+    monkeypatch.setattr(_lightning, "_on_hpu", lambda trainer: False)
+    per_step, _ = _syncs_per_step(enable_progress_bar=True, callbacks=[TQDMProgressBar(refresh_rate=20)])
+    assert per_step >= 1.0
+
+
+def test_logger_still_gets_numbers(lazy_hpu: hpu.Backend, tmp_path: Path) -> None:
+    trainer = quiet_trainer(logger=CSVLogger(tmp_path, name="", version=""), log_every_n_steps=5)
+    trainer.fit(Workload(), loader(20))
+    with open(tmp_path / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("loss")]
+    assert [int(row["step"]) for row in rows] == [4, 9, 14, 19]
+    assert all(float(row["loss"]) >= 0 for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env", "expected"),
+    [
+        ({"callbacks": [TQDMProgressBar(refresh_rate=3)]}, {}, 3),  # the user's bar wins
+        ({}, {"TQDM_MINITERS": "7"}, 7),  # so does the user's tqdm setting
+        ({}, {}, 20),
+    ],
+)
+def test_refresh_default_and_user_settings(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, kwargs: dict, env: dict, expected: int
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    trainer = quiet_trainer(enable_progress_bar=True, **kwargs)
+    assert trainer.progress_bar_callback.refresh_rate == expected  # type: ignore[union-attr]
+
+
+def test_other_accelerators_untouched(eager_hpu: hpu.Backend) -> None:
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    assert trainer.progress_bar_callback.refresh_rate == 1  # type: ignore[union-attr]
+    assert quiet_trainer(enable_progress_bar=False).progress_bar_callback is None
+
+
+def test_lightning_internals_the_wrappers_rely_on() -> None:
+    """Fails loudly when Lightning changes what the host-sync-free logging wrappers assume."""
+    assert _lightning.logging_hooks_installed()
+    assert _lightning._missing_logging_targets() == []
+    metrics_source = inspect.getsource(_ResultCollection.metrics)
+    assert 'metrics["pbar"][forked_name] = convert_tensors_to_scalars(value)' in metrics_source
+    for name in ("on_batch_end", "on_epoch_end", "update_train_step_metrics"):
+        assert "self.metrics" in inspect.getsource(getattr(_LoggerConnector, name)), name
+    assert "self.metrics" in inspect.getsource(inspect.unwrap(_LoggerConnector.progress_bar_metrics.fget))  # type: ignore[attr-defined]
+    getter = inspect.getsource(inspect.unwrap(_LoggerConnector.progress_bar_metrics.fget))  # type: ignore[attr-defined]
+    assert "return self._progress_bar_metrics" in getter
+    configure = inspect.signature(inspect.unwrap(_CallbackConnector._configure_progress_bar))
+    assert list(configure.parameters) == ["self", "enable_progress_bar"]
+
+
+def test_unsupported_lightning_warns_and_patches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_lightning, "logging_hooks_installed", lambda: False)
+    monkeypatch.setattr(_lightning, "_missing_logging_targets", lambda: ["_LoggerConnector.metrics"])
+    before = _LoggerConnector.__dict__["metrics"]
+    with pytest.warns(UserWarning, match="read to the host at every step"):
+        assert _lightning.install_logging_hooks() is False
+    assert _LoggerConnector.__dict__["metrics"] is before

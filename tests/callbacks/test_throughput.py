@@ -1,0 +1,117 @@
+"""HPUThroughputMonitor: warm-up, validation and checkpoint time left out; no host sync per step; global numbers."""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from lightning_gaudi import hpu
+from lightning_gaudi.callbacks import HPUThroughputMonitor
+from tests.callbacks._workload import CounterWindow, Workload, loader, quiet_trainer
+
+PAUSE = 0.25
+
+
+class SlowOutsideTraining(Workload):
+    """Validation and checkpointing each take PAUSE seconds; a training step takes far less."""
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        time.sleep(PAUSE)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        time.sleep(PAUSE)
+
+
+def test_eager_counts_after_warmup_without_validation_or_checkpoint_time(
+    eager_hpu: hpu.Backend, tmp_path: Path
+) -> None:
+    monitor = HPUThroughputMonitor(warmup_steps=3)
+    trainer = quiet_trainer(
+        max_epochs=2,
+        callbacks=[monitor, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1)],
+        enable_checkpointing=True,
+        limit_val_batches=1,
+        val_check_interval=5,
+        logger=CSVLogger(tmp_path, name="", version=""),
+    )
+    trainer.fit(SlowOutsideTraining(), loader(10), loader(1))
+    summary = monitor.summary
+    assert summary["steps"] == 2 * 10 - 3
+    assert summary["samples"] == 4 * (2 * 10 - 3)
+    assert summary["seconds"] < PAUSE, "validation and checkpoint time are not training time"
+    assert summary["samples_per_sec"] == pytest.approx(summary["samples"] / summary["seconds"])
+    assert "tokens_per_sec" not in summary
+    with open(tmp_path / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("throughput/samples_per_sec")]
+    assert [int(row["epoch"]) for row in rows] == [0, 1]
+    assert all(float(row["throughput/steps_per_sec"]) > 0 for row in rows)
+
+
+class Tokens(Workload):
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self(batch["input_ids"].float()).mean()
+
+
+def test_tokens_from_input_ids(eager_hpu: hpu.Backend) -> None:
+    data = [{"input_ids": torch.ones(8, dtype=torch.long)} for _ in range(12)]  # 3 batches of 4 x 8 tokens
+    monitor = HPUThroughputMonitor(warmup_steps=1)
+    quiet_trainer(callbacks=[monitor]).fit(Tokens(), DataLoader(data, batch_size=4))
+    assert monitor.summary["tokens"] == 2 * 4 * 8
+    assert monitor.summary["tokens_per_sec"] == pytest.approx(64 / monitor.summary["seconds"])
+
+
+def test_lazy_adds_no_host_sync_per_step(lazy_hpu: hpu.Backend) -> None:
+    window = CounterWindow(start=4, stop=24)
+    monitor = HPUThroughputMonitor()
+    quiet_trainer(callbacks=[window, monitor]).fit(Workload(), loader(26))
+    assert window.delta("host_syncs") == 0
+    assert monitor.summary["steps"] == 26 - 3
+
+
+def test_global_over_ranks() -> None:
+    monitor = HPUThroughputMonitor()
+    monitor._elapsed, monitor._samples, monitor._steps, monitor._tokens = 2.0, 40, 10, 0
+
+    def reduce(tensor: Tensor, reduce_op: str) -> Tensor:
+        other_rank = torch.tensor([3.0]) if reduce_op == "max" else torch.tensor([40.0, 10.0, 0.0])
+        return torch.maximum(tensor, other_rank) if reduce_op == "max" else tensor + other_rank
+
+    strategy = SimpleNamespace(root_device=torch.device("cpu"), reduce=reduce)
+    trainer = SimpleNamespace(world_size=2, strategy=strategy)
+    assert monitor._global(trainer) == (3.0, 80.0, 10.0, 0.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [-1, 1.5])
+def test_bad_warmup(value: Any) -> None:
+    with pytest.raises(ValueError, match="warmup_steps"):
+        HPUThroughputMonitor(warmup_steps=value)
+
+
+def test_bridge_synchronizes_once_per_epoch_not_per_step(bridge_double: ModuleType) -> None:
+    monitor = HPUThroughputMonitor(warmup_steps=1)
+    module = SimpleNamespace(log_dict=lambda metrics, **kwargs: logged.update(metrics))
+    logged: dict[str, float] = {}
+    trainer: Any = SimpleNamespace(global_step=0, world_size=1)
+    monitor.on_fit_start(trainer, module)  # type: ignore[arg-type]
+    monitor.on_train_epoch_start(trainer, module)  # type: ignore[arg-type]
+    batch = (torch.zeros(4, 2), torch.zeros(4, 1))
+    for index in range(5):
+        monitor.on_train_batch_start(trainer, module, batch, index)  # type: ignore[arg-type]
+        trainer.global_step += 1
+        monitor.on_train_batch_end(trainer, module, None, batch, index)  # type: ignore[arg-type]
+    assert bridge_double.called("hpu.synchronize") == []
+    monitor.on_train_epoch_end(trainer, module)  # type: ignore[arg-type]
+    assert len(bridge_double.called("hpu.synchronize")) == 1
+    assert logged["throughput/samples_per_sec"] > 0
+    monitor.on_fit_end(trainer, module)  # type: ignore[arg-type]
+    assert monitor.summary["steps"] == 4

@@ -1,0 +1,97 @@
+"""Shared fixtures: the HPU the tests run on (eager or lazy emulation, or the bridge double) and helper paths.
+
+Every fixture sets its environment through ``monkeypatch`` and empties the seam's backend cache
+(``lightning_gaudi.hpu._backends``) before and after, so no test sees another test's backend.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from lightning_gaudi import hpu
+
+TESTS_DIR = Path(__file__).parent
+BRIDGE_DOUBLE_DIR = TESTS_DIR / "bridge_double"
+HELPERS_DIR = TESTS_DIR / "helpers"
+
+_ENV = (hpu.EMULATE_ENV, hpu.DEVICES_ENV, hpu.DEVICE_NAME_ENV)
+
+
+def _forget_bridge() -> None:
+    for name in list(sys.modules):
+        if name == "habana_frameworks" or name.startswith("habana_frameworks.") or name == "_bridge_double_state":
+            del sys.modules[name]
+
+
+@pytest.fixture
+def clean_hpu_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """No HPU setting in the environment and an empty backend cache (restored afterwards).
+
+    Yields the ``monkeypatch`` object, so a test can set ``LIGHTNING_GAUDI_*`` variables of its own.
+    """
+    for name in _ENV:
+        monkeypatch.delenv(name, raising=False)
+    hpu._backends.clear()
+    yield monkeypatch
+    hpu._backends.clear()
+
+
+@pytest.fixture
+def eager_hpu(clean_hpu_env: pytest.MonkeyPatch) -> hpu.Backend:
+    """Eager emulation (``LIGHTNING_GAUDI_EMULATE=eager``): 8 emulated GAUDI2 cards. Returns the backend."""
+    clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
+    return hpu.get_backend()
+
+
+@pytest.fixture
+def lazy_hpu(clean_hpu_env: pytest.MonkeyPatch) -> hpu.Backend:
+    """Lazy emulation (``LIGHTNING_GAUDI_EMULATE=lazy``, torch's Lazy Tensor Core). Returns the backend."""
+    clean_hpu_env.setenv(hpu.EMULATE_ENV, "lazy")
+    return hpu.get_backend()
+
+
+@pytest.fixture
+def no_hpu(clean_hpu_env: pytest.MonkeyPatch) -> None:
+    """Neither emulation nor Intel's bridge: what a CPU-only machine without settings looks like."""
+    _forget_bridge()
+    if hpu.bridge_installed():
+        pytest.skip("Intel's bridge is installed on this machine")
+
+
+@pytest.fixture
+def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The real-bridge code path, on a test double of Intel's ``habana_frameworks`` package.
+
+    Puts ``tests/bridge_double`` first on ``sys.path`` (so ``import habana_frameworks.torch...`` finds the double),
+    unsets ``LIGHTNING_GAUDI_EMULATE`` (so :func:`lightning_gaudi.hpu.get_backend` picks ``HabanaBackend``) and
+    empties the backend cache. Afterwards it removes the double from ``sys.path`` and ``sys.modules`` and empties
+    the cache again.
+
+    The double has the bridge's module paths, names and signatures (``/work/shared/habana-api.md``). Yields its
+    state module, ``_bridge_double_state``:
+
+    - ``calls``: every call into the double, in order, as ``Call(name, args, kwargs)``; names are qualified like
+      ``"core.mark_step"``, ``"hpu.memory_stats"``, ``"hccl.initialize_distributed_hpu"``, ``"hpex.FusedAdamW"``,
+      ``"metrics.metric_global"``; importing ``habana_frameworks.torch.distributed.hccl`` logs ``"import hccl"``.
+    - ``called(name)`` -> the calls with that name; ``names()`` -> all names; ``record(name, *args, **kwargs)``
+      adds an entry (e.g. to order a monkeypatched call among the bridge's); ``reset()`` empties the log and keeps
+      the settings; ``restore_defaults()`` empties it and restores the default device.
+    - ``configure(device_count=8, device_name="GAUDI2", lazy=None, memory={...}, metrics={...})`` sets what the
+      double reports; ``lazy=None`` follows ``PT_HPU_LAZY_MODE`` (default lazy) as bridge 1.19 does.
+
+    Importing the double's ``hccl`` registers an ``"hccl"`` process-group backend that is gloo underneath, so
+    ``torch.distributed.init_process_group("hccl")`` works on the CPU. Tensors cannot be moved to the ``"hpu"``
+    device here: test the bridge path through the seam, the accelerator and the strategies, not a full ``fit``.
+    """
+    clean_hpu_env.syspath_prepend(str(BRIDGE_DOUBLE_DIR))
+    _forget_bridge()
+    import _bridge_double_state as state
+
+    state.restore_defaults()
+    yield state
+    _forget_bridge()

@@ -1,0 +1,1 @@
+"""Small models, data and scripts the tests train with."""

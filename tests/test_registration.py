@@ -1,0 +1,71 @@
+"""Importing lightning_gaudi registers the HPU names with Lightning, idempotently."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import AcceleratorRegistry
+from lightning.pytorch.strategies import StrategyRegistry
+
+import lightning_gaudi
+from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, SingleHPUStrategy, hpu
+
+STRATEGIES = {
+    "hpu_single": (SingleHPUStrategy, {}),
+    "hpu_parallel": (HPUParallelStrategy, {}),
+    "hpu_ddp": (HPUParallelStrategy, {}),
+    "hpu_parallel_spawn": (HPUParallelStrategy, {"start_method": "spawn"}),
+    "hpu_parallel_find_unused_parameters_true": (HPUParallelStrategy, {"find_unused_parameters": True}),
+    "hpu_parallel_static_graph": (HPUParallelStrategy, {"static_graph": True}),
+}
+
+
+def test_names_are_registered() -> None:
+    assert AcceleratorRegistry["hpu"]["accelerator"] is HPUAccelerator
+    for name, (cls, init_params) in STRATEGIES.items():
+        assert StrategyRegistry[name]["strategy"] is cls, name
+        assert StrategyRegistry[name]["init_params"] == init_params, name
+
+
+def test_registering_again_is_harmless() -> None:
+    before_accelerators = set(AcceleratorRegistry)
+    before_strategies = set(StrategyRegistry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lightning_gaudi.register()
+        lightning_gaudi.register()
+        HPUAccelerator.register_accelerators(AcceleratorRegistry)
+        HPUParallelStrategy.register_strategies(StrategyRegistry)
+        SingleHPUStrategy.register_strategies(StrategyRegistry)
+        importlib.import_module("lightning_gaudi")
+    assert set(AcceleratorRegistry) == before_accelerators
+    assert set(StrategyRegistry) == before_strategies
+    test_names_are_registered()
+
+
+def test_public_api() -> None:
+    assert set(lightning_gaudi.__all__) >= {
+        "HPUAccelerator",
+        "HPUCheckpointIO",
+        "HPUParallelStrategy",
+        "HPUPrecision",
+        "SingleHPUStrategy",
+        "register",
+    }
+    for name in lightning_gaudi.__all__:
+        assert hasattr(lightning_gaudi, name), name
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_registered_names_build_a_trainer(eager_hpu: hpu.Backend, name: str) -> None:
+    devices = 1 if name == "hpu_single" else 2
+    trainer = Trainer(accelerator="hpu", strategy=name, devices=devices, logger=False)
+    cls, init_params = STRATEGIES[name]
+    assert type(trainer.strategy) is cls
+    assert isinstance(trainer.accelerator, HPUAccelerator)
+    for key, value in init_params.items():
+        actual = trainer.strategy._start_method if key == "start_method" else trainer.strategy.ddp_kwargs[key]
+        assert actual == value

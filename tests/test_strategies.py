@@ -1,0 +1,178 @@
+"""hpu_single / hpu_parallel: automatic choice, registered variants, DDP arguments, reduce, and bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers.models import RegressionModel, make_net, regression_data, trainer_kwargs
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
+from lightning.fabric.utilities.distributed import ReduceOp
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
+
+from lightning_gaudi import HPUCheckpointIO, HPUParallelStrategy, SingleHPUStrategy, hpu
+
+
+@pytest.mark.parametrize(
+    ("devices", "num_nodes", "expected"),
+    [
+        (1, 1, SingleHPUStrategy),
+        ([3], 1, SingleHPUStrategy),
+        (2, 1, HPUParallelStrategy),
+        ("0,1,2", 1, HPUParallelStrategy),
+        (1, 2, HPUParallelStrategy),
+    ],
+)
+def test_auto_strategy(eager_hpu: hpu.Backend, devices: Any, num_nodes: int, expected: type) -> None:
+    trainer = Trainer(accelerator="hpu", devices=devices, num_nodes=num_nodes, logger=False)
+    assert type(trainer.strategy) is expected
+    assert isinstance(trainer.strategy.checkpoint_io, HPUCheckpointIO)
+    if expected is HPUParallelStrategy:
+        assert trainer.strategy.num_nodes == num_nodes
+        assert trainer.strategy.world_size == len(trainer.strategy.parallel_devices) * num_nodes
+        assert trainer.strategy._get_process_group_backend() == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("hpu_parallel", {"find_unused_parameters": False, "static_graph": False}),
+        ("hpu_ddp", {"find_unused_parameters": False, "static_graph": False}),
+        ("hpu_parallel_find_unused_parameters_true", {"find_unused_parameters": True}),
+        ("hpu_parallel_static_graph", {"static_graph": True}),
+    ],
+)
+def test_registered_parallel_names(eager_hpu: hpu.Backend, name: str, expected: dict[str, bool]) -> None:
+    trainer = Trainer(accelerator="hpu", strategy=name, devices=2, logger=False)
+    strategy = trainer.strategy
+    assert type(strategy) is HPUParallelStrategy
+    assert isinstance(strategy.launcher, _SubprocessScriptLauncher)
+    kwargs = strategy.ddp_kwargs
+    assert kwargs["gradient_as_bucket_view"] is True  # Intel's advice, on by default
+    for key, value in expected.items():
+        assert kwargs[key] is value
+
+
+def test_spawn_variant(eager_hpu: hpu.Backend) -> None:
+    trainer = Trainer(accelerator="hpu", strategy="hpu_parallel_spawn", devices=2, logger=False)
+    assert isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
+    assert trainer.strategy.launcher._start_method == "spawn"
+
+
+def test_single_by_name(eager_hpu: hpu.Backend) -> None:
+    trainer = Trainer(accelerator="hpu", strategy="hpu_single", devices=1, logger=False)
+    assert type(trainer.strategy) is SingleHPUStrategy
+    assert trainer.strategy.root_device == torch.device("cpu")
+
+
+def test_ddp_arguments_pass_through(eager_hpu: hpu.Backend) -> None:
+    strategy = HPUParallelStrategy(
+        bucket_cap_mb=100, static_graph=True, broadcast_buffers=False, skip_all_reduce_unused_params=True
+    )
+    assert strategy.ddp_kwargs == {
+        "bucket_cap_mb": 100,
+        "gradient_as_bucket_view": True,
+        "static_graph": True,
+        "find_unused_parameters": False,
+        "broadcast_buffers": False,
+        "skip_all_reduce_unused_params": True,
+    }
+    assert "bucket_cap_mb" not in HPUParallelStrategy().ddp_kwargs  # torch's default unless asked
+    assert "broadcast_buffers" not in HPUParallelStrategy().ddp_kwargs  # deprecated in torch 2.13: not passed
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [0, -5, 0.0, "25", True, [25]])
+def test_bad_bucket_cap_mb(eager_hpu: hpu.Backend, bucket_cap_mb: Any) -> None:
+    with pytest.raises(ValueError, match=r"`bucket_cap_mb=.*` must be a positive number of megabytes"):
+        HPUParallelStrategy(bucket_cap_mb=bucket_cap_mb)
+
+
+def test_bad_start_method(eager_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match=r"start_method='fork'.*'popen' or 'spawn'"):
+        HPUParallelStrategy(start_method="fork")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("strategy", ["hpu_parallel", "hpu_single", "hpu_ddp"])
+def test_hpu_strategy_with_another_accelerator(eager_hpu: hpu.Backend, strategy: str) -> None:
+    with pytest.raises(ValueError, match=r"runs on HPUs, but the accelerator is CPUAccelerator.*accelerator='hpu'"):
+        Trainer(accelerator="cpu", strategy=strategy, devices=2 if strategy != "hpu_single" else 1)
+
+
+def test_parallel_refused_under_lazy_emulation(lazy_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match="cannot run under LIGHTNING_GAUDI_EMULATE=lazy"):
+        Trainer(accelerator="hpu", devices=2, logger=False)
+
+
+def test_reduce_mean_is_sum_over_world_size(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HCCL has no mean: the strategy all-reduces with SUM and divides; a second rank is simulated by doubling."""
+    ops: list[Any] = []
+
+    def all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None) -> None:
+        ops.append(op)
+        tensor.mul_(2)
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    strategy = HPUParallelStrategy()
+
+    result = strategy.reduce(torch.tensor([1.0, 3.0]), reduce_op="mean")
+    torch.testing.assert_close(result, torch.tensor([1.0, 3.0]))
+    result = strategy.reduce(torch.tensor([1, 3]), reduce_op=ReduceOp.AVG)
+    assert result.dtype == torch.float32
+    torch.testing.assert_close(result, torch.tensor([1.0, 3.0]))
+    torch.testing.assert_close(strategy.reduce(torch.tensor([1.0]), reduce_op=None), torch.tensor([1.0]))
+    torch.testing.assert_close(strategy.reduce(torch.tensor([1.0]), reduce_op="sum"), torch.tensor([2.0]))
+    strategy.reduce(torch.tensor([1.0]), reduce_op="max")
+    assert ops == [ReduceOp.SUM, ReduceOp.SUM, ReduceOp.SUM, ReduceOp.SUM, ReduceOp.MAX]
+    assert strategy.reduce(3.0) == 3.0  # not a tensor: returned as is
+
+
+def test_lazy_single_device_fit(lazy_hpu: hpu.Backend) -> None:
+    """Lazy emulation trains end to end on device "lazy", to the same weights as plain CPU SGD."""
+    seed_everything(0, verbose=False)
+    model = RegressionModel()
+    initial = {name: tensor.clone() for name, tensor in model.net.state_dict().items()}
+    trainer = Trainer(accelerator="hpu", devices=1, **trainer_kwargs(max_steps=3))
+    assert isinstance(trainer.strategy, SingleHPUStrategy)
+    assert trainer.strategy.root_device.type == "lazy"
+    trainer.fit(model)
+    assert trainer.global_step == 3
+    assert model.seen["param_device"] == "lazy"
+    assert model.seen["input_device"] == "lazy"
+
+    net = make_net()
+    net.load_state_dict(initial)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = regression_data(32)
+    for step in range(3):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(x[4 * step : 4 * step + 4]), y[4 * step : 4 * step + 4]).backward()
+        optimizer.step()
+    for name, tensor in net.state_dict().items():
+        torch.testing.assert_close(model.net.state_dict()[name].cpu(), tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_multi_node_under_torchrun(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun Lightning's cluster environment supplies the ranks; no process is started by the Trainer."""
+    torchrun = {
+        "TORCHELASTIC_RUN_ID": "test",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29515",
+        "WORLD_SIZE": "4",
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "GROUP_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+    }
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    trainer = Trainer(accelerator="hpu", devices=2, num_nodes=2, logger=False)
+    strategy = trainer.strategy
+    assert type(strategy) is HPUParallelStrategy
+    assert type(strategy.cluster_environment) is TorchElasticEnvironment
+    assert strategy.cluster_environment.creates_processes_externally
+    assert (strategy.world_size, strategy.global_rank, strategy.local_rank, strategy.node_rank) == (4, 3, 1, 1)
