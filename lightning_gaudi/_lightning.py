@@ -127,6 +127,26 @@ def install_connector_hooks() -> bool:
     return True
 
 
+#: The trainer's evaluation loops, each with an ``inference_mode`` flag read when the loop runs.
+EVALUATION_LOOPS = ("validate_loop", "test_loop", "predict_loop")
+
+
+def disable_inference_mode(trainer: Any) -> None:
+    """Makes ``trainer``'s evaluation loops use ``torch.no_grad`` instead of ``torch.inference_mode``.
+
+    Raises:
+        RuntimeError: Lightning's loops no longer carry the ``inference_mode`` flag this relies on.
+    """
+    for name in EVALUATION_LOOPS:
+        loop = getattr(trainer, name, None)
+        if loop is None or not isinstance(getattr(loop, "inference_mode", None), bool):
+            raise RuntimeError(
+                f"lightning_gaudi expected `trainer.{name}.inference_mode` (Lightning {SUPPORTED_LIGHTNING});"
+                " this Lightning lacks it. Pass `Trainer(inference_mode=False)` instead."
+            )
+        loop.inference_mode = False
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Host-sync-free logging (issue 3)
 #
@@ -235,18 +255,18 @@ def _hpu_progress_bar(original: Any) -> Any:
 
 def logging_hooks_installed() -> bool:
     """Whether the host-sync-free logging wrappers are in place."""
-    from lightning.pytorch.trainer.connectors import callback_connector, logger_connector
+    import importlib
 
-    connector = logger_connector.logger_connector._LoggerConnector
-    return all(
-        getattr(target, _LOGGING_MARK, False)
-        for target in (
-            logger_connector.result.convert_tensors_to_scalars,
-            connector.__dict__["metrics"].fget,
-            connector.__dict__["progress_bar_metrics"].fget,
-            callback_connector._CallbackConnector._configure_progress_bar,
-        )
+    result = importlib.import_module(LOGGING_HOOK_TARGETS[0][0])
+    connector = vars(getattr(importlib.import_module(LOGGING_HOOK_TARGETS[2][0]), "_LoggerConnector", object))
+    callbacks = getattr(importlib.import_module(LOGGING_HOOK_TARGETS[3][0]), "_CallbackConnector", None)
+    targets = (
+        getattr(result, "convert_tensors_to_scalars", None),
+        getattr(connector.get("metrics"), "fget", None),
+        getattr(connector.get("progress_bar_metrics"), "fget", None),
+        getattr(callbacks, "_configure_progress_bar", None),
     )
+    return all(getattr(target, _LOGGING_MARK, False) for target in targets)
 
 
 def _missing_logging_targets() -> list[str]:
@@ -283,7 +303,7 @@ def install_logging_hooks() -> bool:
     On a Lightning version outside :data:`SUPPORTED_LIGHTNING`, or one that lacks what the wrappers rely on, nothing
     is patched and a warning says what that costs (a host sync per step for each ``prog_bar`` value).
     """
-    from lightning.pytorch.trainer.connectors import callback_connector, logger_connector
+    import importlib
 
     if logging_hooks_installed():
         return True
@@ -296,9 +316,9 @@ def install_logging_hooks() -> bool:
             stacklevel=2,
         )
         return False
-    result = logger_connector.result
-    connector = logger_connector.logger_connector._LoggerConnector
-    callbacks = callback_connector._CallbackConnector
+    result = importlib.import_module(LOGGING_HOOK_TARGETS[0][0])
+    connector = importlib.import_module(LOGGING_HOOK_TARGETS[2][0])._LoggerConnector
+    callbacks = importlib.import_module(LOGGING_HOOK_TARGETS[3][0])._CallbackConnector
 
     convert = _deferring_convert(result.convert_tensors_to_scalars)
     metrics = _deferring_metrics(connector.__dict__["metrics"])
@@ -306,7 +326,7 @@ def install_logging_hooks() -> bool:
     configure_bar = _hpu_progress_bar(callbacks._configure_progress_bar)
     for hook in (convert, metrics.fget, pbar_metrics.fget, configure_bar):
         setattr(hook, _LOGGING_MARK, True)
-    result.convert_tensors_to_scalars = convert
+    setattr(result, "convert_tensors_to_scalars", convert)  # noqa: B010
     setattr(connector, "metrics", metrics)  # noqa: B010 - replacing a property
     setattr(connector, "progress_bar_metrics", pbar_metrics)  # noqa: B010
     setattr(callbacks, "_configure_progress_bar", configure_bar)  # noqa: B010

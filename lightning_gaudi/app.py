@@ -379,16 +379,39 @@ def main(cfg: DictConfig) -> float | None:
     return float(value) if value is not None and math.isfinite(float(value)) else None
 
 
+def load_rank_config(path: Path) -> DictConfig:
+    """Reads a rank config written by :func:`launch_ranks`.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file is not a YAML mapping with the sections :func:`train` needs.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"No rank config at {str(path)!r}; launch_ranks writes one per job ({RANK_CONFIG_FILE})."
+        )
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as err:  # yaml's errors carry the line and column
+        raise ValueError(f"{str(path)!r} is not valid YAML: {err}") from err
+    missing = [key for key in ("trainer", "strategy", "model", "data", "paths", "emulation") if key not in cfg]
+    if not isinstance(cfg, DictConfig) or missing:
+        raise ValueError(
+            f"{str(path)!r} is not a training config: it lacks {missing or 'a mapping at the top level'}."
+            " Pass the rank_config.yaml of a job folder."
+        )
+    return cfg
+
+
 def _rank_main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m lightning_gaudi.app RANK_CONFIG.yaml", file=sys.stderr)
         return 2
-    path = Path(argv[0])
-    if not path.is_file():
-        print(f"lightning_gaudi.app: no config file at {str(path)!r}", file=sys.stderr)
+    try:
+        cfg = load_rank_config(Path(argv[0]))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"lightning_gaudi.app: {err}", file=sys.stderr)
         return 2
-    cfg = OmegaConf.load(path)
-    assert isinstance(cfg, DictConfig)
     setup(cfg)
     train(cfg)
     return 0

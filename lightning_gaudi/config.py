@@ -5,13 +5,13 @@ against them: a key that is not a field (``strategy.bucket_cap_mbb=3``) is an er
 the wrong type (``strategy.bucket_cap_mb=big``) is an error naming the field. Call :func:`register_configs` (done
 on import) before Hydra composes a config.
 
-Schemas, by config group and name:
+Schemas, under the ConfigStore group ``lightning_gaudi_schema`` (kept apart from the groups users pick from):
 
-- ``strategy/hpu_parallel_schema``: :class:`HPUParallelStrategyConf`; ``strategy/hpu_single_schema``:
-  :class:`SingleHPUStrategyConf`.
-- ``callbacks/schema/<name>``: one per callback of :mod:`lightning_gaudi.callbacks` (see :data:`CALLBACK_SCHEMAS`).
-- ``emulation/schema``: :class:`EmulationConf` (the bridge's own settings are the ``bridge_settings`` callback's).
-- ``hydra/launcher/gaudi_slurm_schema``: :class:`SlurmLauncherConf`, the fields of hydra-submitit-launcher's
+- ``strategy/hpu_parallel``: :class:`HPUParallelStrategyConf`; ``strategy/hpu_single``: :class:`SingleHPUStrategyConf`.
+- ``callbacks/<name>``: one per callback of :mod:`lightning_gaudi.callbacks`, built from its signature (see
+  :data:`CALLBACK_CONFIG_NAMES`).
+- ``emulation``: :class:`EmulationConf` (the bridge's own settings are the ``bridge_settings`` callback's).
+- ``hydra/launcher/gaudi_slurm``: :class:`SlurmLauncherConf`, the fields of hydra-submitit-launcher's
   ``SlurmQueueConf`` (checked by :func:`check_slurm_launcher`).
 """
 
@@ -134,6 +134,9 @@ class SlurmLauncherConf:
     srun_args: list[str] | None = None
 
 
+#: The ConfigStore group that holds the schemas, apart from the groups users pick options from.
+SCHEMA_GROUP = "lightning_gaudi_schema"
+
 #: Callback schemas, by config name: filled by :func:`_callback_schemas` from what ``lightning_gaudi.callbacks`` has.
 CALLBACK_SCHEMAS: dict[str, type] = {}
 
@@ -203,14 +206,14 @@ CALLBACK_CONFIG_NAMES: dict[str, str] = {
 def register_configs() -> None:
     """Stores the schemas in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
-    cs.store(group="strategy", name="hpu_parallel_schema", node=HPUParallelStrategyConf)
-    cs.store(group="strategy", name="hpu_single_schema", node=SingleHPUStrategyConf)
-    cs.store(group="emulation", name="schema", node=EmulationConf)
-    cs.store(group="hydra/launcher", name="gaudi_slurm_schema", node=SlurmLauncherConf)
+    cs.store(group=f"{SCHEMA_GROUP}/strategy", name="hpu_parallel", node=HPUParallelStrategyConf)
+    cs.store(group=f"{SCHEMA_GROUP}/strategy", name="hpu_single", node=SingleHPUStrategyConf)
+    cs.store(group=SCHEMA_GROUP, name="emulation", node=EmulationConf)
+    cs.store(group=f"{SCHEMA_GROUP}/hydra/launcher", name="gaudi_slurm", node=SlurmLauncherConf)
     CALLBACK_SCHEMAS.clear()
     CALLBACK_SCHEMAS.update(_callback_schemas())
     for name, schema in CALLBACK_SCHEMAS.items():
-        cs.store(group="callbacks/schema", name=name, node=schema)
+        cs.store(group=f"{SCHEMA_GROUP}/callbacks", name=name, node=schema)
 
 
 def apply_emulation(conf: DictConfig | EmulationConf) -> str | None:

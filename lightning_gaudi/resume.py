@@ -16,8 +16,9 @@ and lists the pickled object. Checking it reads only the file's end, never the t
 :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (atomic saves) every ``*.ckpt`` is complete; the check
 guards against files written by other means (a copy interrupted half-way, a checkpoint from an older tool).
 
-Every rank resolves the policy itself, so the checkpoint directory must be on a file system all ranks see, as for
-any Lightning resume. ``HPUParallelStrategy`` checks after loading that all ranks resumed from the same step.
+Every rank resolves the policy itself, so the checkpoint directory must be on a file system all ranks see (as for
+any Lightning resume), and nothing may be writing to it while a job starts (true after a launcher restart: every
+worker of the previous attempt is gone).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from helpers.models import RegressionModel, make_net, regression_data, trainer_kwargs
+from helpers.models import RegressionModel, make_net, regression_data, regression_loader, trainer_kwargs
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.pytorch import Trainer, seed_everything
@@ -154,6 +154,21 @@ def test_lazy_single_device_fit(lazy_hpu: hpu.Backend) -> None:
         optimizer.step()
     for name, tensor in net.state_dict().items():
         torch.testing.assert_close(model.net.state_dict()[name].cpu(), tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_lazy_emulation_evaluates_with_default_inference_mode(lazy_hpu: hpu.Backend) -> None:
+    """LTC cannot trace under torch.inference_mode; the strategy switches evaluation to no_grad by itself."""
+
+    class Evaluated(RegressionModel):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", self.training_step(batch, batch_idx))
+
+    model = Evaluated()
+    trainer = Trainer(accelerator="hpu", devices=1, **trainer_kwargs(limit_val_batches=2))
+    assert trainer.validate_loop.inference_mode  # the user's (default) setting
+    [metrics] = trainer.validate(model, dataloaders=regression_loader(8), verbose=False)
+    assert all(not loop.inference_mode for loop in (trainer.validate_loop, trainer.test_loop, trainer.predict_loop))
+    assert set(metrics) == {"val_loss"}
 
 
 def test_multi_node_under_torchrun(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:

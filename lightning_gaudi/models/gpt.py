@@ -37,7 +37,11 @@ class CausalSelfAttention(nn.Module):
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}.")
         self.n_head = n_head
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        # three projections rather than one split in three: torch's Lazy Tensor Core (lazy emulation) falls back to
+        # the CPU on matmuls of split views
+        self.query = nn.Linear(n_embd, n_embd)
+        self.key = nn.Linear(n_embd, n_embd)
+        self.value = nn.Linear(n_embd, n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
@@ -45,9 +49,11 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         batch, time, channels = x.shape
-        q, k, v = self.qkv(x).split(channels, dim=2)
         # (batch, time, channels) -> (batch, heads, time, head size)
-        q, k, v = (t.view(batch, time, self.n_head, channels // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (
+            proj(x).view(batch, time, self.n_head, channels // self.n_head).transpose(1, 2)
+            for proj in (self.query, self.key, self.value)
+        )
         y = self.attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(batch, time, channels)
         return self.resid_dropout(self.proj(y))

@@ -1,8 +1,13 @@
-"""Checks shared by the HPU strategies."""
+"""What the HPU strategies share: the accelerator check and the trainer preparation at set-up."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lightning.pytorch.accelerators import Accelerator
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
 
 
 def check_hpu_accelerator(strategy_name: str, accelerator: Accelerator | None) -> None:
@@ -14,3 +19,20 @@ def check_hpu_accelerator(strategy_name: str, accelerator: Accelerator | None) -
             f"The {strategy_name!r} strategy runs on HPUs, but the accelerator is {type(accelerator).__name__}."
             " Pass `Trainer(accelerator='hpu', ...)` (on a machine without Gaudi, set LIGHTNING_GAUDI_EMULATE=eager)."
         )
+
+
+def prepare_trainer(trainer: pl.Trainer) -> None:
+    """Readies ``trainer`` for the HPU backend; the strategies call it from ``setup_environment``.
+
+    In lazy mode a default :class:`~lightning_gaudi.callbacks.MarkStep` is added (a configured one wins). Under
+    lazy emulation, evaluation runs under ``torch.no_grad`` instead of ``torch.inference_mode``, which torch's
+    Lazy Tensor Core cannot trace.
+    """
+    from lightning_gaudi import hpu
+    from lightning_gaudi._lightning import disable_inference_mode
+    from lightning_gaudi.callbacks.mark_step import add_default_mark_step
+
+    add_default_mark_step(trainer)
+    backend = hpu.get_backend()
+    if backend.emulated and backend.is_lazy():
+        disable_inference_mode(trainer)

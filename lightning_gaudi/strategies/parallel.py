@@ -19,11 +19,10 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.callbacks.mark_step import add_default_mark_step
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.launch import validate_launch
 from lightning_gaudi.strategies import _process_group
-from lightning_gaudi.strategies._common import check_hpu_accelerator
+from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
 
 _MEAN_OPS = ("mean", "avg")
 
@@ -223,7 +222,7 @@ class HPUParallelStrategy(DDPStrategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         if self.lightning_module is not None:
-            add_default_mark_step(self.lightning_module.trainer)  # lazy mode only; a configured MarkStep wins
+            prepare_trainer(self.lightning_module.trainer)
 
     @classmethod
     @override

@@ -11,9 +11,8 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.callbacks.mark_step import add_default_mark_step
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
-from lightning_gaudi.strategies._common import check_hpu_accelerator
+from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
 
 
 class SingleHPUStrategy(SingleDeviceStrategy):
@@ -68,7 +67,7 @@ class SingleHPUStrategy(SingleDeviceStrategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         if self.lightning_module is not None:
-            add_default_mark_step(self.lightning_module.trainer)  # lazy mode only; a configured MarkStep wins
+            prepare_trainer(self.lightning_module.trainer)
 
     @classmethod
     @override

@@ -1,0 +1,384 @@
+"""The Hydra recipes under conf/: every option composes and builds its objects; schemas reject typos and wrong
+types; the run-directory resolvers agree across ranks; the SLURM launcher recipe is checked against the trainer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_gaudi import HPUParallelStrategy, SingleHPUStrategy, app, callbacks, hpu
+from lightning_gaudi.config import (
+    CALLBACK_CONFIG_NAMES,
+    SlurmLauncherConf,
+    apply_emulation,
+    check_slurm_launcher,
+)
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+#: Small enough that building every model is quick.
+TINY = ["data.max_bytes=20000", "data.seq_len=16", "data.batch_size=4"]
+
+
+@pytest.fixture
+def isolated_env(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """Restores the whole environment afterwards: the app and some callbacks export variables by design."""
+    saved = dict(os.environ)
+    yield clean_hpu_env
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def compose_train(overrides: list[str], output_dir: Path | None = None, hydra: bool = False) -> DictConfig:
+    extra = [] if output_dir is None else [f"paths.output_dir={output_dir}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=[*overrides, *extra], return_hydra_config=hydra)
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+
+
+def build_all(cfg: DictConfig) -> dict[str, Any]:
+    """Instantiates what train() instantiates, without fitting."""
+    app.setup(cfg)
+    built_callbacks = app._instantiate_group(cfg.get("callbacks"))
+    loggers = app._instantiate_group(cfg.get("logger"))
+    data = instantiate(cfg.data)
+    model = instantiate(cfg.model)
+    strategy = instantiate(cfg.strategy)
+    trainer = instantiate(cfg.trainer, strategy=strategy, callbacks=built_callbacks, logger=loggers or False)
+    return {"callbacks": built_callbacks, "loggers": loggers, "data": data, "model": model, "trainer": trainer}
+
+
+_CASES = [
+    *(f"{group}={option}" for group in ("strategy", "model", "data", "logger") for option in group_options(group)),
+    *(f"callbacks={option}" for option in group_options("callbacks")),
+    *(f"experiment={option}" for option in group_options("experiment")),
+    *(f"hparams_search={option}" for option in group_options("hparams_search")),
+    *(f"debug={option}" for option in group_options("debug")),
+]
+
+
+@pytest.mark.parametrize("selection", _CASES)
+def test_every_option_composes_and_instantiates(selection: str, isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    cfg = compose_train([selection, *TINY], output_dir=tmp_path)
+    built = build_all(cfg)
+    trainer = built["trainer"]
+    assert isinstance(trainer, L.Trainer)
+    assert isinstance(built["model"], L.LightningModule)
+    assert isinstance(built["data"], L.LightningDataModule)
+    assert isinstance(trainer.strategy, (SingleHPUStrategy, HPUParallelStrategy))
+    names = [name for name, node in (cfg.callbacks or {}).items() if isinstance(node, DictConfig)]
+    assert len(built["callbacks"]) == len(names)
+    assert all(isinstance(c, Callback) for c in built["callbacks"])
+    for callback in built["callbacks"]:
+        assert callback in trainer.callbacks
+    if isinstance(trainer.strategy, HPUParallelStrategy):
+        assert trainer.strategy.ddp_kwargs.get("bucket_cap_mb") == cfg.strategy.bucket_cap_mb or (
+            cfg.strategy.bucket_cap_mb is None and "bucket_cap_mb" not in trainer.strategy.ddp_kwargs
+        )
+
+
+def test_every_callback_file_has_a_real_class_and_schema() -> None:
+    """Each plugin callback recipe names a class lightning_gaudi.callbacks exports (never a missing one)."""
+    for name in group_options("callbacks"):
+        node = OmegaConf.load(CONF_DIR / "callbacks" / f"{name}.yaml")
+        for key, value in node.items():
+            if key == "defaults" or not isinstance(value, DictConfig):
+                continue
+            cfg = compose_train([f"callbacks={name}"], output_dir=Path("."))
+            target = cfg.callbacks[key]._target_
+            if target.startswith("lightning_gaudi."):
+                class_name = target.rsplit(".", 1)[1]
+                assert hasattr(callbacks, class_name), target
+                assert CALLBACK_CONFIG_NAMES[key] == class_name
+
+
+def test_default_callback_set_is_the_gaudi_set() -> None:
+    cfg = compose_train([], output_dir=Path("."))
+    assert list(cfg.callbacks) == [
+        "bridge_settings",
+        "model_checkpoint",
+        "progress_bar",
+        "lr_monitor",
+        "mark_step",
+        "fused_optimizers",
+        "memory_stats",
+        "throughput",
+    ]
+    assert not compose_train(["callbacks=none"], output_dir=Path(".")).callbacks
+
+
+def test_user_override_paths() -> None:
+    cfg = compose_train(
+        ["trainer.max_steps=7", "trainer.devices=2", "strategy=hpu_parallel", "strategy.bucket_cap_mb=3.5"],
+        output_dir=Path("."),
+    )
+    assert cfg.trainer.max_steps == 7
+    assert cfg.trainer.devices == 2
+    assert cfg.strategy._target_ == "lightning_gaudi.HPUParallelStrategy"
+    assert cfg.strategy.bucket_cap_mb == 3.5
+    assert instantiate(cfg.strategy.timeout).total_seconds() == 30 * 60
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["strategy=hpu_parallel", "strategy.bucket_cap_mbb=3"], "bucket_cap_mbb"),
+        (["strategy.bucket_cap_mb=3"], "bucket_cap_mb"),  # hpu_single has no buckets
+        (["callbacks.mark_step.after_backwardd=true"], "after_backwardd"),
+        (["emulation.modee=eager"], "modee"),
+        (["hydra/launcher=gaudi_slurm", "hydra.launcher.tasks_per_nodee=2"], "tasks_per_nodee"),
+    ],
+)
+def test_typo_is_an_error_naming_the_key(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_train(overrides, hydra=True)
+    text = f"{info.value} {info.value.__cause__}"
+    assert f"'{key}'" in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "expected"),
+    [
+        (["strategy=hpu_parallel", "strategy.bucket_cap_mb=big"], "strategy.bucket_cap_mb", "Float"),
+        (["strategy=hpu_parallel", "strategy.static_graph=maybe"], "strategy.static_graph", "bool"),
+        (["callbacks.memory_stats.log_every_n_steps=often"], "callbacks.memory_stats.log_every_n_steps", "Integer"),
+        (["emulation.mode=eagr"], "emulation.mode", "auto, eager, lazy, off"),
+        (["emulation.device_name=GAUDI9"], "emulation.device_name", "GAUDI, GAUDI2, GAUDI3"),
+    ],
+)
+def test_wrong_type_is_an_error_naming_the_field(overrides: list[str], field: str, expected: str) -> None:
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_train(overrides)
+    cause = str(info.value.__cause__)
+    assert f"full_key: {field}" in cause
+    assert expected in cause
+
+
+def test_missing_option_lists_the_choices() -> None:
+    with pytest.raises(MissingConfigException) as info:
+        compose_train(["strategy=hpu_paralel"])
+    message = str(info.value)
+    assert "strategy/hpu_paralel" in message
+    assert "hpu_parallel" in message and "hpu_single" in message
+    assert "lightning_gaudi_schema" not in message.split("Config search path")[0]
+
+
+def test_malformed_config_file_names_the_file(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    (conf / "strategy").mkdir(parents=True)
+    (conf / "train.yaml").write_text("defaults:\n  - strategy: broken\n  - _self_\nseed: 1\n")
+    (conf / "strategy" / "broken.yaml").write_text("_target_: lightning_gaudi.HPUParallelStrategy\nbucket_cap_mb: [1\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"), pytest.raises(Exception) as info:
+        compose("train")
+    assert "broken" in f"{info.value} {info.value.__cause__}"
+
+
+def test_rank_config_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="No rank config"):
+        app.load_rank_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [1\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        app.load_rank_config(bad)
+    partial = tmp_path / "partial.yaml"
+    partial.write_text("trainer: {}\n")
+    with pytest.raises(ValueError, match="lacks"):
+        app.load_rank_config(partial)
+    assert app._rank_main([str(tmp_path / "missing.yaml")]) == 2
+
+
+# ---------------------------------------------------------------- emulation defaults
+
+
+def test_auto_emulation_switches_to_eager_and_says_so(
+    isolated_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    isolated_env.setattr(hpu, "bridge_installed", lambda: False)
+    cfg = compose_train([], output_dir=Path("."))
+    app.setup(cfg)
+    assert os.environ[hpu.EMULATE_ENV] == "eager"
+    assert "emulating the HPU on the CPU in eager mode" in capsys.readouterr().out
+
+
+def test_auto_emulation_keeps_the_users_choice(
+    isolated_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    isolated_env.setenv(hpu.EMULATE_ENV, "lazy")
+    app.setup(compose_train([], output_dir=Path(".")))
+    assert os.environ[hpu.EMULATE_ENV] == "lazy"
+    assert "emulating" not in capsys.readouterr().out
+
+
+def test_explicit_emulation_settings(isolated_env: pytest.MonkeyPatch) -> None:
+    app.setup(compose_train(["emulation.mode=eager", "emulation.devices=3", "emulation.device_name=GAUDI3"]))
+    assert (os.environ[hpu.EMULATE_ENV], os.environ[hpu.DEVICES_ENV], os.environ[hpu.DEVICE_NAME_ENV]) == (
+        "eager",
+        "3",
+        "GAUDI3",
+    )
+    assert hpu.get_backend().device_count() == 3
+    apply_emulation(OmegaConf.create({"mode": "off", "devices": None, "device_name": None}))
+    assert hpu.EMULATE_ENV not in os.environ
+    with pytest.raises(ValueError, match="emulation.devices=0"):
+        apply_emulation(OmegaConf.create({"mode": "eager", "devices": 0, "device_name": None}))
+
+
+def test_on_gaudi_resolver_picks_by_backend(isolated_env: pytest.MonkeyPatch) -> None:
+    isolated_env.setattr(hpu, "bridge_installed", lambda: True)
+    assert compose_train([]).trainer.precision == "bf16-mixed"
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    assert compose_train([]).trainer.precision == "32-true"
+
+
+# ---------------------------------------------------------------- ranks and run directories
+
+_LAUNCHER_ENV = (
+    app.RUN_ID_ENV,
+    "SLURM_JOB_ID",
+    "SLURM_PROCID",
+    "SLURM_STEP_ID",
+    "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_JOB_NAME",
+    "TORCHELASTIC_RUN_ID",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "MASTER_PORT",
+)
+
+
+@pytest.fixture
+def no_launcher(isolated_env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in _LAUNCHER_ENV:
+        isolated_env.delenv(name, raising=False)
+    return isolated_env
+
+
+def _hydra_dirs(monkeypatch: pytest.MonkeyPatch, rank_env: dict[str, str]) -> tuple[str, Any, str]:
+    with monkeypatch.context() as m:
+        for name, value in rank_env.items():
+            m.setenv(name, value)
+        cfg = compose_train([], hydra=True)
+        hydra_cfg = cfg.hydra
+        hydra_cfg.runtime.output_dir = "OUT"
+        return (
+            str(hydra_cfg.run.dir),
+            hydra_cfg.output_subdir,
+            str(hydra_cfg.job_logging.handlers.file.filename).removeprefix(f"OUT/{hydra_cfg.job.name}"),
+        )
+
+
+@pytest.mark.parametrize(
+    ("shared", "expected_id"),
+    [
+        ({app.RUN_ID_ENV: "exp42"}, "exp42"),
+        ({"SLURM_JOB_ID": "777", "SLURM_STEP_ID": "3"}, "slurm-777-3"),
+        ({"TORCHELASTIC_RUN_ID": "abc", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}, "torchrun-abc"),
+    ],
+)
+def test_ranks_agree_on_one_run_dir_and_only_rank_zero_writes_hydra_files(
+    no_launcher: pytest.MonkeyPatch, shared: dict[str, str], expected_id: str
+) -> None:
+    def rank_env(rank: int) -> dict[str, str]:
+        env = dict(shared)
+        if "SLURM_JOB_ID" in shared:
+            env["SLURM_PROCID"] = str(rank)
+        else:
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank))
+        return env
+
+    zero = _hydra_dirs(no_launcher, rank_env(0))
+    one = _hydra_dirs(no_launcher, rank_env(1))
+    assert zero[0] == one[0]
+    assert zero[0].endswith(f"/runs/{expected_id}")
+    assert (zero[1], one[1]) == (".hydra", None)
+    assert zero[2] == ".log"
+    assert one[2] == "_rank1.log"
+
+
+def test_single_process_run_dir_is_timestamped(no_launcher: pytest.MonkeyPatch) -> None:
+    run_dir, subdir, _ = _hydra_dirs(no_launcher, {})
+    assert run_dir.startswith("logs/train/runs/20")
+    assert subdir == ".hydra"
+
+
+def test_needs_rank_launch(no_launcher: pytest.MonkeyPatch) -> None:
+    no_launcher.setenv(hpu.EMULATE_ENV, "eager")
+    single = compose_train([])
+    ddp = compose_train(["strategy=hpu_parallel", "trainer.devices=2"])
+    assert not app.needs_rank_launch(single)
+    assert app.needs_rank_launch(ddp)
+    assert not app.needs_rank_launch(compose_train(["strategy=hpu_parallel", "trainer.devices=1"]))
+    assert not app.needs_rank_launch(compose_train(["strategy=hpu_parallel", "trainer.devices=2", "strategy.start_method=spawn"]))
+    no_launcher.setenv("LOCAL_RANK", "0")  # a launcher started this process
+    assert not app.needs_rank_launch(ddp)
+
+
+def test_wait_all_stops_the_other_ranks_when_one_fails() -> None:
+    import subprocess
+    import sys
+    import time
+
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"]),
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]),
+    ]
+    codes = app._wait_all(procs)
+    assert codes[0] == 3 and codes[1] != 0
+    assert time.monotonic() - start < 30
+
+
+# ---------------------------------------------------------------- SLURM launcher recipe
+
+
+def test_slurm_launcher_recipe_matches_the_plugin_schema_and_the_trainer() -> None:
+    cfg = compose_train(["hydra/launcher=gaudi_slurm", "trainer.devices=4", "trainer.num_nodes=2"], hydra=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    fields = {f.name for f in SlurmLauncherConf.__dataclass_fields__.values()}
+    assert set(launcher) <= fields
+    assert (launcher.tasks_per_node, launcher.nodes) == (4, 2)
+    check_slurm_launcher(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["hydra.launcher.tasks_per_node=2", "trainer.devices=4"], "tasks_per_node=2 but trainer.devices=4"),
+        (["hydra.launcher.nodes=3"], "nodes=3 but trainer.num_nodes=1"),
+        (["trainer.devices=auto"], "needs a card count"),
+    ],
+)
+def test_slurm_launcher_check_rejects_a_mismatch(overrides: list[str], message: str) -> None:
+    cfg = compose_train(["hydra/launcher=gaudi_slurm", *overrides], hydra=True)
+    with pytest.raises(ValueError, match=message):
+        check_slurm_launcher(cfg)
+
+
+def test_slurm_tasks_per_node_is_checked_inside_the_job(no_launcher: pytest.MonkeyPatch) -> None:
+    no_launcher.setenv(hpu.EMULATE_ENV, "eager")
+    no_launcher.setenv("SLURM_NTASKS", "3")
+    no_launcher.setenv("SLURM_NTASKS_PER_NODE", "3")
+    no_launcher.setenv("SLURM_JOB_NAME", "train")
+    with pytest.raises(ValueError, match="SLURM started 3 task"):
+        app.setup(compose_train(["strategy=hpu_parallel", "trainer.devices=2"]))
+    no_launcher.setenv("SLURM_NTASKS_PER_NODE", "2")
+    app.setup(compose_train(["strategy=hpu_parallel", "trainer.devices=2"]))
