@@ -8,6 +8,7 @@ the bucket layout and the peak resident memory of the process.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -69,8 +70,9 @@ class AllReduceCounter:
 class DDPProbe(Callback):
     """Makes sure the comm hook is on the DDP model and records the calls per step over the timed window."""
 
-    def __init__(self, counter: AllReduceCounter, warmup: int) -> None:
+    def __init__(self, counter: AllReduceCounter, warmup: int, free_grads: bool = False) -> None:
         self.counter = counter
+        self.free_grads = free_grads
         self.warmup = warmup
         self.registered_by = "strategy"
         self.at_warmup = 0
@@ -78,6 +80,7 @@ class DDPProbe(Callback):
         self.ddp: dict[str, Any] = {}
         self.rss_at_fit_start = 0
         self.rss_after_backward: list[int] = []
+        self.in_use_after_backward: list[int] = []
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         ddp = trainer.strategy.model
@@ -95,6 +98,13 @@ class DDPProbe(Callback):
             ddp.register_comm_hook(None, self.counter.hook)
             self.registered_by = "callback (the strategy did not register ddp_comm_hook)"
 
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.free_grads:
+            for optimizer in trainer.optimizers:
+                optimizer.zero_grad(set_to_none=True)
+
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if batch_idx == self.warmup:
             self.at_warmup = self.counter.calls
@@ -102,6 +112,9 @@ class DDPProbe(Callback):
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self.rss_after_backward.append(_rss())
+        in_use = _malloc_in_use()
+        if in_use is not None:
+            self.in_use_after_backward.append(in_use)
         if not self.layout and trainer.global_step >= self.warmup:
             self.layout = list(self.counter.bucket_bytes)
 
@@ -113,18 +126,18 @@ def _trial(spec: dict[str, Any], devices: int) -> dict[str, Any]:
     steps, warmup = spec["steps"], spec["warmup"]
     if spec.get("wide"):
         model: LightningModule = WideMLP(**spec["wide"])
-        loader = wide_loader(spec["wide"]["width"], spec["batch"], steps)
+        loader = wide_loader(spec["wide"]["width"], spec["batch"], steps * devices)
     else:
         workload = Workload(**spec["workload"])
         model = BenchModel(workload)
-        loader = make_loader(workload, steps)
+        loader = make_loader(workload, steps * devices)  # the distributed sampler gives each rank 1/devices
     counter = AllReduceCounter()
     timer = StepTimer(warmup)
     callbacks: list[Callback] = [timer]
     if devices > 1:
         knobs = spec.get("knobs", {})
         strategy: Any = HPUParallelStrategy(ddp_comm_hook=counter.hook, **knobs)
-        probe = DDPProbe(counter, warmup)
+        probe = DDPProbe(counter, warmup, spec.get("free_grads", False))
         callbacks.append(probe)
     else:
         strategy = "hpu_single"
@@ -156,11 +169,31 @@ def _trial(spec: dict[str, Any], devices: int) -> dict[str, Any]:
             comm_hook_registered_by=probe.registered_by,
             rss_at_fit_start_bytes=probe.rss_at_fit_start,
             rss_after_backward_bytes=probe.rss_after_backward,
+            malloc_in_use_after_backward_bytes=probe.in_use_after_backward,
             allreduce_calls_per_step=(counter.calls - probe.at_warmup) / timed if timed else None,
             bucket_layout_bytes=probe.layout,
             gradient_sizes_bytes=[p.numel() * p.element_size() for p in model.parameters()],
         )
     return result
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
+
+def _malloc_in_use() -> int | None:
+    """Bytes glibc's allocator has handed out and not taken back (heap in use plus mmapped chunks), if glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
 
 
 def _rss() -> int:

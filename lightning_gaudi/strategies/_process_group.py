@@ -154,29 +154,38 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout: timede
         raise RuntimeError(f"Process group has {dist.get_world_size()} ranks, expected {world_size}.")
 
 
-@contextmanager
-def collective_errors(what: str, timeout: timedelta, transport_only: bool = False) -> Iterator[None]:
-    """Turns a failed collective into a :class:`CollectiveTimeoutError` that names the timeout and what to do.
+def translate_error(err: RuntimeError, what: str, timeout: timedelta, transport_only: bool = False) -> RuntimeError:
+    """The :class:`CollectiveTimeoutError` to raise for ``err`` from a collective, or ``err`` itself.
 
     Args:
+        err: what the collective raised.
         what: the operation, for the message ("barrier", "all_gather", "backward (gradient all-reduce)").
         timeout: the configured timeout, named in the message.
         transport_only: translate only errors from the collective transport (for code such as ``backward`` that can
             also fail for reasons of its own).
     """
+    if isinstance(err, CollectiveTimeoutError) or (transport_only and not _is_transport_error(err)):
+        return err
+    rank = dist.get_rank() if dist.is_initialized() else "?"
+    world = dist.get_world_size() if dist.is_initialized() else "?"
+    return CollectiveTimeoutError(
+        f"Rank {rank}/{world}: {what} failed: a peer process died or did not answer within timeout={timeout}."
+        " Restart the job (torchrun --max-restarts N, SLURM --requeue) and resume with"
+        " ckpt_path=lightning_gaudi.resume.resolve_ckpt_path('auto', <checkpoint dir>). The timeout is set by"
+        f" HPUParallelStrategy(timeout=...). Cause: {type(err).__name__}: {err}"
+    )
+
+
+@contextmanager
+def collective_errors(what: str, timeout: timedelta, transport_only: bool = False) -> Iterator[None]:
+    """Raises :func:`translate_error`'s error for a ``RuntimeError`` in the block (same arguments)."""
     try:
         yield
     except RuntimeError as err:
-        if isinstance(err, CollectiveTimeoutError) or (transport_only and not _is_transport_error(err)):
+        translated = translate_error(err, what, timeout, transport_only)
+        if translated is err:
             raise
-        rank = dist.get_rank() if dist.is_initialized() else "?"
-        world = dist.get_world_size() if dist.is_initialized() else "?"
-        raise CollectiveTimeoutError(
-            f"Rank {rank}/{world}: {what} failed: a peer process died or did not answer within timeout={timeout}."
-            " Restart the job (torchrun --max-restarts N, SLURM --requeue) and resume with"
-            " ckpt_path=lightning_gaudi.resume.resolve_ckpt_path('auto', <checkpoint dir>). The timeout is set by"
-            f" HPUParallelStrategy(timeout=...). Cause: {type(err).__name__}: {err}"
-        ) from err
+        raise translated from err
 
 
 _TRANSPORT_MARKERS = ("gloo", "hccl", "connection", "timed out", "timeout", "socket", "peer")

@@ -187,8 +187,13 @@ class HPUParallelStrategy(DDPStrategy):
 
     @override
     def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        with _process_group.collective_errors("backward (gradient all-reduce)", self.timeout, transport_only=True):
+        try:  # the hot path: a bare try costs nothing until something fails
             return super().backward(closure_loss, optimizer, *args, **kwargs)
+        except RuntimeError as err:
+            translated = _process_group.translate_error(err, "backward (gradient all-reduce)", self.timeout, True)
+            if translated is err:
+                raise
+            raise translated from err
 
     @override
     def _get_process_group_backend(self) -> str:

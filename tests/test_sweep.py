@@ -1,0 +1,169 @@
+"""Sweeps: a real Hydra multirun of 2 points x 2-process DDP (one job, one process group and one result per point),
+torchrun ranks sharing one run folder, and the sweep report's table and plot."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from lightning_gaudi import hpu
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train.py"
+REPORT = ROOT / "scripts" / "sweep_report.py"
+#: A tiny, quick configuration of the example.
+TINY = [
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=4",
+    "trainer.limit_val_batches=1",
+    "data.max_bytes=40000",
+    "data.seq_len=16",
+    "data.batch_size=4",
+    "model.n_layer=1",
+    "model.n_embd=16",
+    "model.n_head=2",
+    "throughput_warmup_steps=1",
+    "callbacks=none",
+]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "SLURM_", "TORCHELASTIC_"))}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT", "MASTER_ADDR", "GROUP_RANK"):
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    env["HYDRA_FULL_ERROR"] = "1"
+    return env
+
+
+def _load_report() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sweep_report", REPORT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ddp_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Runs `examples/train.py -m strategy=hpu_parallel trainer.devices=2 strategy.bucket_cap_mb=1,8` once."""
+    sweep_dir = tmp_path_factory.mktemp("sweep") / "multirun"
+    command = [
+        sys.executable,
+        str(TRAIN),
+        "-m",
+        "strategy=hpu_parallel",
+        "trainer.devices=2",
+        "strategy.bucket_cap_mb=1,8",
+        *TINY,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300, cwd=sweep_dir.parent)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return sweep_dir, output
+
+
+@pytest.mark.subprocess
+def test_multirun_ddp_gives_one_job_and_one_process_group_per_point(ddp_sweep: tuple[Path, str]) -> None:
+    sweep_dir, output = ddp_sweep
+    assert output.count("Launching 2 jobs locally") == 1  # the ranks did not re-run the sweep
+    assert output.count("starting 2 rank process(es)") == 2
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert [p.name for p in jobs] == ["0", "1"]
+    seen = {}
+    for job in jobs:
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+        bucket = float(next(o for o in overrides if o.startswith("strategy.bucket_cap_mb=")).split("=")[1])
+        results = json.loads((job / "results.json").read_text())
+        assert results["world_size"] == 2 and results["devices"] == 2
+        assert results["strategy"] == "HPUParallelStrategy"
+        assert results["ddp_kwargs"]["bucket_cap_mb"] == bucket  # each group got its own point's setting
+        assert results["global_step"] == 4
+        assert results["output_dir"] == str(job)
+        assert results["samples_per_sec"] > 0
+        assert (job / "rank_config.yaml").is_file()
+        seen[bucket] = job.name
+    assert set(seen) == {1.0, 8.0}
+    # nothing else was created next to the jobs (no stray run folders from re-executed ranks)
+    assert sorted(p.name for p in sweep_dir.iterdir()) == ["0", "1", "multirun.yaml"]
+
+
+@pytest.mark.subprocess
+def test_sweep_report_table_and_plot(ddp_sweep: tuple[Path, str], tmp_path: Path) -> None:
+    sweep_dir, _ = ddp_sweep
+    done = subprocess.run(
+        [sys.executable, str(REPORT), str(sweep_dir), "--out", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| strategy.bucket_cap_mb |" in done.stdout
+    rows = list(csv.DictReader((tmp_path / "sweep_report.csv").open()))
+    assert [(float(r["strategy.bucket_cap_mb"]), r["status"]) for r in rows] == [(1.0, "done"), (8.0, "done")]
+    assert all(float(r["samples_per_sec"]) > 0 and r["world_size"] == "2" for r in rows)
+    png = (tmp_path / "sweep_report.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+
+
+def test_sweep_report_marks_unfinished_jobs_and_finds_the_swept_key(tmp_path: Path) -> None:
+    report = _load_report()
+    for number, (bucket, results) in enumerate([(4, {"samples_per_sec": 10.0, "world_size": 2}), (16, None)]):
+        job = tmp_path / str(number)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(
+            yaml.safe_dump(["strategy=hpu_parallel", f"strategy.bucket_cap_mb={bucket}"])
+        )
+        if results is not None:
+            (job / "results.json").write_text(json.dumps(results))
+    jobs = report.read_sweep(tmp_path)
+    assert report.swept_params(jobs) == ["strategy.bucket_cap_mb"]
+    rows = report.table_rows(jobs, ["strategy.bucket_cap_mb"])
+    assert [(r["strategy.bucket_cap_mb"], r["status"], r["samples_per_sec"]) for r in rows] == [
+        (4, "done", 10.0),
+        (16, "no results", None),
+    ]
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "sweep_report.png").is_file()
+
+
+def test_sweep_report_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _load_report()
+    assert report.main([str(tmp_path / "missing")]) == 2
+    assert "No sweep folder" in capsys.readouterr().err
+    assert report.main([str(tmp_path)]) == 2
+    assert "holds no job folders" in capsys.readouterr().err
+
+
+@pytest.mark.subprocess
+def test_torchrun_ranks_share_one_run_folder(tmp_path: Path) -> None:
+    """Under torchrun every rank runs the Hydra app: one run folder, Hydra's files and results.json from rank 0."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(TRAIN),
+        "strategy=hpu_parallel",
+        "trainer.devices=2",
+        *TINY,
+        f"paths.log_dir={tmp_path}",
+    ]
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    runs = list((tmp_path / "train" / "runs").iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("torchrun-")
+    run = runs[0]
+    assert (run / ".hydra" / "config.yaml").is_file()
+    assert sorted(p.name for p in run.glob("*.log")) == ["train.log", "train_rank1.log"]
+    results = json.loads((run / "results.json").read_text())
+    assert results["world_size"] == 2
+    assert not (run / "rank_config.yaml").exists()  # torchrun started the ranks, not the app
