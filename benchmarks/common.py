@@ -47,9 +47,9 @@ class Workload:
 class Block(nn.Module):
     """A pre-norm transformer block: causal self-attention and a 4x MLP, each with a residual.
 
-    Attention is written out (softmax of scaled scores under a fixed causal mask) with separate query, key and value
-    projections: with torch 2.13, Lazy Tensor Core hands back CPU tensors from ``scaled_dot_product_attention`` and
-    from matmuls of ``split``/``unbind`` views, which would take the lazy variants off the device.
+    Attention is written out (softmax of scaled scores under a fixed causal mask), the same arithmetic for every
+    variant, with separate query, key and value projections: with torch 2.13, Lazy Tensor Core returns CPU tensors
+    from matmuls (and ``scaled_dot_product_attention``) of ``split``/``unbind`` views of one fused projection.
     """
 
     def __init__(self, d_model: int, heads: int, seq: int) -> None:
@@ -68,7 +68,10 @@ class Block(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
         h = self.norm1(x)
-        q, k, v = (proj(h).view(b, t, self.heads, d // self.heads).transpose(1, 2) for proj in (self.query, self.key, self.value))
+        q, k, v = (
+            proj(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+            for proj in (self.query, self.key, self.value)
+        )
         scores = (q @ k.transpose(-2, -1) * self.scale).masked_fill(self.future, float("-inf"))
         attention = F.softmax(scores, dim=-1) @ v
         x = x + self.proj(attention.transpose(1, 2).reshape(b, t, d))
@@ -117,37 +120,53 @@ def make_loader(workload: Workload, steps: int, seed: int = 0) -> DataLoader:
 
 
 class StepTimer(Callback):
-    """Times training batches ``warmup`` to the last one: from that batch's start to the last batch's end.
+    """Times training batches ``warmup`` to ``last``: from that batch's start to the last one's end.
 
-    In lazy mode the clock stops after the device has finished (one synchronize at the end of the window).
+    Records wall-clock time and this process's CPU time (``time.process_time``, all its threads). In lazy mode the
+    clocks stop after the device has finished (one synchronize at the end of the window).
     """
 
-    def __init__(self, warmup: int, synchronize: Any = None) -> None:
+    def __init__(self, warmup: int, last: int, synchronize: Any = None) -> None:
         self.warmup = warmup
+        self.last = last
         self.synchronize = synchronize
-        self.start: float | None = None
-        self.end: float | None = None
-        self.steps = 0
+        self.start: tuple[float, float] | None = None
+        self.end: tuple[float, float] | None = None
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if batch_idx == self.warmup:
-            self.start = time.perf_counter()
+            if self.synchronize is not None:
+                self.synchronize()
+            self.start = (time.perf_counter(), time.process_time())
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.start is not None:
-            self.steps += 1
+        if batch_idx == self.last:
+            if self.synchronize is not None:
+                self.synchronize()
+            self.end = (time.perf_counter(), time.process_time())
 
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.synchronize is not None:
-            self.synchronize()
-        self.end = time.perf_counter()
+    @property
+    def steps(self) -> int:
+        return self.last - self.warmup + 1
+
+    def _elapsed(self, clock: int) -> float:
+        if self.start is None or self.end is None:
+            raise RuntimeError(f"the timed window (batches {self.warmup} to {self.last}) never closed")
+        return self.end[clock] - self.start[clock]
 
     def steps_per_second(self) -> float:
-        if self.start is None or self.end is None or self.steps == 0:
-            raise RuntimeError(f"the timed window never opened (warmup={self.warmup}, steps timed={self.steps})")
-        return self.steps / (self.end - self.start)
+        """Steps per wall-clock second."""
+        return self.steps / self._elapsed(0)
+
+    def cpu_utilization(self) -> float:
+        """CPU time over wall time in the window: 1.0 is one core busy all the time (one torch thread)."""
+        return self._elapsed(1) / self._elapsed(0)
+
+    def steps_per_cpu_second(self) -> float:
+        """Steps per second of this process's CPU time: what the loop costs, whatever else the machine runs."""
+        return self.steps / self._elapsed(1)
 
 
 def summarize(values: list[float]) -> dict[str, Any]:

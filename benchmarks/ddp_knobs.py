@@ -5,8 +5,8 @@
   become ready (about the reverse of registration) into a bucket until it holds at least ``bucket_cap_mb``; the first
   bucket is capped at 1 MiB when ``bucket_cap_mb`` is left to torch's default (25 MB).
 - ``gradient_as_bucket_view``: memory of each rank training a 100.7M-parameter MLP with plain SGD, on and off (and
-  on with the gradients freed right after the optimizer step), each in fresh processes; see :data:`METHOD`. The
-  saving (off - on) is compared with the size of one gradient copy.
+  on with the gradients freed once, after the first optimizer step), each in fresh processes; see :data:`METHOD`.
+  The saving (off - on) is compared with the size of one gradient copy.
 - ``static_graph``: steps/s with it off and on, alternated in the same launch.
 """
 
@@ -32,8 +32,12 @@ DEFAULT_CAP_MB = 25.0
 FIRST_BUCKET_BYTES = 1024 * 1024
 MEMORY_TARGET = 0.9
 MEMORY_STEPS = 4
-#: (name, gradient_as_bucket_view, free the gradients right after the optimizer step)
-MEMORY_SETTINGS = (("view_on", True, False), ("view_off", False, False), ("view_on_grads_freed", True, True))
+#: (name, gradient_as_bucket_view, free the gradients after the optimizer step: never, or once after the first step)
+MEMORY_SETTINGS: tuple[tuple[str, bool, bool | str], ...] = (
+    ("view_on", True, False),
+    ("view_off", False, False),
+    ("view_on_grads_freed_once", True, "first"),
+)
 #: A fixed mmap threshold: every buffer above 1 MiB is its own mapping, counted while held and returned when freed.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}
 METHOD = (
@@ -88,8 +92,30 @@ def run(quick: bool = False, mode: str | None = "eager") -> dict[str, Any]:
     for repetition in range(repetitions):
         order = (False, True) if repetition % 2 == 0 else (True, False)
         trials += [_trial(f"static={s}", steps, warmup, knobs={"static_graph": s}) for s in order]
-    log(f"  ddp: launching 2 processes for {len(trials)} fits (bucket caps, static_graph)")
-    ranks = launch({"devices": 2, "trials": trials}, mode)
+    memory_trials = [
+        {
+            "name": setting,
+            "wide": wide,
+            "batch": 8,
+            "steps": MEMORY_STEPS,
+            "warmup": 1,
+            "knobs": {"gradient_as_bucket_view": view},
+            "free_grads": free_grads,
+        }
+        for setting, view, free_grads in MEMORY_SETTINGS
+    ]
+    if quick:  # one launch for everything: the memory figures are meaningless, the plumbing is exercised
+        ranks = launch({"devices": 2, "trials": trials + memory_trials}, mode, env_extra=MALLOC_ENV)
+        memory_results = {t["name"]: [rank[len(trials) + i] for rank in ranks] for i, t in enumerate(memory_trials)}
+        ranks = [rank[: len(trials)] for rank in ranks]
+    else:
+        log(f"  ddp: launching 2 processes for {len(trials)} fits (bucket caps, static_graph)")
+        ranks = launch({"devices": 2, "trials": trials}, mode)
+        memory_results = {}
+        for trial in memory_trials:  # fresh processes per setting: the kernel's high-water mark only goes up
+            log(f"  ddp: launching 2 processes, {wide} MLP, {trial['name']}")
+            launched = launch({"devices": 2, "trials": [trial]}, mode, env_extra=MALLOC_ENV)
+            memory_results[trial["name"]] = [rank[0] for rank in launched]
     rank0 = ranks[0]
 
     buckets = []
@@ -105,34 +131,25 @@ def run(quick: bool = False, mode: str | None = "eager") -> dict[str, Any]:
                 "ddp": result["ddp"],
             }
         )
-        log(f"  ddp: bucket_cap_mb={cap}: {result['allreduce_calls_per_step']} all-reduces/step"
-            f" (expected {buckets[-1]['expected']})")
-    static = {flag: [r["steps_per_s"] for r in rank0[len(CAPS) :] if r["knobs"]["static_graph"] is flag]
-              for flag in (False, True)}
+        log(
+            f"  ddp: bucket_cap_mb={cap}: {result['allreduce_calls_per_step']} all-reduces/step"
+            f" (expected {buckets[-1]['expected']})"
+        )
+    static = {
+        flag: [r["steps_per_s"] for r in rank0[len(CAPS) :] if r["knobs"]["static_graph"] is flag]
+        for flag in (False, True)
+    }
 
+    # emulation: glibc's count of host memory; a Gaudi: the card's InUse (HBM)
+    in_use_key = "malloc_in_use_after_backward_bytes" if mode else "device_in_use_after_backward_bytes"
     memory: dict[str, Any] = {}
     for setting, view, free_grads in MEMORY_SETTINGS:
-        spec = {
-            "devices": 2,
-            "trials": [
-                {
-                    "name": setting,
-                    "wide": wide,
-                    "batch": 8,
-                    "steps": MEMORY_STEPS,
-                    "warmup": 1,
-                    "knobs": {"gradient_as_bucket_view": view},
-                    "free_grads": free_grads,
-                }
-            ],
-        }
-        log(f"  ddp: launching 2 processes, {wide} MLP, {setting}")
-        results = [rank[0] for rank in launch(spec, mode, env_extra=MALLOC_ENV)]
+        results = memory_results[setting]
         memory[setting] = {
             "gradient_as_bucket_view": view,
-            "grads_freed_after_optimizer_step": free_grads,
+            "grads_freed_after_optimizer_step": {False: "never", "first": "once, after the first step"}[free_grads],
             # the step's high point, after DDP rebuilt its buckets at the first step: max over steps >= 2
-            "in_use_after_backward_bytes": max(max(r["malloc_in_use_after_backward_bytes"][1:]) for r in results),
+            "in_use_after_backward_bytes": max(max(r[in_use_key][1:]) for r in results),
             "rss_after_backward_bytes": max(max(r["rss_after_backward_bytes"][1:]) for r in results),
             "process_peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
             "rss_before_fit_bytes": max(r["rss_before_fit_bytes"] for r in results),
@@ -143,7 +160,7 @@ def run(quick: bool = False, mode: str | None = "eager") -> dict[str, Any]:
         key: (off[key] - on[key]) / gradient_bytes
         for key in ("in_use_after_backward_bytes", "rss_after_backward_bytes", "process_peak_rss_bytes")
     }
-    saving["process_peak_rss_bytes_with_grads_freed"] = (
+    saving["process_peak_rss_bytes_with_grads_freed_once"] = (
         off["process_peak_rss_bytes"] - freed["process_peak_rss_bytes"]
     ) / gradient_bytes
     return {
@@ -159,7 +176,7 @@ def run(quick: bool = False, mode: str | None = "eager") -> dict[str, Any]:
             "model": wide,
             "parameters": parameters,
             "gradient_bytes": gradient_bytes,
-            "method": METHOD,
+            "method": METHOD if mode else "in_use: the card's memory_stats()['InUse'] at the end of backward",
             "settings": memory,
             "saving_fraction_of_one_gradient_copy": saving,
             "target": MEMORY_TARGET,
@@ -172,5 +189,11 @@ def run(quick: bool = False, mode: str | None = "eager") -> dict[str, Any]:
             "steps_per_s_off": summarize(static[False]),
             "steps_per_s_on": summarize(static[True]),
             "on/off": ratio_summary(static[True], static[False]),
+            # the default knobs (static_graph off): the 2-process figure of benchmarks.scaling
+            "samples_per_s_off": [r["samples_per_s"] for r in rank0[len(CAPS) :] if not r["knobs"]["static_graph"]],
+            # CPU time / wall time of each rank in those fits (1.0: a core all to itself, never waiting)
+            "cpu_utilization_off": [
+                r["cpu_utilization"] for rank in ranks for r in rank[len(CAPS) :] if not r["knobs"]["static_graph"]
+            ],
         },
     }

@@ -1,4 +1,4 @@
-"""One launch of ``hpu_parallel`` (or ``hpu_single``) fits, run by :mod:`benchmarks.ddp_knobs` and :mod:`benchmarks.scaling`.
+"""One launch of ``hpu_parallel`` (or ``hpu_single``) fits, for the DDP-knobs and scaling benchmarks.
 
 ``python -m benchmarks.ddp_worker SPEC.json OUT_DIR``: SPEC holds ``devices`` and a list of ``trials``, fitted one
 after the other in the same processes (Lightning's popen launcher re-runs this command for rank 1). Each rank writes
@@ -70,7 +70,7 @@ class AllReduceCounter:
 class DDPProbe(Callback):
     """Makes sure the comm hook is on the DDP model and records the calls per step over the timed window."""
 
-    def __init__(self, counter: AllReduceCounter, warmup: int, free_grads: bool = False) -> None:
+    def __init__(self, counter: AllReduceCounter, warmup: int, free_grads: bool | str = False) -> None:
         self.counter = counter
         self.free_grads = free_grads
         self.warmup = warmup
@@ -81,6 +81,7 @@ class DDPProbe(Callback):
         self.rss_at_fit_start = 0
         self.rss_after_backward: list[int] = []
         self.in_use_after_backward: list[int] = []
+        self.device_in_use_after_backward: list[int] = []
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         ddp = trainer.strategy.model
@@ -101,6 +102,8 @@ class DDPProbe(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self.free_grads == "first" and batch_idx > 0:
+            return
         if self.free_grads:
             for optimizer in trainer.optimizers:
                 optimizer.zero_grad(set_to_none=True)
@@ -112,6 +115,9 @@ class DDPProbe(Callback):
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         self.rss_after_backward.append(_rss())
+        from lightning_gaudi import hpu
+
+        self.device_in_use_after_backward.append(hpu.get_backend().memory_stats()["InUse"])
         in_use = _malloc_in_use()
         if in_use is not None:
             self.in_use_after_backward.append(in_use)
@@ -132,7 +138,7 @@ def _trial(spec: dict[str, Any], devices: int) -> dict[str, Any]:
         model = BenchModel(workload)
         loader = make_loader(workload, steps * devices)  # the distributed sampler gives each rank 1/devices
     counter = AllReduceCounter()
-    timer = StepTimer(warmup)
+    timer = StepTimer(warmup, steps - 1)
     callbacks: list[Callback] = [timer]
     if devices > 1:
         knobs = spec.get("knobs", {})
@@ -158,6 +164,7 @@ def _trial(spec: dict[str, Any], devices: int) -> dict[str, Any]:
         "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "steps_per_s": timer.steps_per_second(),
         "samples_per_s": timer.steps_per_second() * spec["batch"] * trainer.world_size,
+        "cpu_utilization": timer.cpu_utilization(),
         "rss_before_fit_bytes": rss_before,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
@@ -170,6 +177,7 @@ def _trial(spec: dict[str, Any], devices: int) -> dict[str, Any]:
             rss_at_fit_start_bytes=probe.rss_at_fit_start,
             rss_after_backward_bytes=probe.rss_after_backward,
             malloc_in_use_after_backward_bytes=probe.in_use_after_backward,
+            device_in_use_after_backward_bytes=probe.device_in_use_after_backward,
             allreduce_calls_per_step=(counter.calls - probe.at_warmup) / timed if timed else None,
             bucket_layout_bytes=probe.layout,
             gradient_sizes_bytes=[p.numel() * p.element_size() for p in model.parameters()],
@@ -180,7 +188,18 @@ def _trial(spec: dict[str, Any], devices: int) -> dict[str, Any]:
 class _MallInfo2(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
     ]
 
 

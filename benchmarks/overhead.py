@@ -4,21 +4,28 @@ Variants, alternated in rotating order within each repetition (steps/s over the 
 
 - ``hand``: a plain PyTorch loop (zero_grad, forward, backward, AdamW step) on the same data loader;
 - ``stock``: ``Trainer(accelerator="cpu")``, Lightning's defaults (progress bar refreshed every step);
+- ``stock_bar20``: the same with ``TQDMProgressBar(refresh_rate=20)``, the plugin's bar rate, so that
+  ``plugin / stock_bar20`` is the plugin's own cost with the progress-bar difference taken out;
 - ``plugin``: ``Trainer(accelerator="hpu")`` on the emulated HPU, with what the plugin adds by itself
   (strategy, checkpoint IO, host-sync-free logging, progress bar refreshed every 20 steps);
 - ``plugin_gaudi_set``: the same plus the Gaudi default callbacks of ``conf/callbacks/default.yaml``.
 
 Every Lightning variant logs to a CSV logger (every 50 steps, Lightning's default) and renders its progress bar
-into /dev/null. The target is ``plugin / stock >= 0.99``.
+into /dev/null. Each run records steps per wall-clock second and steps per second of the process's CPU time; the
+ratios (``ratios``) use CPU time, which other tenants of a shared machine disturb far less than the wall clock
+(``ratios_wall`` has the wall-clock ones). On a dedicated machine with one torch thread the two agree. The target
+is ``plugin / stock >= 0.99``; ``plugin / stock_bar20`` is reported beside it.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from typing import Any
 
 import torch
 from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 
 from benchmarks.common import (
@@ -37,12 +44,10 @@ from benchmarks.common import (
 )
 
 TARGET = 0.99
-VARIANTS = ("hand", "stock", "plugin", "plugin_gaudi_set")
+VARIANTS = ("hand", "stock", "stock_bar20", "plugin", "plugin_gaudi_set")
 
 
-def _hand(workload: Workload, steps: int, warmup: int, mode: str | None) -> float:
-    import time
-
+def _hand(workload: Workload, steps: int, warmup: int, mode: str | None) -> tuple[float, float]:
     with emulation(mode):
         from lightning_gaudi import hpu
 
@@ -52,10 +57,10 @@ def _hand(workload: Workload, steps: int, warmup: int, mode: str | None) -> floa
         seed_everything(0, verbose=False)
         model = BenchModel(workload).to(device)
         optimizer = model.configure_optimizers()
-        start = 0.0
+        start = (0.0, 0.0)
         for index, (x, y) in enumerate(make_loader(workload, steps)):
             if index == warmup:
-                start = time.perf_counter()
+                start = (time.perf_counter(), time.process_time())
             optimizer.zero_grad(set_to_none=True)
             loss = model.loss((x.to(device), y.to(device)))
             loss.backward()
@@ -65,17 +70,20 @@ def _hand(workload: Workload, steps: int, warmup: int, mode: str | None) -> floa
             if lazy:
                 backend.mark_step()
         backend.synchronize()
-        return (steps - warmup) / (time.perf_counter() - start)
+        return (steps - warmup) / (time.perf_counter() - start[0]), (steps - warmup) / (time.process_time() - start[1])
 
 
-def _lightning(workload: Workload, steps: int, warmup: int, variant: str, mode: str | None) -> float:
-    with tempfile.TemporaryDirectory() as tmp, emulation(mode if variant != "stock" else None):
+def _lightning(workload: Workload, steps: int, warmup: int, variant: str, mode: str | None) -> tuple[float, float]:
+    stock = variant.startswith("stock")
+    with tempfile.TemporaryDirectory() as tmp, emulation(None if stock else mode):
         seed_everything(0, verbose=False)
-        timer = StepTimer(warmup)
+        timer = StepTimer(warmup, steps - 1)
         callbacks: list[Any] = [timer]
         if variant == "plugin_gaudi_set":
             callbacks += gaudi_callbacks()[1]
-        accelerator = "cpu" if variant == "stock" else "hpu"
+        elif variant == "stock_bar20":
+            callbacks.append(TQDMProgressBar(refresh_rate=20))
+        accelerator = "cpu" if stock else "hpu"
         if accelerator == "hpu":
             from lightning_gaudi import hpu
 
@@ -87,7 +95,7 @@ def _lightning(workload: Workload, steps: int, warmup: int, variant: str, mode: 
         )
         with quiet():
             trainer.fit(BenchModel(workload), make_loader(workload, steps))
-        return timer.steps_per_second()
+        return timer.steps_per_second(), timer.steps_per_cpu_second()
 
 
 def run(quick: bool = False, mode: str | None = "eager") -> dict[str, Any]:
@@ -101,24 +109,28 @@ def run(quick: bool = False, mode: str | None = "eager") -> dict[str, Any]:
     import lightning_gaudi  # noqa: F401 - registers "hpu"
 
     workload = Workload()
-    steps, warmup, repetitions = (12, 4, 1) if quick else (300, 30, 5)
-    variants = [v for v in VARIANTS if mode is not None or v != "stock"]
-    measured: dict[str, list[float]] = {v: [] for v in variants}
+    steps, warmup, repetitions = (12, 4, 1) if quick else (200, 20, 7)
+    variants = [v for v in VARIANTS if mode is not None or not v.startswith("stock")]
+    wall: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
     for repetition in range(repetitions):
         order = variants[repetition % len(variants) :] + variants[: repetition % len(variants)]
         for variant in order:
             if variant == "hand":
-                value = _hand(workload, steps, warmup, mode)
+                per_wall, per_cpu = _hand(workload, steps, warmup, mode)
             else:
-                value = _lightning(workload, steps, warmup, variant, mode)
-            measured[variant].append(value)
-            log(f"  overhead rep {repetition + 1}/{repetitions} {variant:>16}: {value:8.1f} steps/s")
-    ratios = {"plugin/hand": ratio_summary(measured["plugin"], measured["hand"])}
-    ratios["plugin_gaudi_set/hand"] = ratio_summary(measured["plugin_gaudi_set"], measured["hand"])
-    if "stock" in measured:
-        ratios["plugin/stock"] = ratio_summary(measured["plugin"], measured["stock"])
-        ratios["plugin_gaudi_set/stock"] = ratio_summary(measured["plugin_gaudi_set"], measured["stock"])
-        ratios["stock/hand"] = ratio_summary(measured["stock"], measured["hand"])
+                per_wall, per_cpu = _lightning(workload, steps, warmup, variant, mode)
+            wall[variant].append(per_wall)
+            cpu[variant].append(per_cpu)
+            log(
+                f"  overhead rep {repetition + 1}/{repetitions} {variant:>16}: {per_cpu:7.1f} steps/CPU-s,"
+                f" {per_wall:7.1f} steps/s"
+            )
+    pairs = [("plugin", "hand"), ("plugin_gaudi_set", "hand")]
+    if "stock" in wall:
+        pairs += [("plugin", "stock"), ("plugin", "stock_bar20"), ("plugin_gaudi_set", "stock"), ("stock", "hand")]
+    ratios = {f"{a}/{b}": ratio_summary(cpu[a], cpu[b]) for a, b in pairs}
+    ratios_wall = {f"{a}/{b}": ratio_summary(wall[a], wall[b]) for a, b in pairs}
     return {
         "workload": workload.as_dict(),
         "parameters": parameter_count(BenchModel(workload)),
@@ -127,8 +139,10 @@ def run(quick: bool = False, mode: str | None = "eager") -> dict[str, Any]:
         "repetitions": repetitions,
         "torch_threads": torch.get_num_threads(),
         "gaudi_set": gaudi_callbacks()[0],
-        "steps_per_s": {v: summarize(values) for v, values in measured.items()},
+        "steps_per_cpu_s": {v: summarize(values) for v, values in cpu.items()},
+        "steps_per_s": {v: summarize(values) for v, values in wall.items()},
         "ratios": ratios,
+        "ratios_wall": ratios_wall,
         "target": {"plugin/stock": TARGET},
-        "met": None if "stock" not in measured else ratios["plugin/stock"]["median"] >= TARGET,
+        "met": None if "stock" not in wall else ratios["plugin/stock"]["median"] >= TARGET,
     }

@@ -15,7 +15,7 @@ from lightning_gaudi import hpu
 _GIB = 1024**3
 
 
-def _parse_indices(devices: int | str | list[int] | tuple[int, ...], available: int) -> list[int]:
+def _parse_indices(devices: int | str | list[int] | tuple[int, ...], available: int, limit_note: str = "") -> list[int]:
     original = devices
     if isinstance(devices, str):
         text = devices.strip().lower()
@@ -43,7 +43,7 @@ def _parse_indices(devices: int | str | list[int] | tuple[int, ...], available: 
         if devices > available:
             raise ValueError(
                 f"`devices={original!r}` asks for {devices} HPUs but this node has {available}."
-                f" Pass `devices={available}` or fewer (or 'auto')."
+                f" Pass `devices={available}` or fewer (or 'auto').{limit_note}"
             )
         return list(range(devices))
     indices = list(devices)
@@ -53,7 +53,7 @@ def _parse_indices(devices: int | str | list[int] | tuple[int, ...], available: 
     if bad:
         raise ValueError(
             f"`devices={original!r}`: HPU index(es) {bad} out of range; this node has {available} HPUs"
-            f" (indices 0 to {available - 1})."
+            f" (indices 0 to {available - 1}).{limit_note}"
         )
     if len(set(indices)) != len(indices):
         raise ValueError(f"`devices={original!r}` lists an HPU more than once.")
@@ -89,7 +89,7 @@ class HPUAccelerator(Accelerator):
 
     @override
     def teardown(self) -> None:
-        pass
+        """Nothing to release: the bridge frees device memory itself and has no ``empty_cache``."""
 
     @staticmethod
     @override
@@ -101,7 +101,14 @@ class HPUAccelerator(Accelerator):
         Raises:
             ValueError: zero devices, more than the node has, or an index out of range.
         """
-        return _parse_indices(devices, HPUAccelerator.auto_device_count())
+        backend = hpu.get_backend()
+        note = (
+            f" Lazy emulation drives one HPU (gloo collectives cannot carry Lazy Tensor Core tensors); emulate"
+            f" several with {hpu.EMULATE_ENV}=eager."
+            if backend.emulated and backend.is_lazy()
+            else ""
+        )
+        return _parse_indices(devices, backend.device_count(), note)
 
     @staticmethod
     @override

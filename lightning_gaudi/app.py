@@ -22,6 +22,7 @@ Run a saved rank config by hand with ``python -m lightning_gaudi.app CONFIG.yaml
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -126,8 +127,6 @@ def _loss_curve(trainer: L.Trainer, key: str = "train/loss", points: int = 6) ->
             path = Path(logger.log_dir) / "metrics.csv"
             if not path.is_file():
                 return []
-            import csv
-
             with path.open() as handle:
                 rows = [(int(r["step"]), float(r[key])) for r in csv.DictReader(handle) if r.get(key)]
             if len(rows) <= points:
@@ -158,7 +157,8 @@ def _summary(results: dict[str, Any]) -> str:
         line += f" over {results['timed_steps']:.0f} steps after {results['warmup_steps']} warm-up batches"
         line += " (without validation and checkpointing)"
         lines.append(line + f", {results['world_size']} process(es)")
-    lines.append(f"peak memory (rank 0, MaxInUse): {results['peak_memory_gib']:.3f} GiB")
+    where = "this process's peak resident memory under emulation" if results["emulated"] else "MaxInUse"
+    lines.append(f"peak memory (rank 0, {where}): {results['peak_memory_gib']:.3f} GiB")
     lines.append(f"outputs: {results['output_dir']}")
     return "\n".join(lines)
 

@@ -30,9 +30,11 @@ from lightning_gaudi.config import EmulationConf, EmulationMode, apply_emulation
 DEFAULT_MODEL = "lightning_gaudi.models.GPTLanguageModel"
 DEFAULT_DATA = "lightning_gaudi.data.StdlibTextDataModule"
 
-#: Trainer defaults for the example: the HPU, and host reads of logged values every 10 steps, not every step.
+#: Trainer defaults for the example: one HPU (pass ``--trainer.devices 8`` for a Gaudi server), and host reads of
+#: logged values every 10 steps, not every step.
 TRAINER_DEFAULTS: dict[str, Any] = {
     "accelerator": "hpu",
+    "devices": 1,
     "max_steps": 300,
     "val_check_interval": 100,
     "limit_val_batches": 20,

@@ -2,6 +2,7 @@
 """Gathers a Hydra sweep's results into a table (Markdown on stdout, CSV) and a PNG plot of throughput.
 
     python scripts/sweep_report.py logs/bucket_sweep/multiruns/<id>
+    python scripts/sweep_report.py logs/bucket_sweep/multiruns          # the newest sweep there
     python scripts/sweep_report.py SWEEP_DIR --param strategy.bucket_cap_mb --metric tokens_per_sec
 
 Each job folder of the sweep holds ``.hydra/overrides.yaml`` (what the job was given) and, when it finished,
@@ -40,6 +41,15 @@ def read_job(job_dir: Path) -> dict[str, Any]:
     results_file = job_dir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else None
     return {"job": job_dir.name, "overrides": overrides, "results": results}
+
+
+def find_sweep(path: Path) -> Path:
+    """``path`` itself, or the newest sweep in it when it is a folder of sweeps (``logs/<task>/multiruns``)."""
+    if path.is_dir() and not any(path.glob("*/.hydra/overrides.yaml")):
+        sweeps = sorted((p.parent for p in path.glob("*/multirun.yaml")), key=lambda p: p.stat().st_mtime)
+        if sweeps:
+            return sweeps[-1]
+    return path
 
 
 def read_sweep(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -122,12 +132,15 @@ def plot(rows: list[dict[str, Any]], param: str, metric: str, path: Path) -> Non
         raise RuntimeError(f"No finished job has both {param!r} and {metric!r}; nothing to plot.")
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x, _ in points)
     points.sort(key=lambda p: p[0] if numeric else str(p[0]))
-    xs = [p[0] if numeric else str(p[0]) for p in points]
     ys = [p[1] for p in points]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(xs, ys, marker="o")
-    if numeric and min(xs) > 0 and max(xs) / min(xs) >= 10:
-        ax.set_xscale("log")
+    if numeric:
+        values = [float(p[0]) for p in points]
+        ax.plot(values, ys, marker="o")
+        if min(values) > 0 and max(values) / min(values) >= 10:
+            ax.set_xscale("log")
+    else:
+        ax.plot([str(p[0]) for p in points], ys, marker="o")
     ax.set_xlabel(param)
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} vs {param}")
@@ -139,13 +152,18 @@ def plot(rows: list[dict[str, Any]], param: str, metric: str, path: Path) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", type=Path, help="the multirun folder (logs/<task>/multiruns/<id>)")
+    parser.add_argument(
+        "sweep_dir", type=Path, help="the multirun folder (logs/<task>/multiruns/<id>), or its parent for the newest"
+    )
     parser.add_argument("--param", help="the swept parameter to plot against (default: the first swept one)")
     parser.add_argument("--metric", default="samples_per_sec", help=f"what to plot (one of {', '.join(METRICS)})")
     parser.add_argument("--out", type=Path, help="where to write sweep_report.csv/.png (default: the sweep folder)")
     args = parser.parse_args(argv)
+    sweep_dir = find_sweep(args.sweep_dir)
+    if sweep_dir != args.sweep_dir:
+        print(f"sweep_report: reading the newest sweep, {sweep_dir}", file=sys.stderr)
     try:
-        jobs = read_sweep(args.sweep_dir)
+        jobs = read_sweep(sweep_dir)
     except FileNotFoundError as err:
         print(f"sweep_report: {err}", file=sys.stderr)
         return 2
@@ -158,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     param = args.param or (params[0] if params else None)
     rows = table_rows(jobs, params if param is None or param in params else [param, *params])
-    out = args.out or args.sweep_dir
+    out = args.out or sweep_dir
     out.mkdir(parents=True, exist_ok=True)
     with (out / "sweep_report.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))

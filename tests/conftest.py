@@ -22,6 +22,21 @@ HELPERS_DIR = TESTS_DIR / "helpers"
 _ENV = (hpu.EMULATE_ENV, hpu.DEVICES_ENV, hpu.DEVICE_NAME_ENV)
 
 
+@pytest.fixture(autouse=True)
+def _restore_rank_zero() -> Iterator[None]:
+    """Puts back the process-wide rank that Lightning's rank-zero helpers read.
+
+    Building a distributed Trainer sets it from the launch (``RANK=3`` under a simulated torchrun makes this process
+    "rank 3"), which would silence every later test's loggers and rank-zero warnings.
+    """
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+    from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
+
+    saved = (getattr(rank_zero_only, "rank", 0), getattr(utils_rank_zero_only, "rank", 0))
+    yield
+    rank_zero_only.rank, utils_rank_zero_only.rank = saved  # type: ignore[attr-defined]
+
+
 def _forget_bridge() -> None:
     for name in list(sys.modules):
         if name == "habana_frameworks" or name.startswith("habana_frameworks.") or name == "_bridge_double_state":

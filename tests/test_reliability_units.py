@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
 
-from lightning_gaudi import resume
+from lightning_gaudi import HPUParallelStrategy, hpu, resume
 from lightning_gaudi.checkpoint_io import atomic_torch_save
 from lightning_gaudi.strategies._process_group import (
     CollectiveTimeoutError,
@@ -147,3 +148,30 @@ def test_collective_errors_name_the_timeout() -> None:
         collective_errors("bw", timedelta(seconds=2), transport_only=True),
     ):
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (
+            RuntimeError("[gloo] Connection closed by peer"),
+            r"backward \(gradient all-reduce\) failed: .*timeout=0:00:05",
+        ),
+        (RuntimeError("element 0 of tensors does not require grad"), r"^element 0 of tensors does not require grad$"),
+    ],
+)
+def test_backward_names_a_dead_peer_and_passes_its_own_errors(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, raised: RuntimeError, expected: str
+) -> None:
+    """A gradient all-reduce whose peer died fails naming the timeout; backward's own errors pass unchanged."""
+
+    def backward(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(DDPStrategy, "backward", backward)
+    strategy = HPUParallelStrategy(timeout=5)
+    with pytest.raises(RuntimeError, match=expected) as info:
+        strategy.backward(torch.zeros(()), None)
+    transport = "gloo" in str(raised)
+    assert isinstance(info.value, CollectiveTimeoutError) is transport
+    assert (info.value.__cause__ is raised) is transport

@@ -101,9 +101,19 @@ def test_hpu_strategy_with_another_accelerator(eager_hpu: hpu.Backend, strategy:
         Trainer(accelerator="cpu", strategy=strategy, devices=2 if strategy != "hpu_single" else 1)
 
 
+def test_lazy_emulation_has_one_device(lazy_hpu: hpu.Backend) -> None:
+    """Lazy emulation reports the one device it can drive, so the defaults pick hpu_single instead of failing."""
+    assert lazy_hpu.device_count() == 1
+    trainer = Trainer(accelerator="hpu", logger=False)  # devices="auto"
+    assert type(trainer.strategy) is SingleHPUStrategy
+    assert trainer.strategy.root_device.type == "lazy"
+    with pytest.raises(ValueError, match=r"asks for 2 HPUs but this node has 1.*Lazy emulation drives one HPU.*=eager"):
+        Trainer(accelerator="hpu", devices=2, logger=False)
+
+
 def test_parallel_refused_under_lazy_emulation(lazy_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match="cannot run under LIGHTNING_GAUDI_EMULATE=lazy"):
-        Trainer(accelerator="hpu", devices=2, logger=False)
+        Trainer(accelerator="hpu", strategy="hpu_parallel", devices=1, logger=False)
 
 
 def test_reduce_mean_is_sum_over_world_size(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,6 +139,8 @@ def test_reduce_mean_is_sum_over_world_size(eager_hpu: hpu.Backend, monkeypatch:
     strategy.reduce(torch.tensor([1.0]), reduce_op="max")
     assert ops == [ReduceOp.SUM, ReduceOp.SUM, ReduceOp.SUM, ReduceOp.SUM, ReduceOp.MAX]
     assert strategy.reduce(3.0) == 3.0  # not a tensor: returned as is
+    with pytest.raises(ValueError, match=r"`reduce_op='median'` is not a reduction; use 'mean', 'sum'"):
+        strategy.reduce(torch.tensor([1.0]), reduce_op="median")
 
 
 def test_lazy_single_device_fit(lazy_hpu: hpu.Backend) -> None:

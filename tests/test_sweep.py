@@ -47,7 +47,8 @@ def _env() -> dict[str, str]:
 
 def _load_report() -> ModuleType:
     spec = importlib.util.spec_from_file_location("sweep_report", REPORT)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -85,7 +86,8 @@ def test_multirun_ddp_gives_one_job_and_one_process_group_per_point(ddp_sweep: t
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
         bucket = float(next(o for o in overrides if o.startswith("strategy.bucket_cap_mb=")).split("=")[1])
         results = json.loads((job / "results.json").read_text())
-        assert results["world_size"] == 2 and results["devices"] == 2
+        assert results["world_size"] == 2
+        assert results["devices"] == 2
         assert results["strategy"] == "HPUParallelStrategy"
         assert results["ddp_kwargs"]["bucket_cap_mb"] == bucket  # each group got its own point's setting
         assert results["global_step"] == 4
@@ -101,16 +103,21 @@ def test_multirun_ddp_gives_one_job_and_one_process_group_per_point(ddp_sweep: t
 @pytest.mark.subprocess
 def test_sweep_report_table_and_plot(ddp_sweep: tuple[Path, str], tmp_path: Path) -> None:
     sweep_dir, _ = ddp_sweep
-    done = subprocess.run(
-        [sys.executable, str(REPORT), str(sweep_dir), "--out", str(tmp_path)], capture_output=True, text=True, timeout=120
+    done = subprocess.run(  # the parent folder: the report finds the newest sweep in it
+        [sys.executable, str(REPORT), str(sweep_dir.parent), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert "| strategy.bucket_cap_mb |" in done.stdout
+    assert f"reading the newest sweep, {sweep_dir}" in done.stderr
     rows = list(csv.DictReader((tmp_path / "sweep_report.csv").open()))
     assert [(float(r["strategy.bucket_cap_mb"]), r["status"]) for r in rows] == [(1.0, "done"), (8.0, "done")]
     assert all(float(r["samples_per_sec"]) > 0 and r["world_size"] == "2" for r in rows)
     png = (tmp_path / "sweep_report.png").read_bytes()
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(png) > 5000
 
 
 def test_sweep_report_marks_unfinished_jobs_and_finds_the_swept_key(tmp_path: Path) -> None:
@@ -160,7 +167,8 @@ def test_torchrun_ranks_share_one_run_folder(tmp_path: Path) -> None:
     done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     runs = list((tmp_path / "train" / "runs").iterdir())
-    assert len(runs) == 1 and runs[0].name.startswith("torchrun-")
+    assert len(runs) == 1
+    assert runs[0].name.startswith("torchrun-")
     run = runs[0]
     assert (run / ".hydra" / "config.yaml").is_file()
     assert sorted(p.name for p in run.glob("*.log")) == ["train.log", "train_rank1.log"]

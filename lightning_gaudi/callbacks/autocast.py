@@ -7,7 +7,7 @@ import functools
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -173,15 +173,12 @@ class BF16Autocast(Callback):
         backend = hpu.get_backend()
         if not backend.emulated or (self.bf16_ops is None and self.fp32_ops is None):
             return  # the bridge applies its lists itself
-        device_type = plugin.device
         original = plugin.autocast_context_manager
-        bf16_ops, fp32_ops = self.bf16_ops or (), self.fp32_ops or ()
+        op_lists = OpListMode(plugin.device, self.bf16_ops or (), self.fp32_ops or ())  # built once, entered per step
 
         @contextmanager
         def with_op_lists() -> Iterator[None]:
-            with ExitStack() as stack:
-                stack.enter_context(original())
-                stack.enter_context(OpListMode(device_type, bf16_ops, fp32_ops))
+            with original(), op_lists:
                 yield
 
         plugin.autocast_context_manager = with_op_lists  # type: ignore[method-assign,assignment]

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -118,7 +119,7 @@ class FusedOptimizers(Callback):
                 f" {', '.join(REPLACEABLE)}. Leave {', '.join(unknown)} out of `optimizers`."
             )
         self.clip_norm = clip_norm
-        self._clippers: dict[tuple[int, float], hpu.ClipNorm] = {}
+        self._clippers: dict[tuple[int, float], tuple[list[Tensor], hpu.ClipNorm]] = {}
         self._plugin: Precision | None = None
 
     @override
@@ -147,11 +148,12 @@ class FusedOptimizers(Callback):
         clippers.clear()
 
         def clip_grad_by_norm(optimizer: Optimizer, clip_val: int | float) -> None:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
             key = (id(optimizer), float(clip_val))
-            clipper = clippers.get(key)
-            if clipper is None:
-                clipper = clippers[key] = backend.fused_clip_norm(params, float(clip_val))
+            bound = clippers.get(key)
+            if bound is None:  # once per optimizer: the clipper is bound to its parameters, like FusedClipNorm
+                params = [p for group in optimizer.param_groups for p in group["params"]]
+                bound = clippers[key] = (params, backend.fused_clip_norm(params, float(clip_val)))
+            params, clipper = bound
             clipper.clip_norm(params)
 
         plugin.clip_grad_by_norm = clip_grad_by_norm  # type: ignore[method-assign]

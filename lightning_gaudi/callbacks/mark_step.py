@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -43,7 +44,8 @@ class MarkStep(Callback):
         self.after_optimizer_step = after_optimizer_step
         self.after_eval_batch = after_eval_batch
         self.enabled = enabled
-        self._backend: hpu.Backend | None = None
+        # the backend's mark_step, bound in setup; every point is off until then
+        self._mark: Callable[[], None] = lambda: None
         self._stepped = False
         self._forward = self._backward = self._step = self._eval = False
 
@@ -51,16 +53,12 @@ class MarkStep(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         backend = hpu.get_backend()
         active = self.enabled and backend.is_lazy()
-        self._backend = backend
+        self._mark = backend.mark_step
         self._forward = active and self.after_forward
         self._backward = active and self.after_backward
         self._step = active and self.after_optimizer_step
         self._eval = active and self.after_eval_batch
         self._stepped = False
-
-    def _mark(self) -> None:
-        assert self._backend is not None
-        self._backend.mark_step()
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
@@ -100,31 +98,9 @@ class MarkStep(Callback):
         if self._eval:
             self._mark()
 
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if self._eval:
-            self._mark()
-
-    @override
-    def on_predict_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if self._eval:
-            self._mark()
+    # the same cut after every evaluation batch, whichever loop runs it
+    on_test_batch_end = on_validation_batch_end
+    on_predict_batch_end = on_validation_batch_end
 
 
 def add_default_mark_step(trainer: pl.Trainer) -> MarkStep | None:

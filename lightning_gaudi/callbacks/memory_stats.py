@@ -46,19 +46,24 @@ class MemoryStats(Callback):
         if log_every_n_steps is not None:
             check_interval("log_every_n_steps", log_every_n_steps)
         self.log_every_n_steps = log_every_n_steps
-        self._interval = log_every_n_steps or 50
+        self._interval = 1
+        self._writes = False
         self._last_step = -1
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._interval = self.log_every_n_steps or max(int(getattr(trainer, "log_every_n_steps", 50)), 1)
+        self._writes = trainer.is_global_zero and bool(trainer.loggers)  # decided once, not at every batch
+        self._last_step = -1
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if not self._writes:
+            return
         step = trainer.global_step
-        if step % self._interval or step == self._last_step or not trainer.is_global_zero or not trainer.loggers:
+        if step % self._interval or step == self._last_step:
             return
         self._last_step = step
         metrics = read_memory_metrics()

@@ -6,7 +6,8 @@ Every ``habana_frameworks`` and ``torch._lazy`` call in the package goes through
 - ``LIGHTNING_GAUDI_EMULATE=lazy``: :class:`~lightning_gaudi.hpu.lazy.LazyBackend` (torch's Lazy Tensor Core);
 - otherwise, when Intel's bridge is installed: :class:`~lightning_gaudi.hpu.bridge.HabanaBackend`.
 
-Emulation settings: ``LIGHTNING_GAUDI_DEVICES`` (cards per node, default 8 like one Gaudi server) and
+Emulation settings: ``LIGHTNING_GAUDI_DEVICES`` (cards per node, default 8 like one Gaudi server; lazy emulation
+always has one, see :mod:`~lightning_gaudi.hpu.lazy`) and
 ``LIGHTNING_GAUDI_DEVICE_NAME`` (``GAUDI``, ``GAUDI2`` or ``GAUDI3``; default ``GAUDI2``).
 """
 
@@ -146,7 +147,7 @@ def get_backend() -> Backend:
     else:
         from lightning_gaudi.hpu.lazy import LazyBackend
 
-        backend = LazyBackend(key[1], key[2])
+        backend = LazyBackend(key[2])
     if backend.emulated:
         _announce(backend)
     _backends[key] = backend

@@ -7,7 +7,8 @@ syncs and CPU fallbacks, as Gaudi's lazy mode does. What it cannot do, and what 
   ``bf16-mixed`` is refused with an error (``bf16-true`` works);
 - fused optimizers: ``fused=True`` kernels do not exist for lazy tensors; the fused factories return torch's
   single-tensor implementations (same numerics, no fusion) and say so once;
-- collectives: gloo refuses lazy tensors, so lazy emulation drives one device per run.
+- collectives: gloo refuses lazy tensors, so lazy emulation drives one device: it reports a device count of 1
+  whatever ``LIGHTNING_GAUDI_DEVICES`` says, and ``Trainer(accelerator="hpu")`` picks the single-device strategy.
 """
 
 from __future__ import annotations
@@ -27,15 +28,19 @@ _ts_backend_ready = False
 
 
 class LazyBackend(EagerBackend):
-    """HPU lazy-mode emulation on torch's Lazy Tensor Core (``LIGHTNING_GAUDI_EMULATE=lazy``)."""
+    """HPU lazy-mode emulation on torch's Lazy Tensor Core (``LIGHTNING_GAUDI_EMULATE=lazy``), one device.
+
+    Args:
+        device_name: the Gaudi generation to emulate (decides fp16 support).
+    """
 
     name = "lazy"
     device_type = "lazy"
     autocast_device_type = None
     compile_backend = "aot_eager"
 
-    def __init__(self, devices: int, device_name: str) -> None:
-        super().__init__(devices, device_name)
+    def __init__(self, device_name: str) -> None:
+        super().__init__(1, device_name)  # the honest capacity: gloo cannot carry lazy tensors to a second device
         import torch._lazy
         import torch._lazy.metrics
         import torch._lazy.ts_backend

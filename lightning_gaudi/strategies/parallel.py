@@ -27,6 +27,19 @@ from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_tr
 _MEAN_OPS = ("mean", "avg")
 
 
+def _as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp | ReduceOp.RedOpType:
+    if reduce_op is None or (isinstance(reduce_op, str) and reduce_op.lower() in _MEAN_OPS):
+        return ReduceOp.AVG
+    if not isinstance(reduce_op, str):
+        return reduce_op
+    op = getattr(ReduceOp, reduce_op.upper(), None)
+    if not isinstance(op, ReduceOp.RedOpType):
+        raise ValueError(
+            f"`reduce_op={reduce_op!r}` is not a reduction; use 'mean', 'sum', 'min', 'max' or a ReduceOp."
+        )
+    return op
+
+
 def _check_bucket_cap_mb(value: Any) -> None:
     if value is None:
         return
@@ -151,7 +164,7 @@ class HPUParallelStrategy(DDPStrategy):
     @property
     def timeout(self) -> timedelta:
         """How long a collective, a barrier or the process-group set-up waits for its peers."""
-        return _process_group.coerce_timeout(self._timeout)
+        return self._timeout  # type: ignore[return-value]  # coerced to a timedelta in __init__
 
     @override
     def set_world_ranks(self) -> None:
@@ -187,13 +200,9 @@ class HPUParallelStrategy(DDPStrategy):
 
     @override
     def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        try:  # the hot path: a bare try costs nothing until something fails
+        # transport errors only: backward also fails for reasons of its own (shapes, dtypes, NaN checks)
+        with _process_group.collective_errors("backward (gradient all-reduce)", self.timeout, transport_only=True):
             return super().backward(closure_loss, optimizer, *args, **kwargs)
-        except RuntimeError as err:
-            translated = _process_group.translate_error(err, "backward (gradient all-reduce)", self.timeout, True)
-            if translated is err:
-                raise
-            raise translated from err
 
     @override
     def _get_process_group_backend(self) -> str:
@@ -210,12 +219,10 @@ class HPUParallelStrategy(DDPStrategy):
         """All-reduces ``tensor``; mean is computed as sum / world size (HCCL has no mean), in floating point."""
         if not isinstance(tensor, Tensor) or not dist.is_available() or not dist.is_initialized():
             return tensor
-        mean = reduce_op is None or (isinstance(reduce_op, str) and reduce_op.lower() in _MEAN_OPS)
-        mean = mean or reduce_op == ReduceOp.AVG
-        if isinstance(reduce_op, str) and not mean:
-            op = getattr(ReduceOp, reduce_op.upper())
-        else:
-            op = ReduceOp.SUM if mean else reduce_op
+        op = _as_reduce_op(reduce_op)
+        mean = op == ReduceOp.AVG
+        if mean:
+            op = ReduceOp.SUM
         result = tensor if tensor.is_floating_point() else tensor.float()
         with _process_group.collective_errors("all_reduce", self.timeout):
             dist.all_reduce(result, op=op, group=group)

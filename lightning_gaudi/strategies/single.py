@@ -42,15 +42,20 @@ class SingleHPUStrategy(SingleDeviceStrategy):
             precision_plugin=precision_plugin,
         )
         self._requested_device = device
+        self._hpu_device: torch.device | None = None
 
     @property
     @override
     def root_device(self) -> torch.device:
-        backend = hpu.get_backend()
-        device = self._requested_device
-        if isinstance(device, torch.device) and device.type == backend.device_type:
-            return device
-        return backend.device(device if isinstance(device, int) else None)
+        # read for every batch moved to the device: ask the backend once, when the environment is final
+        if self._hpu_device is None:
+            backend = hpu.get_backend()
+            device = self._requested_device
+            if isinstance(device, torch.device) and device.type == backend.device_type:
+                self._hpu_device = device
+            else:
+                self._hpu_device = backend.device(device if isinstance(device, int) else None)
+        return self._hpu_device
 
     @property  # type: ignore[override]
     @override

@@ -8,12 +8,12 @@ from types import ModuleType
 
 import pytest
 import torch
+from helpers.workload import Workload, loader, quiet_trainer
 from torch import Tensor
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import BF16Autocast
 from lightning_gaudi.callbacks.autocast import BF16_LIST_ENV, FP32_LIST_ENV, LEGACY_ENV
-from tests.callbacks._workload import Workload, loader, quiet_trainer
 
 
 class DtypeProbe(Workload):

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.workload import Workload, loader, quiet_trainer
 from torch import nn
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import FusedOptimizers
 from lightning_gaudi.callbacks.fused_optimizers import fuse_optimizer
-from tests.callbacks._workload import Workload, loader, quiet_trainer
 
 
 class Scheduled(Workload):

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.workload import Workload, loader, quiet_trainer
 from torch import Tensor, nn
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import BridgeSettings, HPUCompile, HPUGraphs, RecipeCache
 from lightning_gaudi.callbacks.bridge_settings import INT64_ENV, LAZY_MODE_ENV, RECIPE_CACHE_ENV
-from tests.callbacks._workload import Workload, loader, quiet_trainer
 
 
 def _spy_wrap(backend: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:

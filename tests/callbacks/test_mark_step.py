@@ -5,11 +5,11 @@ from __future__ import annotations
 from types import ModuleType, SimpleNamespace
 
 import pytest
+from helpers.workload import CounterWindow, Workload, loader, quiet_trainer
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import MarkStep
 from lightning_gaudi.callbacks.mark_step import add_default_mark_step
-from tests.callbacks._workload import CounterWindow, Workload, loader, quiet_trainer
 
 
 def test_lazy_default_two_mark_steps_per_step_and_no_recompilation(lazy_hpu: hpu.Backend) -> None:

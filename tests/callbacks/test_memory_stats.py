@@ -8,12 +8,12 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers.workload import Workload, loader, quiet_trainer
 from lightning.pytorch.loggers import CSVLogger, Logger
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import MemoryStats
 from lightning_gaudi.callbacks.memory_stats import MEMORY_METRICS
-from tests.callbacks._workload import Workload, loader, quiet_trainer
 
 
 @pytest.mark.parametrize("backend", ["eager_hpu", "lazy_hpu"])

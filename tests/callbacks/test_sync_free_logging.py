@@ -10,6 +10,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+from helpers.workload import CounterWindow, Workload, loader, quiet_trainer
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
@@ -18,7 +19,6 @@ from lightning.pytorch.trainer.connectors.logger_connector.logger_connector impo
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
 
 from lightning_gaudi import _lightning, hpu
-from tests.callbacks._workload import CounterWindow, Workload, loader, quiet_trainer
 
 WARMUP, STEPS = 20, 200
 

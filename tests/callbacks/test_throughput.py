@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.workload import CounterWindow, Workload, loader, quiet_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
@@ -17,7 +18,6 @@ from torch.utils.data import DataLoader
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import HPUThroughputMonitor
-from tests.callbacks._workload import CounterWindow, Workload, loader, quiet_trainer
 
 PAUSE = 0.25
 

@@ -1,0 +1,179 @@
+"""The lightning-gaudi console script: HPU names on the command line, strategy knobs from the command line and from
+YAML, callbacks by class path, --print_config round trips, and one real fit of the default example."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, SingleHPUStrategy, hpu
+from lightning_gaudi.callbacks import MarkStep, MemoryStats
+from lightning_gaudi.cli import GaudiCLI, main
+from lightning_gaudi.data import StdlibTextDataModule
+from lightning_gaudi.models import GPTLanguageModel
+
+# in-process CLIs get their arguments from `args`, not from pytest's own command line
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
+
+TINY = [
+    "--model.n_layer=1",
+    "--model.n_embd=16",
+    "--model.n_head=2",
+    "--model.block_size=16",
+    "--data.seq_len=16",
+    "--data.batch_size=4",
+    "--data.max_bytes=20000",
+]
+
+
+@pytest.fixture
+def cli_env(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    monkeypatch.chdir(tmp_path)
+    saved = dict(os.environ)
+    yield tmp_path
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _cli(args: list[str]) -> GaudiCLI:
+    return GaudiCLI(args=[*TINY, *args], run=False)
+
+
+def test_console_script_is_declared() -> None:
+    scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")}
+    assert scripts.get("lightning-gaudi") == "lightning_gaudi.cli:main"
+
+
+def test_defaults_train_the_example_on_the_hpu(cli_env: Path) -> None:
+    cli = _cli([])
+    assert isinstance(cli.model, GPTLanguageModel)
+    assert isinstance(cli.datamodule, StdlibTextDataModule)
+    assert isinstance(cli.trainer.accelerator, HPUAccelerator)
+    assert isinstance(cli.trainer.strategy, SingleHPUStrategy)
+    assert cli.trainer.max_steps == 300
+
+
+def test_hpu_names_work_on_the_command_line(cli_env: Path) -> None:
+    cli = _cli(["--trainer.accelerator=hpu", "--trainer.strategy=hpu_parallel", "--trainer.devices=2"])
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, HPUParallelStrategy)
+    assert isinstance(cli.trainer.accelerator, HPUAccelerator)
+    assert cli.trainer.num_devices == 2
+
+
+def test_strategy_knobs_from_the_command_line(cli_env: Path) -> None:
+    cli = _cli(
+        [
+            "--trainer.strategy=lightning_gaudi.HPUParallelStrategy",
+            "--trainer.strategy.bucket_cap_mb=8",
+            "--trainer.strategy.static_graph=true",
+            "--trainer.devices=2",
+        ]
+    )
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, HPUParallelStrategy)
+    assert strategy.ddp_kwargs["bucket_cap_mb"] == 8
+    assert strategy.ddp_kwargs["static_graph"] is True
+    assert cli.trainer.num_devices == 2
+
+
+def test_strategy_knobs_and_callbacks_from_yaml(cli_env: Path) -> None:
+    config = cli_env / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {
+                    "devices": 2,
+                    "strategy": {
+                        "class_path": "lightning_gaudi.HPUParallelStrategy",
+                        "init_args": {"bucket_cap_mb": 3, "gradient_as_bucket_view": False},
+                    },
+                    "callbacks": [
+                        {"class_path": "lightning_gaudi.callbacks.MarkStep", "init_args": {"after_forward": True}},
+                        {"class_path": "lightning_gaudi.callbacks.MemoryStats"},
+                    ],
+                }
+            }
+        )
+    )
+    cli = _cli([f"--config={config}"])
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, HPUParallelStrategy)
+    assert strategy.ddp_kwargs["bucket_cap_mb"] == 3
+    assert strategy.ddp_kwargs["gradient_as_bucket_view"] is False
+    mark_steps = [c for c in cli.trainer.callbacks if isinstance(c, MarkStep)]
+    assert len(mark_steps) == 1
+    assert mark_steps[0].after_forward is True
+    assert any(isinstance(c, MemoryStats) for c in cli.trainer.callbacks)
+
+
+def test_callbacks_by_class_path_on_the_command_line(cli_env: Path) -> None:
+    cli = _cli(
+        ["--trainer.callbacks+=lightning_gaudi.callbacks.MemoryStats", "--trainer.callbacks.log_every_n_steps=7"]
+    )
+    stats = [c for c in cli.trainer.callbacks if isinstance(c, MemoryStats)]
+    assert len(stats) == 1
+    assert stats[0].log_every_n_steps == 7
+
+
+def _print_config(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *args, "--print_config"])
+    assert info.value.code in (0, None)
+    return capsys.readouterr().out
+
+
+def test_print_config_round_trips(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        *TINY,
+        "--trainer.strategy=lightning_gaudi.HPUParallelStrategy",
+        "--trainer.strategy.bucket_cap_mb=16",
+        "--trainer.devices=2",
+        "--trainer.callbacks+=lightning_gaudi.callbacks.MarkStep",
+    ]
+    first = _print_config(args, capsys)
+    parsed = yaml.safe_load(first)
+    assert parsed["model"]["class_path"] == "lightning_gaudi.models.GPTLanguageModel"
+    assert parsed["trainer"]["strategy"]["init_args"]["bucket_cap_mb"] == 16
+    saved = cli_env / "printed.yaml"
+    saved.write_text(first)
+    second = _print_config([f"--config={saved}"], capsys)
+    assert yaml.safe_load(second) == parsed  # equal values (an int default may come back as a float: 20 == 20.0)
+
+
+@pytest.mark.subprocess
+def test_fit_with_the_console_script(tmp_path: Path) -> None:
+    """`lightning-gaudi fit` with no --model/--data trains the example; without settings it emulates and says so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_GAUDI_")}
+    script = Path(sys.executable).with_name("lightning-gaudi")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "lightning_gaudi.cli"]
+    done = subprocess.run(
+        [
+            *command,
+            "fit",
+            *TINY,
+            "--trainer.max_steps=3",
+            "--trainer.limit_val_batches=1",
+            "--trainer.val_check_interval=3",
+            f"--trainer.default_root_dir={tmp_path}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    if not hpu.bridge_installed():
+        assert "emulating the HPU on the CPU in eager mode" in output
+    assert "`Trainer.fit` stopped: `max_steps=3` reached." in output
+    assert list(tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt"))
+    assert (tmp_path / "lightning_logs" / "version_0" / "config.yaml").is_file()
