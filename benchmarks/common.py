@@ -123,7 +123,7 @@ class StepTimer(Callback):
     """Times training batches ``warmup`` to ``last``: from that batch's start to the last one's end.
 
     Records wall-clock time and this process's CPU time (``time.process_time``, all its threads). In lazy mode the
-    clocks stop after the device has finished (one synchronize at the end of the window).
+    clocks stop after the device has finished (one synchronize at each end of the window).
     """
 
     def __init__(self, warmup: int, last: int, synchronize: Any = None) -> None:
@@ -157,16 +157,16 @@ class StepTimer(Callback):
         return self.end[clock] - self.start[clock]
 
     def steps_per_second(self) -> float:
-        """Steps per wall-clock second."""
+        """Steps per wall-clock second over the window."""
         return self.steps / self._elapsed(0)
+
+    def steps_per_cpu_second(self) -> float:
+        """Steps per second of this process's CPU time over the window: what the loop costs."""
+        return self.steps / self._elapsed(1)
 
     def cpu_utilization(self) -> float:
         """CPU time over wall time in the window: 1.0 is one core busy all the time (one torch thread)."""
         return self._elapsed(1) / self._elapsed(0)
-
-    def steps_per_cpu_second(self) -> float:
-        """Steps per second of this process's CPU time: what the loop costs, whatever else the machine runs."""
-        return self.steps / self._elapsed(1)
 
 
 def summarize(values: list[float]) -> dict[str, Any]:

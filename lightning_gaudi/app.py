@@ -39,11 +39,12 @@ from typing import Any, cast
 import lightning as L
 from hydra.utils import get_class, instantiate
 from lightning.fabric.plugins.environments import LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_gaudi import hpu
+from lightning_gaudi import hpu, resume
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.callbacks import HPUThroughputMonitor
 from lightning_gaudi.config import apply_emulation, register_configs
@@ -173,6 +174,19 @@ def _instantiate_group(node: DictConfig | None) -> list[Any]:
     return [instantiate(item) for item in node.values() if isinstance(item, DictConfig) and "_target_" in item]
 
 
+def resume_from(policy: str | None, callbacks: list[Any]) -> str | None:
+    """The checkpoint ``Trainer.fit`` resumes from under ``policy`` (see :mod:`lightning_gaudi.resume`).
+
+    ``"auto"`` and ``"last"`` look in the ``ModelCheckpoint`` callback's folder; with no such callback nothing is
+    saved, so ``"auto"`` starts fresh.
+    """
+    checkpoint = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
+    if checkpoint is None and policy == "auto":
+        return None
+    dirpath = checkpoint.dirpath if checkpoint is not None else None
+    return resume.resolve_ckpt_path(policy, dirpath)
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Instantiates the data, model, callbacks, loggers, strategy and Trainer of ``cfg``, and trains.
 
@@ -191,7 +205,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     model = instantiate(cfg.model)
     strategy = instantiate(cfg.strategy)
     trainer: L.Trainer = instantiate(cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from(cfg.get("ckpt_path"), callbacks))
     if cfg.get("test"):
         trainer.test(model, datamodule=datamodule)
 

@@ -7,6 +7,7 @@
         --trainer.strategy.bucket_cap_mb 100 --trainer.devices 2
     lightning-gaudi fit --trainer.callbacks+=lightning_gaudi.callbacks.MarkStep
     lightning-gaudi fit --print_config > run.yaml && lightning-gaudi fit --config run.yaml
+    lightning-gaudi fit --ckpt_path auto --trainer.callbacks ModelCheckpoint --trainer.callbacks.dirpath ckpts
     lightning-gaudi validate|test|predict --ckpt_path CKPT
 
 The accelerator defaults to ``hpu``. Without Intel's bridge and without ``LIGHTNING_GAUDI_EMULATE``, the HPU is
@@ -24,7 +25,7 @@ import lightning as L
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import lightning_gaudi  # registers "hpu" and the HPU strategies before the CLI builds a Trainer
-from lightning_gaudi import hpu
+from lightning_gaudi import hpu, resume
 from lightning_gaudi.config import EmulationConf, EmulationMode, apply_emulation
 
 DEFAULT_MODEL = "lightning_gaudi.models.GPTLanguageModel"
@@ -59,6 +60,22 @@ class GaudiCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"model": {"class_path": DEFAULT_MODEL}, "data": {"class_path": DEFAULT_DATA}})
+
+    def before_fit(self) -> None:
+        """Resolves ``--ckpt_path auto|last`` (see :mod:`lightning_gaudi.resume`) in the checkpoint callback's folder.
+
+        ``auto`` resumes from the newest complete checkpoint there, or starts fresh when there is none (or when the
+        folder is only decided at fit time, as with the default ``ModelCheckpoint``).
+        """
+        config = self.config_init["fit"]
+        policy = config.get("ckpt_path")
+        if policy not in resume.POLICIES:
+            return
+        checkpoint = self.trainer.checkpoint_callback
+        dirpath = getattr(checkpoint, "dirpath", None)
+        config["ckpt_path"] = (
+            None if dirpath is None and policy == "auto" else resume.resolve_ckpt_path(policy, dirpath)
+        )
 
 
 def main(args: list[str] | None = None) -> None:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 import os
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -72,7 +74,7 @@ class TimeoutConf:
     """A ``datetime.timedelta``, for collective timeouts."""
 
     _target_: str = "datetime.timedelta"
-    minutes: float = 30.0
+    minutes: float = 10.0
 
 
 @dataclass
@@ -84,7 +86,7 @@ class HPUParallelStrategyConf:
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
     find_unused_parameters: bool = False
-    broadcast_buffers: bool = True
+    broadcast_buffers: bool | None = None
     process_group_backend: str | None = None
     timeout: TimeoutConf = field(default_factory=TimeoutConf)
     start_method: str = "popen"
@@ -137,15 +139,12 @@ class SlurmLauncherConf:
 #: The ConfigStore group that holds the schemas, apart from the groups users pick options from.
 SCHEMA_GROUP = "lightning_gaudi_schema"
 
-#: Callback schemas, by config name: filled by :func:`_callback_schemas` from what ``lightning_gaudi.callbacks`` has.
+#: Callback schemas, by config name, built by :func:`register_configs` from the callbacks' signatures.
 CALLBACK_SCHEMAS: dict[str, type] = {}
 
 
 def _schema_from_signature(name: str, target: type, target_path: str) -> type:
     """A dataclass schema with ``_target_`` and one typed field per keyword argument of ``target.__init__``."""
-    import inspect
-    import typing
-
     init = target.__init__  # type: ignore[misc]
     hints = typing.get_type_hints(init)
     fields: list[tuple[str, Any, Any]] = [("_target_", str, field(default=target_path))]
@@ -165,8 +164,6 @@ def _schema_from_signature(name: str, target: type, target_path: str) -> type:
 
 def _omegaconf_type(annotation: Any) -> Any:
     """``annotation`` if OmegaConf can check it (primitives, ``Optional`` of one, enums), else ``Any``."""
-    import typing
-
     primitives = (int, float, bool, str)
     if annotation in primitives:
         return annotation
@@ -184,9 +181,13 @@ def _callback_schemas() -> dict[str, type]:
 
     schemas: dict[str, type] = {}
     for config_name, class_name in CALLBACK_CONFIG_NAMES.items():
-        target = getattr(callbacks, class_name, None)
-        if target is not None:
-            schemas[config_name] = _schema_from_signature(class_name, target, f"{callbacks.__name__}.{class_name}")
+        if not hasattr(callbacks, class_name):
+            raise ImportError(
+                f"lightning_gaudi.callbacks has no {class_name} for conf/callbacks/{config_name}.yaml; update"
+                " CALLBACK_CONFIG_NAMES in lightning_gaudi/config.py together with the recipe."
+            )
+        target = getattr(callbacks, class_name)
+        schemas[config_name] = _schema_from_signature(class_name, target, f"{callbacks.__name__}.{class_name}")
     return schemas
 
 

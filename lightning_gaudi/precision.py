@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
+from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_gaudi import hpu
 
@@ -57,3 +60,17 @@ class HPUPrecision(MixedPrecision):
         check_precision_supported(precision, backend)
         assert backend.autocast_device_type is not None
         super().__init__(precision, device=backend.autocast_device_type, scaler=scaler)
+
+    @override
+    def clip_gradients(
+        self,
+        optimizer: Optimizer,
+        clip_val: int | float = 0.0,
+        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
+    ) -> None:
+        if self.scaler is None:
+            # Lightning refuses to clip fused optimizers because they unscale gradients themselves; without a
+            # scaler (bf16) there is nothing to unscale, and fused optimizers are what Gaudi runs.
+            Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+            return
+        super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)

@@ -41,9 +41,9 @@ def _check_schema(results: dict[str, Any]) -> None:
     assert machine["torch_threads"] == 1
 
     overhead = results["sections"]["overhead"]
-    variants = {"hand", "stock", "stock_bar20", "plugin", "plugin_gaudi_set"}
+    variants = {"hand", "stock", "stock_again", "stock_bar20", "plugin", "plugin_gaudi_set"}
     assert set(overhead["steps_per_s"]) == set(overhead["steps_per_cpu_s"]) == variants
-    assert set(overhead["ratios"]) == set(overhead["ratios_wall"])
+    assert set(overhead["ratios"]) == set(overhead["ratios_wall"]) == set(overhead["ratios_best"])
     assert {"plugin/stock", "plugin/stock_bar20", "plugin/hand"} <= set(overhead["ratios"])
     for group in ("steps_per_s", "steps_per_cpu_s", "ratios", "ratios_wall"):
         for summary in overhead[group].values():

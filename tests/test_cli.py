@@ -20,7 +20,10 @@ from lightning_gaudi.data import StdlibTextDataModule
 from lightning_gaudi.models import GPTLanguageModel
 
 # in-process CLIs get their arguments from `args`, not from pytest's own command line
-pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended"),
+    pytest.mark.filterwarnings("ignore:Starting from v1.9.0, `tensorboardX` has been removed"),
+]
 
 TINY = [
     "--model.n_layer=1",
@@ -177,3 +180,23 @@ def test_fit_with_the_console_script(tmp_path: Path) -> None:
     assert "`Trainer.fit` stopped: `max_steps=3` reached." in output
     assert list(tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt"))
     assert (tmp_path / "lightning_logs" / "version_0" / "config.yaml").is_file()
+
+
+def test_fit_resumes_under_the_auto_policy(cli_env: Path) -> None:
+    """`--ckpt_path auto` starts fresh when the checkpoint folder is empty and resumes from its newest checkpoint."""
+    ckpts = cli_env / "ckpts"
+    common = [
+        *TINY,
+        "--trainer.callbacks=ModelCheckpoint",
+        f"--trainer.callbacks.dirpath={ckpts}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        "--ckpt_path=auto",
+    ]
+    first = GaudiCLI(args=["fit", *common, "--trainer.max_steps=2"], save_config_callback=None)
+    assert first.trainer.ckpt_path is None
+    [saved] = list(ckpts.glob("*.ckpt"))
+    second = GaudiCLI(args=["fit", *common, "--trainer.max_steps=3"], save_config_callback=None)
+    assert second.trainer.ckpt_path == str(saved)
+    assert second.trainer.global_step == 3

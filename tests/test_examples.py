@@ -91,10 +91,8 @@ def _experiment_overrides(name: str) -> list[str]:
         "data.num_workers=0",
     ]
     if name == "gpt_gaudi":
-        # 2 emulated cards instead of 8 and a narrower model (the test machine has 2 cores, and bf16 is slow on CPUs).
-        # Without gradient clipping: under eager emulation bf16-mixed refuses to clip for torch's fused AdamW
-        # (FusedOptimizers; see the report).
-        overrides += ["trainer.devices=2", "model.n_layer=2", "model.n_embd=48", "trainer.gradient_clip_val=null"]
+        # 2 emulated cards instead of 8 and a narrower model (the test machine has 2 cores, and bf16 is slow on CPUs)
+        overrides += ["trainer.devices=2", "model.n_layer=2", "model.n_embd=48"]
     return overrides
 
 
@@ -121,7 +119,8 @@ def test_rank_failure_is_reported(isolated_env: pytest.MonkeyPatch, tmp_path: Pa
     """A rank that fails stops the job with an error naming the exit codes (here: an impossible model)."""
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
     cfg = _compose(["strategy=hpu_parallel", "trainer.devices=2", "debug=fast_dev_run", "model.n_head=3"], tmp_path)
-    with pytest.raises(RuntimeError, match=r"Rank process\(es\) failed with exit codes \[1, "):
+    # both ranks fail; whichever fails second may already have been stopped by the launcher (-15)
+    with pytest.raises(RuntimeError, match=r"Rank process\(es\) failed with exit codes \[(1, (1|-15)|-15, 1)\]"):
         app.main(cfg)
     assert not (tmp_path / app.RESULTS_FILE).exists()
 

@@ -22,13 +22,14 @@ from lightning_gaudi.hpu.backend import MEMORY_STAT_KEYS, Backend, ClipNorm, Laz
 
 
 class TorchClipNorm(ClipNorm):
-    """``FusedClipNorm``'s contract on torch's multi-tensor ``clip_grad_norm_``."""
+    """``FusedClipNorm``'s contract on torch's ``clip_grad_norm_`` (multi-tensor kernels unless ``foreach=False``)."""
 
-    def __init__(self, max_norm: float) -> None:
+    def __init__(self, max_norm: float, foreach: bool = True) -> None:
         self.max_norm = float(max_norm)
+        self.foreach = foreach
 
     def clip_norm(self, parameters: Iterable[Tensor] | Tensor) -> Tensor:
-        return torch.nn.utils.clip_grad_norm_(parameters, self.max_norm, norm_type=2.0, foreach=True)
+        return torch.nn.utils.clip_grad_norm_(parameters, self.max_norm, norm_type=2.0, foreach=self.foreach)
 
 
 def host_memory_stats() -> dict[str, int]:

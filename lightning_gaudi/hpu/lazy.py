@@ -6,7 +6,8 @@ syncs and CPU fallbacks, as Gaudi's lazy mode does. What it cannot do, and what 
 - autocast: there is no ``torch.autocast`` for device type "lazy"; ``autocast_device_type`` is ``None`` and
   ``bf16-mixed`` is refused with an error (``bf16-true`` works);
 - fused optimizers: ``fused=True`` kernels do not exist for lazy tensors; the fused factories return torch's
-  single-tensor implementations (same numerics, no fusion) and say so once;
+  single-tensor implementations (same numerics, no fusion) and say so once; clipping by norm uses the
+  single-tensor ``clip_grad_norm_`` (the multi-tensor kernels fail on lazy tensors);
 - collectives: gloo refuses lazy tensors, so lazy emulation drives one device: it reports a device count of 1
   whatever ``LIGHTNING_GAUDI_DEVICES`` says, and ``Trainer(accelerator="hpu")`` picks the single-device strategy.
 """
@@ -14,13 +15,15 @@ syncs and CPU fallbacks, as Gaudi's lazy mode does. What it cannot do, and what 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_gaudi.hpu.backend import LazyCounters
-from lightning_gaudi.hpu.eager import EagerBackend
+from lightning_gaudi.hpu.backend import ClipNorm, LazyCounters
+from lightning_gaudi.hpu.eager import EagerBackend, TorchClipNorm
 
 _FALLBACK_PREFIX = "aten::"
 _HOST_SYNC_COUNTER = "aten::_local_scalar_dense"
@@ -77,6 +80,9 @@ class LazyBackend(EagerBackend):
 
     def fused_sgd(self, params: Any, **kwargs: Any) -> Optimizer:
         return self._unfused(torch.optim.SGD, params, kwargs)
+
+    def fused_clip_norm(self, parameters: Iterable[Tensor], max_norm: float) -> ClipNorm:
+        return TorchClipNorm(max_norm, foreach=False)
 
     def lazy_counters(self) -> LazyCounters:
         m = self._metrics

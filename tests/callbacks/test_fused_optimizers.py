@@ -66,6 +66,13 @@ def test_eager_fused_matches_unfused_and_keeps_scheduler_bound(eager_hpu: hpu.Ba
         torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_bf16_mixed_clips_a_fused_optimizer(eager_hpu: hpu.Backend) -> None:
+    """bf16 autocast has no gradient scaler, so a fused optimizer may be clipped (Lightning's AMP plugin refuses)."""
+    trainer = _fit(Scheduled("adamw"), fused=True, gradient_clip_val=0.5, precision="bf16-mixed")
+    assert trainer.optimizers[0].defaults["fused"] is True
+    assert trainer.global_step == 4
+
+
 def test_eager_resume_restores_fused_state(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
     model = Workload("adamw")
     trainer = _fit(model, fused=True)
@@ -87,7 +94,7 @@ def test_eager_resume_restores_fused_state(eager_hpu: hpu.Backend, tmp_path: Pat
 
 def test_lazy_emulation_swaps_to_single_tensor_kernels(lazy_hpu: hpu.Backend) -> None:
     with pytest.warns(UserWarning, match="no fused optimizer kernels"):
-        trainer = _fit(Scheduled("adamw"), fused=True)
+        trainer = _fit(Scheduled("adamw"), fused=True, gradient_clip_val=0.5)
     assert trainer.optimizers[0].defaults["foreach"] is False
     assert trainer.lr_scheduler_configs[0].scheduler.optimizer is trainer.optimizers[0]
 
