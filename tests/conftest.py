@@ -6,6 +6,7 @@ Every fixture sets its environment through ``monkeypatch`` and empties the seam'
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +55,16 @@ def clean_hpu_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatc
     hpu._backends.clear()
     yield monkeypatch
     hpu._backends.clear()
+
+
+@pytest.fixture
+def isolated_env(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """``clean_hpu_env`` that also restores the whole environment afterwards (the Hydra app and some callbacks
+    export variables by design)."""
+    saved = dict(os.environ)
+    yield clean_hpu_env
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture

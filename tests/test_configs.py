@@ -4,12 +4,12 @@ types; the run-directory resolvers agree across ranks; the SLURM launcher recipe
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
+from helpers.configs import CONF_DIR, compose_train
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
@@ -25,24 +25,8 @@ from lightning_gaudi.config import (
 )
 from lightning_gaudi.strategies._process_group import DEFAULT_TIMEOUT
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 #: Small enough that building every model is quick.
 TINY = ["data.max_bytes=20000", "data.seq_len=16", "data.batch_size=4"]
-
-
-@pytest.fixture
-def isolated_env(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Restores the whole environment afterwards: the app and some callbacks export variables by design."""
-    saved = dict(os.environ)
-    yield clean_hpu_env
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-def compose_train(overrides: list[str], output_dir: Path | None = None, hydra: bool = False) -> DictConfig:
-    extra = [] if output_dir is None else [f"paths.output_dir={output_dir}"]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=[*overrides, *extra], return_hydra_config=hydra)
 
 
 def group_options(group: str) -> list[str]:

@@ -5,34 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers.configs import CONF_DIR, compose_train
 
 from lightning_gaudi import app, hpu
 from lightning_gaudi.data import StdlibTextDataModule
 from lightning_gaudi.data.stdlib_text import stdlib_source_files
 from lightning_gaudi.models import GPTLanguageModel
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
-
-
-@pytest.fixture
-def isolated_env(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    saved = dict(os.environ)
-    yield clean_hpu_env
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-def _compose(overrides: list[str], output_dir: Path):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=[*overrides, f"paths.output_dir={output_dir}"])
 
 
 def test_main_command_example_learns(
@@ -41,7 +25,7 @@ def test_main_command_example_learns(
     """The README's main command with fewer, smaller steps: emulation switched on by itself, the loss falls, and
     checkpoints, the CSV log and results.json land in the run folder."""
     isolated_env.setattr(hpu, "bridge_installed", lambda: False)
-    cfg = _compose(
+    cfg = compose_train(
         [
             "trainer.max_steps=30",
             "trainer.val_check_interval=30",
@@ -55,7 +39,7 @@ def test_main_command_example_learns(
             "model.warmup_steps=5",
             "throughput_warmup_steps=2",
         ],
-        tmp_path,
+        output_dir=tmp_path,
     )
     objective = app.main(cfg)
     out = capsys.readouterr().out
@@ -102,7 +86,7 @@ def _experiment_overrides(name: str) -> list[str]:
 )
 def test_experiment_fast_dev_run(name: str, isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
-    cfg = _compose(_experiment_overrides(name), tmp_path)
+    cfg = compose_train(_experiment_overrides(name), output_dir=tmp_path)
     app.main(cfg)
     results = json.loads((tmp_path / app.RESULTS_FILE).read_text())
     assert results["global_step"] == 1
@@ -118,7 +102,9 @@ def test_experiment_fast_dev_run(name: str, isolated_env: pytest.MonkeyPatch, tm
 def test_rank_failure_is_reported(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A rank that fails stops the job with an error naming the exit codes (here: an impossible model)."""
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
-    cfg = _compose(["strategy=hpu_parallel", "trainer.devices=2", "debug=fast_dev_run", "model.n_head=3"], tmp_path)
+    cfg = compose_train(
+        ["strategy=hpu_parallel", "trainer.devices=2", "debug=fast_dev_run", "model.n_head=3"], output_dir=tmp_path
+    )
     # both ranks fail; whichever fails second may already have been stopped by the launcher (-15)
     with pytest.raises(RuntimeError, match=r"Rank process\(es\) failed with exit codes \[(1, (1|-15)|-15, 1)\]"):
         app.main(cfg)
