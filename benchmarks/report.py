@@ -42,6 +42,16 @@ def table(results: dict[str, Any]) -> str:
             "plugin_gaudi_set/hand": "plugin + Gaudi set / hand loop",
             "stock_again/stock": "A/A control: stock Lightning / stock Lightning",
         }
+        share = o["plugin_code"]
+        rows.append(
+            (
+                "overhead: time in lightning_gaudi's own code, share of a profiled plugin fit",
+                f"{share['plugin_share']:.2%}"
+                f" ({share['plugin_seconds'] * 1e6 / share['steps']:.0f} us per step, set-up included)",
+                "",
+                "",
+            )
+        )
         for key, label in labels.items():
             if key not in ratios:
                 continue

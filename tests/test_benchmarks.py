@@ -49,6 +49,7 @@ def _check_schema(results: dict[str, Any]) -> None:
         for summary in overhead[group].values():
             _summary(summary)
     assert isinstance(overhead["met"], bool)
+    assert 0 < overhead["plugin_code"]["plugin_share"] < 1  # the profile saw the plugin's code run
     assert "mark_step" in overhead["gaudi_set"]
 
     lazy = results["sections"]["lazy"]
