@@ -70,9 +70,8 @@ class AllReduceCounter:
 class DDPProbe(Callback):
     """Makes sure the comm hook is on the DDP model and records the calls per step over the timed window."""
 
-    def __init__(self, counter: AllReduceCounter, warmup: int, free_grads: bool | str = False) -> None:
+    def __init__(self, counter: AllReduceCounter, warmup: int) -> None:
         self.counter = counter
-        self.free_grads = free_grads
         self.warmup = warmup
         self.registered_by = "strategy"
         self.at_warmup = 0
@@ -98,15 +97,6 @@ class DDPProbe(Callback):
             # HPUParallelStrategy inherits DDPStrategy._register_ddp_hooks, which registers ddp_comm_hook on CUDA only
             ddp.register_comm_hook(None, self.counter.hook)
             self.registered_by = "callback (the strategy did not register ddp_comm_hook)"
-
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self.free_grads == "first" and batch_idx > 0:
-            return
-        if self.free_grads:
-            for optimizer in trainer.optimizers:
-                optimizer.zero_grad(set_to_none=True)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if batch_idx == self.warmup:
@@ -143,7 +133,7 @@ def _trial(spec: dict[str, Any], devices: int) -> dict[str, Any]:
     if devices > 1:
         knobs = spec.get("knobs", {})
         strategy: Any = HPUParallelStrategy(ddp_comm_hook=counter.hook, **knobs)
-        probe = DDPProbe(counter, warmup, spec.get("free_grads", False))
+        probe = DDPProbe(counter, warmup)
         callbacks.append(probe)
     else:
         strategy = "hpu_single"

@@ -143,9 +143,8 @@ def table(results: dict[str, Any]) -> str:
         )
         rows.append(
             (
-                "ddp: same, on the process peak RSS (Lightning's order / grads freed once after the first step)",
-                f"{saving['process_peak_rss_bytes']:.3f} /"
-                f" {saving['process_peak_rss_bytes_with_grads_freed_once']:.3f}",
+                "ddp: same, on the process peak RSS",
+                f"{saving['process_peak_rss_bytes']:.3f}",
                 "",
                 "",
             )

@@ -80,6 +80,10 @@ def test_two_process_hpu_parallel(
         assert facts["find_unused_parameters"] is False
         # every gradient really lives in a bucket the reducer all-reduced, exactly when asked for
         assert facts["views_per_step"] == [gradient_as_bucket_view] * STEPS
+        # the communication hook given to the strategy runs for every bucket of every step
+        assert facts["hook_calls"] >= STEPS
+        # with bucket views the first step's gradients are released before DDP rebuilds its buckets
+        assert facts["grads_released"] == [True, gradient_as_bucket_view] + [False] * (STEPS - 2)
 
     initial = ranks[0]["initial"]
     assert ranks[1]["initial"] == initial  # DDP broadcast rank 0's weights at wrap time

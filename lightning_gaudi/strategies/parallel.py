@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -16,6 +17,8 @@ from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
@@ -65,7 +68,9 @@ class HPUParallelStrategy(DDPStrategy):
         bucket_cap_mb: DDP gradient bucket size in MB (torch's default 25 when ``None``). Larger buckets mean fewer
             all-reduce launches; Intel reports 100 MB best for ResNet50 and 200 MB for ResNeXt101.
         gradient_as_bucket_view: let gradients be views into the all-reduce buckets, saving one gradient copy of
-            memory (Intel's advice on Gaudi, hence the default ``True``).
+            memory (Intel's advice on Gaudi, hence the default ``True``). The gradients of the first optimizer step
+            are then released right after it (``zero_grad(set_to_none=True)``), so DDP's bucket rebuild in the second
+            step does not hold two gradient copies at once.
         static_graph: tell DDP the set of used parameters and the graph never change between iterations.
         find_unused_parameters: search the autograd graph for parameters without gradients each step; leave
             ``False`` unless the model really skips parameters (it costs a graph traversal per step).
@@ -77,6 +82,9 @@ class HPUParallelStrategy(DDPStrategy):
             restart the job); a ``timedelta`` or seconds. Default 10 minutes, a third of PyTorch's 30: long enough
             for rank 0 to write a large checkpoint or compile a new graph while the others wait.
         start_method: how extra local ranks start: "popen" (re-run the script) or "spawn".
+        ddp_comm_state: the state passed to ``ddp_comm_hook``.
+        ddp_comm_hook: a DDP communication hook (``hook(state, bucket) -> Future``), registered on the HPU as on CUDA.
+        ddp_comm_wrapper: wraps ``ddp_comm_hook`` before registration (e.g. a compression wrapper).
         **kwargs: any other ``torch.nn.parallel.DistributedDataParallel`` argument, passed through.
     """
 
@@ -97,6 +105,9 @@ class HPUParallelStrategy(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | float | None = _process_group.DEFAULT_TIMEOUT,
         start_method: Literal["popen", "spawn"] = "popen",
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable[..., Any] | None = None,
+        ddp_comm_wrapper: Callable[..., Any] | None = None,
         **kwargs: Any,
     ) -> None:
         _check_bucket_cap_mb(bucket_cap_mb)
@@ -121,6 +132,9 @@ class HPUParallelStrategy(DDPStrategy):
             find_unused_parameters=find_unused_parameters,
             **kwargs,
         )
+        # registered by configure_ddp: Lightning's DDPStrategy registers communication hooks on CUDA only
+        self._comm_hook = (ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper)
+        self._release_first_gradients = False
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -207,6 +221,25 @@ class HPUParallelStrategy(DDPStrategy):
     @override
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or hpu.get_backend().collective_backend
+
+    @override
+    def configure_ddp(self) -> None:
+        super().configure_ddp()
+        state, hook, wrapper = self._comm_hook
+        if hook is not None:
+            assert isinstance(self.model, DistributedDataParallel)
+            self.model.register_comm_hook(state, hook if wrapper is None else wrapper(hook))
+        # DDP rebuilds its buckets in the second step; gradients that still view the first step's buckets would keep
+        # them alive beside the new ones, a whole extra gradient copy at the peak. Releasing them once avoids that.
+        self._release_first_gradients = bool(self._ddp_kwargs.get("gradient_as_bucket_view"))
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self._release_first_gradients:
+            self._release_first_gradients = False
+            optimizer.zero_grad(set_to_none=True)
+        return output
 
     @override
     def determine_ddp_device_ids(self) -> list[int] | None:

@@ -34,16 +34,18 @@ class DDPProbe(Callback):
         self.buckets: list[torch.Tensor] = []
         self.views_per_step: list[bool] = []
         self.batches: list[list[Any]] = []
+        self.hook_calls = 0
+        self.grads_released: list[bool] = []
 
     def _hook(self, state, bucket):  # type: ignore[no-untyped-def]  # unannotated: DDP checks string annotations
         # keep the bucket's flat buffer: the gradients must be views into exactly these tensors
+        self.hook_calls += 1
         self.buckets.append(bucket.buffer())
         return allreduce_hook(state, bucket)
 
     def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
         ddp = trainer.strategy.model
         assert isinstance(ddp, DistributedDataParallel), type(ddp)
-        ddp.register_comm_hook(None, self._hook)
         self.facts.update(
             world_size=trainer.world_size,
             global_rank=trainer.global_rank,
@@ -58,6 +60,7 @@ class DDPProbe(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.buckets.clear()
+        self.grads_released.append(all(p.grad is None for p in pl_module.parameters()))
         self.batches.append([tensor.tolist() for tensor in batch])
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: Any, optimizer: Any) -> None:
@@ -71,6 +74,8 @@ class DDPProbe(Callback):
         self.facts.update(
             batches=self.batches,
             views_per_step=self.views_per_step,
+            hook_calls=self.hook_calls,
+            grads_released=self.grads_released,
             final=_weights(pl_module),
             steps=trainer.global_step,
         )
@@ -85,11 +90,15 @@ def main() -> None:
     steps = int(sys.argv[5])
     seed_everything(0, verbose=False)
     model = RegressionModel()
+    probe = DDPProbe()
     strategy = HPUParallelStrategy(
-        bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph
+        bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=gradient_as_bucket_view,
+        static_graph=static_graph,
+        ddp_comm_hook=probe._hook,  # the strategy must register it (Lightning's DDPStrategy does so on CUDA only)
     )
     trainer = Trainer(
-        accelerator="hpu", strategy=strategy, devices=2, callbacks=[DDPProbe()], **trainer_kwargs(max_steps=steps)
+        accelerator="hpu", strategy=strategy, devices=2, callbacks=[probe], **trainer_kwargs(max_steps=steps)
     )
     trainer.fit(model, train_dataloaders=regression_loader(samples=32, batch_size=4))
 
