@@ -226,7 +226,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "num_nodes": trainer.num_nodes,
         "world_size": trainer.world_size,
         "strategy": type(trainer.strategy).__name__,
-        "ddp_kwargs": {k: v for k, v in getattr(trainer.strategy, "_ddp_kwargs", {}).items() if _jsonable(v)},
+        "ddp_kwargs": {k: v for k, v in getattr(trainer.strategy, "ddp_kwargs", {}).items() if _jsonable(v)},
         "precision": str(trainer.precision),
         "global_step": trainer.global_step,
         "metrics": metrics,
