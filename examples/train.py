@@ -8,20 +8,21 @@
     python examples/train.py --cfg job                        # print the composed config and exit
 
 Outputs (checkpoints, CSV log, results.json) go to ``logs/<task_name>/runs/<id>/`` or, under ``-m``,
-``logs/<task_name>/multiruns/<id>/<job number>/``. See ``lightning_gaudi/app.py`` for what runs.
+``logs/<task_name>/multiruns/<id>/<job number>/``. The work itself is ``gpt_recipe.task.train``.
 """
 
 from __future__ import annotations
 
 import hydra
+from gpt_recipe import task
 from omegaconf import DictConfig
 
-from lightning_gaudi import app  # registers the config schemas and resolvers before Hydra composes
+import lightning_gaudi.hydra  # registers the config schemas and resolvers before Hydra composes
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    return app.main(cfg)
+    return lightning_gaudi.hydra.run(cfg, task.train)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Importing this package registers the ``"hpu"`` accelerator and the ``"hpu_single"`` / ``"hpu_parallel"``
 strategies (and their variants) with Lightning, so ``Trainer(accelerator="hpu", strategy="hpu_parallel")``
-works by name. Importing it again, or registering again, is harmless.
+works by name. Importing it again, or registering again, is harmless. :func:`configure` applies the HPU runtime
+settings (emulation, execution mode, the bridge's own settings) before the bridge loads.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import logging
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightning_gaudi._lightning import install_connector_hooks, install_logging_hooks
+from lightning_gaudi import patches
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.hpu.runtime import RecipeCache, Runtime, configure
 from lightning_gaudi.precision import HPUPrecision
 from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
 
@@ -25,7 +27,10 @@ __all__ = [
     "HPUCheckpointIO",
     "HPUParallelStrategy",
     "HPUPrecision",
+    "RecipeCache",
+    "Runtime",
     "SingleHPUStrategy",
+    "configure",
     "register",
 ]
 
@@ -38,15 +43,14 @@ if not _log.handlers:
 
 
 def register() -> None:
-    """Registers the HPU accelerator and strategies with Lightning and installs the auto-selection hooks.
+    """Registers the HPU accelerator and strategies with Lightning and installs the patches (:mod:`.patches`).
 
     Runs at import; safe to call again.
     """
     HPUAccelerator.register_accelerators(AcceleratorRegistry)
     SingleHPUStrategy.register_strategies(StrategyRegistry)
     HPUParallelStrategy.register_strategies(StrategyRegistry)
-    install_connector_hooks()
-    install_logging_hooks()
+    patches.install_all()
 
 
 register()

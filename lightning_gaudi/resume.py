@@ -27,10 +27,20 @@ import logging
 import os
 import zipfile
 from pathlib import Path
+from typing import TypeAlias
 
-from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.callbacks import Checkpoint
 
-__all__ = ["CHECKPOINT_SUFFIX", "POLICIES", "is_complete_checkpoint", "latest", "resolve_ckpt_path"]
+__all__ = [
+    "CHECKPOINT_SUFFIX",
+    "POLICIES",
+    "is_complete_checkpoint",
+    "latest",
+    "resolve_ckpt_path",
+    "resolve_in_checkpoint_dir",
+]
+
+_PATH: TypeAlias = "str | os.PathLike[str]"
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +148,15 @@ def resolve_ckpt_path(ckpt_path: _PATH | None, dirpath: _PATH | None = None) -> 
             " Resume from an earlier checkpoint, or use ckpt_path='auto' to pick the newest complete one."
         )
     return text
+
+
+def resolve_in_checkpoint_dir(ckpt_path: _PATH | None, checkpoint: Checkpoint | None) -> str | None:
+    """:func:`resolve_ckpt_path` in the folder of a ``ModelCheckpoint`` callback (the Hydra app's and the CLI's).
+
+    ``"auto"`` starts fresh when there is no such callback, or when its folder is only decided at fit time (a
+    ``ModelCheckpoint`` without ``dirpath``): nothing can have been saved there by an earlier attempt.
+    """
+    dirpath = getattr(checkpoint, "dirpath", None)
+    if dirpath is None and ckpt_path is not None and os.fspath(ckpt_path) == "auto":
+        return None
+    return resolve_ckpt_path(ckpt_path, dirpath)

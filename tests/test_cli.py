@@ -1,5 +1,6 @@
 """The lightning-gaudi console script: HPU names on the command line, strategy knobs from the command line and from
-YAML, callbacks by class path, --print_config round trips, and one real fit of the default example."""
+YAML, callbacks by class path, runtime settings, --print_config round trips, no example defaults on a user's model,
+and one real fit of the example through examples/cli.py."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpt_recipe.data import StdlibTextDataModule
+from gpt_recipe.model import GPTLanguageModel
 
 from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, SingleHPUStrategy, hpu
 from lightning_gaudi.callbacks import MarkStep, MemoryStats
 from lightning_gaudi.cli import GaudiCLI, main
-from lightning_gaudi.data import StdlibTextDataModule
-from lightning_gaudi.models import GPTLanguageModel
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_CONFIG = ROOT / "examples" / "gpt_recipe" / "cli.yaml"
 
 # in-process CLIs get their arguments from `args`, not from pytest's own command line
 pytestmark = [
@@ -26,6 +30,8 @@ pytestmark = [
 ]
 
 TINY = [
+    "--model=gpt_recipe.model.GPTLanguageModel",
+    "--data=gpt_recipe.data.StdlibTextDataModule",
     "--model.n_layer=1",
     "--model.n_embd=16",
     "--model.n_head=2",
@@ -54,13 +60,34 @@ def test_console_script_is_declared() -> None:
     assert scripts.get("lightning-gaudi") == "lightning_gaudi.cli:main"
 
 
-def test_defaults_train_the_example_on_the_hpu(cli_env: Path) -> None:
-    cli = _cli([])
+def test_example_config_trains_the_example_on_the_hpu(cli_env: Path) -> None:
+    cli = GaudiCLI(args=[f"--config={EXAMPLE_CONFIG}"], run=False)
     assert isinstance(cli.model, GPTLanguageModel)
     assert isinstance(cli.datamodule, StdlibTextDataModule)
     assert isinstance(cli.trainer.accelerator, HPUAccelerator)
     assert isinstance(cli.trainer.strategy, SingleHPUStrategy)
     assert cli.trainer.max_steps == 300
+    assert cli.trainer.gradient_clip_val == 1.0
+
+
+def test_a_users_model_gets_lightnings_defaults_on_one_hpu(cli_env: Path) -> None:
+    """The example's tuned values (clipping, 300 steps, validation every 100) stay in its own config."""
+    cli = GaudiCLI(args=["--model=gpt_recipe.model.GPTLanguageModel", *TINY[1:]], run=False)
+    assert isinstance(cli.trainer.accelerator, HPUAccelerator)
+    assert cli.trainer.num_devices == 1
+    assert cli.trainer.max_steps == -1
+    assert cli.trainer.gradient_clip_val is None
+    assert cli.trainer.val_check_interval == 1.0
+    assert cli.trainer.log_every_n_steps == 50
+
+
+def test_runtime_settings_are_applied_before_the_trainer(cli_env: Path) -> None:
+    cli = _cli(["--runtime.emulated_devices=3", "--runtime.autocast_fp32_ops=[softmax]", "--trainer.devices=3"])
+    assert os.environ[hpu.DEVICES_ENV] == "3"
+    assert cli.trainer.num_devices == 3
+    assert hpu.Runtime.from_env().autocast_fp32_ops == ("softmax",)
+    with pytest.raises(ValueError, match=r"'linaer'.*Did you mean 'linear'"):
+        _cli(["--runtime.autocast_bf16_ops=[linaer]"])
 
 
 def test_hpu_names_work_on_the_command_line(cli_env: Path) -> None:
@@ -143,7 +170,8 @@ def test_print_config_round_trips(cli_env: Path, capsys: pytest.CaptureFixture[s
     ]
     first = _print_config(args, capsys)
     parsed = yaml.safe_load(first)
-    assert parsed["model"]["class_path"] == "lightning_gaudi.models.GPTLanguageModel"
+    assert parsed["model"]["class_path"] == "gpt_recipe.model.GPTLanguageModel"
+    assert parsed["runtime"]["execution_mode"] is None
     assert parsed["trainer"]["strategy"]["init_args"]["bucket_cap_mb"] == 16
     saved = cli_env / "printed.yaml"
     saved.write_text(first)
@@ -152,16 +180,17 @@ def test_print_config_round_trips(cli_env: Path, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.subprocess
-def test_fit_with_the_console_script(tmp_path: Path) -> None:
-    """`lightning-gaudi fit` with no --model/--data trains the example; without settings it emulates and says so."""
+def test_fit_with_the_example_cli(tmp_path: Path) -> None:
+    """`examples/cli.py fit --config examples/gpt_recipe/cli.yaml` trains the example; without settings it emulates
+    and says so."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_GAUDI_")}
-    script = Path(sys.executable).with_name("lightning-gaudi")
-    command = [str(script)] if script.is_file() else [sys.executable, "-m", "lightning_gaudi.cli"]
     done = subprocess.run(
         [
-            *command,
+            sys.executable,
+            str(ROOT / "examples" / "cli.py"),
             "fit",
-            *TINY,
+            f"--config={EXAMPLE_CONFIG}",
+            *TINY[2:],
             "--trainer.max_steps=3",
             "--trainer.limit_val_batches=1",
             "--trainer.val_check_interval=3",

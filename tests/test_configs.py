@@ -16,14 +16,11 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_gaudi import HPUParallelStrategy, SingleHPUStrategy, app, callbacks, hpu
-from lightning_gaudi.config import (
-    CALLBACK_CONFIG_NAMES,
-    SlurmLauncherConf,
-    apply_emulation,
-    check_slurm_launcher,
-)
-from lightning_gaudi.strategies._process_group import DEFAULT_TIMEOUT
+import lightning_gaudi.hydra as lg_hydra
+from lightning_gaudi import HPUParallelStrategy, SingleHPUStrategy, callbacks, hpu
+from lightning_gaudi.distributed import DEFAULT_TIMEOUT, InvalidLaunchError
+from lightning_gaudi.hydra import ranks
+from lightning_gaudi.hydra.schemas import CALLBACK_CONFIG_NAMES, SlurmLauncherConf, check_slurm_launcher
 
 #: Small enough that building every model is quick.
 TINY = ["data.max_bytes=20000", "data.seq_len=16", "data.batch_size=4"]
@@ -35,9 +32,9 @@ def group_options(group: str) -> list[str]:
 
 def build_all(cfg: DictConfig) -> dict[str, Any]:
     """Instantiates what train() instantiates, without fitting."""
-    app.setup(cfg)
-    built_callbacks = app._instantiate_group(cfg.get("callbacks"))
-    loggers = app._instantiate_group(cfg.get("logger"))
+    lg_hydra.prepare(cfg)
+    built_callbacks = lg_hydra.instantiate_group(cfg.get("callbacks"))
+    loggers = lg_hydra.instantiate_group(cfg.get("logger"))
     data = instantiate(cfg.data)
     model = instantiate(cfg.model)
     strategy = instantiate(cfg.strategy)
@@ -95,7 +92,6 @@ def test_every_callback_file_has_a_real_class_and_schema() -> None:
 def test_default_callback_set_is_the_gaudi_set() -> None:
     cfg = compose_train([], output_dir=Path("."))
     assert list(cfg.callbacks) == [
-        "bridge_settings",
         "model_checkpoint",
         "progress_bar",
         "lr_monitor",
@@ -125,8 +121,10 @@ def test_user_override_paths() -> None:
     assert cfg.trainer.devices == 2
     assert cfg.strategy._target_ == "lightning_gaudi.HPUParallelStrategy"
     assert cfg.strategy.bucket_cap_mb == 3.5
-    # the recipe's timeout is the strategy's own default (10 minutes)
-    assert instantiate(cfg.strategy.timeout) == DEFAULT_TIMEOUT
+    # the recipe's timeout is the strategy's own default (10 minutes), in seconds
+    assert cfg.strategy.timeout == DEFAULT_TIMEOUT.total_seconds()
+    assert instantiate(cfg.strategy).timeout == DEFAULT_TIMEOUT
+    assert instantiate(compose_train(["strategy=hpu_parallel", "strategy.timeout=90"]).strategy).timeout.seconds == 90
 
 
 @pytest.mark.parametrize(
@@ -135,7 +133,7 @@ def test_user_override_paths() -> None:
         (["strategy=hpu_parallel", "strategy.bucket_cap_mbb=3"], "bucket_cap_mbb"),
         (["strategy.bucket_cap_mb=3"], "bucket_cap_mb"),  # hpu_single has no buckets
         (["callbacks.mark_step.after_backwardd=true"], "after_backwardd"),
-        (["emulation.modee=eager"], "modee"),
+        (["runtime.emulatee=true"], "emulatee"),
         (["hydra/launcher=gaudi_slurm", "hydra.launcher.tasks_per_nodee=2"], "tasks_per_nodee"),
     ],
 )
@@ -152,8 +150,9 @@ def test_typo_is_an_error_naming_the_key(overrides: list[str], key: str) -> None
         (["strategy=hpu_parallel", "strategy.bucket_cap_mb=big"], "strategy.bucket_cap_mb", "Float"),
         (["strategy=hpu_parallel", "strategy.static_graph=maybe"], "strategy.static_graph", "bool"),
         (["callbacks.memory_stats.log_every_n_steps=often"], "callbacks.memory_stats.log_every_n_steps", "Integer"),
-        (["emulation.mode=eagr"], "emulation.mode", "auto, eager, lazy, off"),
-        (["emulation.device_name=GAUDI9"], "emulation.device_name", "GAUDI, GAUDI2, GAUDI3"),
+        (["runtime.emulate=maybe"], "runtime.emulate", "bool"),
+        (["runtime.emulated_devices=many"], "runtime.emulated_devices", "Integer"),
+        (["runtime.autocast_fp32_ops=softmax"], "runtime.autocast_fp32_ops", "ListConfig"),
     ],
 )
 def test_wrong_type_is_an_error_naming_the_field(overrides: list[str], field: str, expected: str) -> None:
@@ -185,65 +184,99 @@ def test_malformed_config_file_names_the_file(tmp_path: Path) -> None:
 
 def test_rank_config_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="No rank config"):
-        app.load_rank_config(tmp_path / "missing.yaml")
+        ranks.load_rank_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer: [1\n")
     with pytest.raises(ValueError, match="not valid YAML"):
-        app.load_rank_config(bad)
+        ranks.load_rank_config(bad)
     partial = tmp_path / "partial.yaml"
     partial.write_text("trainer: {}\n")
-    with pytest.raises(ValueError, match="lacks"):
-        app.load_rank_config(partial)
-    assert app._rank_main([str(tmp_path / "missing.yaml")]) == 2
+    with pytest.raises(ValueError, match=r"lacks \['strategy', 'runtime'\]"):
+        ranks.load_rank_config(partial)
+    assert ranks.main([str(tmp_path / "missing.yaml"), "gpt_recipe.task:train"]) == 2
+    assert ranks.main([str(tmp_path / "missing.yaml")]) == 2
+    cfg = tmp_path / "rank_config.yaml"
+    cfg.write_text("trainer: {}\nstrategy: {}\nruntime: {}\n")
+    assert ranks.main([str(cfg), "gpt_recipe.task:no_such_function"]) == 2
+
+
+def test_a_runtime_mistake_stops_the_job_before_it_starts(isolated_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="emulated_device_name='GAUDI9'"):
+        lg_hydra.prepare(compose_train(["runtime.emulated_device_name=GAUDI9"]))
+    with pytest.raises(ValueError, match=r"'linaer'.*Did you mean 'linear'"):
+        lg_hydra.prepare(compose_train(["runtime.autocast_bf16_ops=[linaer]"]))
+    assert hpu.EMULATE_ENV not in os.environ  # nothing was applied
 
 
 # ---------------------------------------------------------------- emulation defaults
 
 
 def test_auto_emulation_switches_to_eager_and_says_so(
-    isolated_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    isolated_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    isolated_env.setattr(hpu, "bridge_installed", lambda: False)
-    cfg = compose_train([], output_dir=Path("."))
-    app.setup(cfg)
+    isolated_env.setattr(hpu.runtime, "bridge_installed", lambda: False)
+    lg_hydra.prepare(compose_train([], output_dir=Path(".")))
     assert os.environ[hpu.EMULATE_ENV] == "eager"
-    assert "emulating the HPU on the CPU in eager mode" in capsys.readouterr().out
+    assert "emulating the HPU on the CPU in eager mode" in caplog.text
 
 
 def test_auto_emulation_keeps_the_users_choice(
-    isolated_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    isolated_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     isolated_env.setenv(hpu.EMULATE_ENV, "lazy")
-    app.setup(compose_train([], output_dir=Path(".")))
+    lg_hydra.prepare(compose_train([], output_dir=Path(".")))
     assert os.environ[hpu.EMULATE_ENV] == "lazy"
-    assert "emulating" not in capsys.readouterr().out
+    assert "emulating the HPU" not in caplog.text
 
 
-def test_explicit_emulation_settings(isolated_env: pytest.MonkeyPatch) -> None:
-    app.setup(compose_train(["emulation.mode=eager", "emulation.devices=3", "emulation.device_name=GAUDI3"]))
+def test_explicit_runtime_settings(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = lg_hydra.prepare(
+        compose_train(
+            [
+                "runtime.emulate=true",
+                "runtime.emulated_devices=3",
+                "runtime.emulated_device_name=GAUDI3",
+                "runtime.int64_support=true",
+                f"runtime.recipe_cache={{path: {tmp_path}, max_size_mb: 64}}",
+                "runtime.autocast_fp32_ops=[softmax,nll_loss]",
+                f"runtime.autocast_list_dir={tmp_path / 'lists'}",
+            ]
+        )
+    )
     assert (os.environ[hpu.EMULATE_ENV], os.environ[hpu.DEVICES_ENV], os.environ[hpu.DEVICE_NAME_ENV]) == (
         "eager",
         "3",
         "GAUDI3",
     )
+    assert os.environ["PT_ENABLE_INT64_SUPPORT"] == "1"
+    assert os.environ["PT_HPU_RECIPE_CACHE_CONFIG"] == f"{tmp_path},false,64"
+    assert (tmp_path / "lists" / "autocast_fp32_ops.txt").read_text() == "softmax\nnll_loss\n"
+    assert settings.autocast_fp32_ops == ("softmax", "nll_loss")
     assert hpu.get_backend().device_count() == 3
-    apply_emulation(OmegaConf.create({"mode": "off", "devices": None, "device_name": None}))
+    hpu.configure(emulate=False)
     assert hpu.EMULATE_ENV not in os.environ
-    with pytest.raises(ValueError, match=r"emulation\.devices=0"):
-        apply_emulation(OmegaConf.create({"mode": "eager", "devices": 0, "device_name": None}))
+
+
+def test_execution_mode_picks_the_emulator(isolated_env: pytest.MonkeyPatch) -> None:
+    isolated_env.setattr(hpu.runtime, "bridge_installed", lambda: False)
+    lg_hydra.prepare(compose_train(["experiment=gpt_lazy"]))
+    assert os.environ[hpu.EMULATE_ENV] == "lazy"
+    assert hpu.get_backend().is_lazy()
 
 
 def test_on_gaudi_resolver_picks_by_backend(isolated_env: pytest.MonkeyPatch) -> None:
-    isolated_env.setattr(hpu, "bridge_installed", lambda: True)
+    isolated_env.setattr(hpu.runtime, "bridge_installed", lambda: True)
     assert compose_train([]).trainer.precision == "bf16-mixed"
+    assert compose_train(["experiment=gpt_gaudi"]).runtime.execution_mode == "lazy"
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
     assert compose_train([]).trainer.precision == "32-true"
+    assert compose_train(["experiment=gpt_gaudi"]).runtime.execution_mode is None
 
 
 # ---------------------------------------------------------------- ranks and run directories
 
 _LAUNCHER_ENV = (
-    app.RUN_ID_ENV,
+    "LIGHTNING_GAUDI_RUN_ID",
     "SLURM_JOB_ID",
     "SLURM_PROCID",
     "SLURM_STEP_ID",
@@ -285,7 +318,7 @@ def _hydra_dirs(monkeypatch: pytest.MonkeyPatch, rank_env: dict[str, str]) -> tu
 @pytest.mark.parametrize(
     ("shared", "expected_id"),
     [
-        ({app.RUN_ID_ENV: "exp42"}, "exp42"),
+        ({"LIGHTNING_GAUDI_RUN_ID": "exp42"}, "exp42"),
         ({"SLURM_JOB_ID": "777", "SLURM_STEP_ID": "3"}, "slurm-777-3"),
         ({"TORCHELASTIC_RUN_ID": "abc", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}, "torchrun-abc"),
     ],
@@ -320,30 +353,14 @@ def test_needs_rank_launch(no_launcher: pytest.MonkeyPatch) -> None:
     no_launcher.setenv(hpu.EMULATE_ENV, "eager")
     single = compose_train([])
     ddp = compose_train(["strategy=hpu_parallel", "trainer.devices=2"])
-    assert not app.needs_rank_launch(single)
-    assert app.needs_rank_launch(ddp)
-    assert not app.needs_rank_launch(compose_train(["strategy=hpu_parallel", "trainer.devices=1"]))
-    assert not app.needs_rank_launch(
+    assert not ranks.needs_rank_launch(single)
+    assert ranks.needs_rank_launch(ddp)
+    assert not ranks.needs_rank_launch(compose_train(["strategy=hpu_parallel", "trainer.devices=1"]))
+    assert not ranks.needs_rank_launch(
         compose_train(["strategy=hpu_parallel", "trainer.devices=2", "strategy.start_method=spawn"])
     )
     no_launcher.setenv("LOCAL_RANK", "0")  # a launcher started this process
-    assert not app.needs_rank_launch(ddp)
-
-
-def test_wait_all_stops_the_other_ranks_when_one_fails() -> None:
-    import subprocess
-    import sys
-    import time
-
-    start = time.monotonic()
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"]),
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]),
-    ]
-    codes = app._wait_all(procs)
-    assert codes[0] == 3
-    assert codes[1] != 0
-    assert time.monotonic() - start < 30
+    assert not ranks.needs_rank_launch(ddp)
 
 
 # ---------------------------------------------------------------- SLURM launcher recipe
@@ -378,7 +395,10 @@ def test_slurm_tasks_per_node_is_checked_inside_the_job(no_launcher: pytest.Monk
     no_launcher.setenv("SLURM_NTASKS", "3")
     no_launcher.setenv("SLURM_NTASKS_PER_NODE", "3")
     no_launcher.setenv("SLURM_JOB_NAME", "train")
-    with pytest.raises(ValueError, match="SLURM started 3 task"):
-        app.setup(compose_train(["strategy=hpu_parallel", "trainer.devices=2"]))
+    with pytest.raises(InvalidLaunchError, match="SLURM") as info:
+        lg_hydra.prepare(compose_train(["strategy=hpu_parallel", "trainer.devices=2"]))
+    assert "3" in str(info.value)
+    assert "devices=2" in str(info.value)
     no_launcher.setenv("SLURM_NTASKS_PER_NODE", "2")
-    app.setup(compose_train(["strategy=hpu_parallel", "trainer.devices=2"]))
+    no_launcher.setenv("SLURM_NTASKS", "2")
+    lg_hydra.prepare(compose_train(["strategy=hpu_parallel", "trainer.devices=2"]))

@@ -9,22 +9,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpt_recipe import task
+from gpt_recipe.data import StdlibTextDataModule, stdlib_source_files
+from gpt_recipe.model import GPTLanguageModel
 from helpers.configs import CONF_DIR, compose_train
 
-from lightning_gaudi import app, hpu
-from lightning_gaudi.data import StdlibTextDataModule
-from lightning_gaudi.data.stdlib_text import stdlib_source_files
-from lightning_gaudi.models import GPTLanguageModel
+import lightning_gaudi.hydra as lg_hydra
+from lightning_gaudi import hpu
+from lightning_gaudi.hydra import ranks
 
 EXPERIMENTS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 def test_main_command_example_learns(
-    isolated_env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    isolated_env: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The README's main command with fewer, smaller steps: emulation switched on by itself, the loss falls, and
     checkpoints, the CSV log and results.json land in the run folder."""
-    isolated_env.setattr(hpu, "bridge_installed", lambda: False)
+    isolated_env.setattr(hpu.runtime, "bridge_installed", lambda: False)
     cfg = compose_train(
         [
             "trainer.max_steps=30",
@@ -41,14 +46,14 @@ def test_main_command_example_learns(
         ],
         output_dir=tmp_path,
     )
-    objective = app.main(cfg)
+    objective = lg_hydra.run(cfg, task.train)
     out = capsys.readouterr().out
-    assert "emulating the HPU on the CPU in eager mode" in out
+    assert "emulating the HPU on the CPU in eager mode" in caplog.text
     assert "EMULATED on the CPU" in out
     assert "throughput:" in out
     assert "peak memory" in out
 
-    results = json.loads((tmp_path / app.RESULTS_FILE).read_text())
+    results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
     curve = results["loss_curve"]
     assert len(curve) >= 4
     assert curve[0][1] > 4.0  # close to ln(256) = 5.55 at the start
@@ -87,15 +92,15 @@ def _experiment_overrides(name: str) -> list[str]:
 def test_experiment_fast_dev_run(name: str, isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
     cfg = compose_train(_experiment_overrides(name), output_dir=tmp_path)
-    app.main(cfg)
-    results = json.loads((tmp_path / app.RESULTS_FILE).read_text())
+    lg_hydra.run(cfg, task.train)
+    results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
     assert results["global_step"] == 1
     parallel = cfg.strategy._target_ == "lightning_gaudi.HPUParallelStrategy"
     assert results["world_size"] == (cfg.trainer.devices if parallel else 1)
-    assert results["backend"] == (cfg.emulation.mode.value if cfg.emulation.mode.value != "auto" else "eager")
+    assert results["backend"] == (cfg.runtime.execution_mode or "eager")
     assert math.isfinite(results["metrics"]["val/loss"])
     if results["world_size"] > 1:
-        assert (tmp_path / app.RANK_CONFIG_FILE).is_file()
+        assert (tmp_path / ranks.RANK_CONFIG_FILE).is_file()
         assert results["ddp_kwargs"].get("bucket_cap_mb") == cfg.strategy.bucket_cap_mb
 
 
@@ -107,8 +112,8 @@ def test_rank_failure_is_reported(isolated_env: pytest.MonkeyPatch, tmp_path: Pa
     )
     # both ranks fail; whichever fails second may already have been stopped by the launcher (-15)
     with pytest.raises(RuntimeError, match=r"Rank process\(es\) failed with exit codes \[(1, (1|-15)|-15, 1)\]"):
-        app.main(cfg)
-    assert not (tmp_path / app.RESULTS_FILE).exists()
+        lg_hydra.run(cfg, task.train)
+    assert not (tmp_path / task.RESULTS_FILE).exists()
 
 
 # ---------------------------------------------------------------- the example's data and model

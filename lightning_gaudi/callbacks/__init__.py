@@ -1,7 +1,6 @@
 """Training-loop callbacks for Gaudi: graph cuts, mixed precision, fused optimizers, statistics, diagnostics."""
 
 from lightning_gaudi.callbacks.autocast import BF16Autocast
-from lightning_gaudi.callbacks.bridge_settings import BridgeSettings, RecipeCache
 from lightning_gaudi.callbacks.diagnostics import LazyModeDiagnostics
 from lightning_gaudi.callbacks.fused_optimizers import FusedOptimizers
 from lightning_gaudi.callbacks.inference import HPUCompile, HPUGraphs
@@ -11,7 +10,6 @@ from lightning_gaudi.callbacks.throughput import HPUThroughputMonitor
 
 __all__ = [
     "BF16Autocast",
-    "BridgeSettings",
     "FusedOptimizers",
     "HPUCompile",
     "HPUGraphs",
@@ -19,5 +17,4 @@ __all__ = [
     "LazyModeDiagnostics",
     "MarkStep",
     "MemoryStats",
-    "RecipeCache",
 ]

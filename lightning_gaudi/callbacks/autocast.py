@@ -1,14 +1,9 @@
-"""Custom bf16 autocast op lists: Gaudi's list files, really applied under emulation."""
+"""bf16 autocast op lists: checked against what the bridge loaded on a Gaudi, applied to CPU autocast in emulation."""
 
 from __future__ import annotations
 
-import difflib
-import functools
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -20,45 +15,8 @@ from torch.utils._pytree import tree_map
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-
-#: The bridge's variables for the list files (read once, when the bridge loads).
-BF16_LIST_ENV = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
-FP32_LIST_ENV = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
-#: The names older bridges read.
-LEGACY_ENV = {BF16_LIST_ENV: "LOWER_LIST", FP32_LIST_ENV: "FP32_LIST"}
-
-# Gaudi's lists name Python operators the way optimum-habana's do ("iadd", "truediv", "rsub")
-_PYTHON_OPERATORS = frozenset(
-    f"{prefix}{name}"
-    for name in ("add", "sub", "mul", "div", "truediv", "floordiv", "matmul", "pow", "mod")
-    for prefix in ("", "i", "r")
-)
-
-
-@functools.cache
-def known_op_names() -> frozenset[str]:
-    """Op names a list may hold: every ``aten`` op, the functional API and Python's arithmetic operators."""
-    aten = {name.split("::", 1)[1].split(".", 1)[0] for name in torch._C._dispatch_get_all_op_names() if "::" in name}
-    functional = {name for name in dir(torch.nn.functional) if not name.startswith("_")}
-    return frozenset(aten | functional | _PYTHON_OPERATORS)
-
-
-def _check_ops(argument: str, ops: Iterable[str] | None) -> tuple[str, ...] | None:
-    if ops is None:
-        return None
-    if isinstance(ops, str):
-        raise TypeError(f"`{argument}={ops!r}` must be a list of op names, e.g. [{ops!r}], not a string.")
-    names = tuple(ops)
-    known = known_op_names()
-    for name in names:
-        if not isinstance(name, str) or name not in known:
-            close = difflib.get_close_matches(str(name), known, n=3)
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ValueError(
-                f"`{argument}` holds {name!r}, which is not a PyTorch op name (aten ops like 'linear', 'softmax',"
-                f" 'nll_loss', or Python operators like 'iadd', 'truediv').{hint}"
-            )
-    return names
+from lightning_gaudi.hpu.autocast_lists import check_op_names
+from lightning_gaudi.patches.precision_plugin import Override, override_method
 
 
 def _op_name(func: Callable[..., Any]) -> str:
@@ -101,66 +59,49 @@ class OpListMode(TorchFunctionMode):
 class BF16Autocast(Callback):
     """Chooses which ops run in bfloat16 and which stay in float32 under ``precision="bf16-mixed"``.
 
-    On Gaudi the lists go to files named by ``PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST`` and
-    ``PT_HPU_AUTOCAST_FP32_OPS_LIST`` (and the older ``LOWER_LIST`` / ``FP32_LIST``), which the bridge reads when it
-    loads: construct this callback before the Trainer (before anything imports ``habana_frameworks``). Under eager
-    emulation the lists are applied to CPU autocast by :class:`OpListMode`; lazy emulation has no autocast.
+    The op lists are runtime settings (:class:`~lightning_gaudi.hpu.runtime.Runtime`): on a Gaudi the bridge reads
+    them once, when it loads, so set them with ``lightning_gaudi.configure(autocast_bf16_ops=...,
+    autocast_fp32_ops=...)`` before building the Trainer (the Hydra app's ``runtime`` group and the CLI's
+    ``--runtime.*`` do that). This callback then checks that the bridge got them. Under eager emulation it applies
+    the lists to CPU autocast (:class:`OpListMode`); lazy emulation has no autocast.
 
-    Defaults: a list left as ``None`` keeps the device's own policy (the bridge's built-in list on Gaudi, torch's
-    CPU autocast policy under emulation). On Gaudi a list you give replaces the bridge's list; under emulation ops
-    named in neither list follow torch's CPU autocast policy.
+    Defaults: a list left as ``None`` is the runtime's list, and with neither the device keeps its own policy (the
+    bridge's built-in list on Gaudi, torch's CPU autocast policy under emulation). Under emulation ops named in
+    neither list follow torch's CPU autocast policy.
 
     Args:
-        bf16_ops: op names to run in bfloat16, e.g. ``["linear", "matmul", "gelu"]``.
+        bf16_ops: op names to run in bfloat16, e.g. ``["linear", "matmul", "gelu"]``. On a Gaudi, lists given here
+            must be the runtime's (one bridge, one list per process); under emulation they apply to this Trainer.
         fp32_ops: op names to keep in float32, e.g. ``["softmax", "log_softmax", "nll_loss"]``.
-        list_dir: where the list files are written on Gaudi (a new temporary directory when ``None``).
 
     Raises:
-        ValueError: an unknown op name (with close matches), or an op in both lists.
-        RuntimeError: on Gaudi, the bridge was loaded before the lists could be set.
+        ValueError: an unknown op name (with close matches), or an op in both lists; at set-up, a Trainer whose
+            precision is not ``bf16-mixed``.
+        RuntimeError: at set-up on a Gaudi, lists that the bridge did not load.
     """
 
-    def __init__(
-        self,
-        bf16_ops: Iterable[str] | None = None,
-        fp32_ops: Iterable[str] | None = None,
-        list_dir: str | Path | None = None,
-    ) -> None:
-        self.bf16_ops = _check_ops("bf16_ops", bf16_ops)
-        self.fp32_ops = _check_ops("fp32_ops", fp32_ops)
+    def __init__(self, bf16_ops: Iterable[str] | None = None, fp32_ops: Iterable[str] | None = None) -> None:
+        self.bf16_ops = check_op_names("bf16_ops", bf16_ops)
+        self.fp32_ops = check_op_names("fp32_ops", fp32_ops)
         both = sorted(set(self.bf16_ops or ()) & set(self.fp32_ops or ()))
         if both:
             raise ValueError(f"{both} are in both `bf16_ops` and `fp32_ops`; name each op in one list only.")
-        self.list_files: dict[str, Path] = {}
-        self._plugin: MixedPrecision | None = None
-        if hpu.emulation_mode() is None:
-            self.list_files = self._write_bridge_lists(list_dir)
+        self._autocast_override: Override | None = None
 
-    def _write_bridge_lists(self, list_dir: str | Path | None) -> dict[str, Path]:
-        given = {BF16_LIST_ENV: self.bf16_ops, FP32_LIST_ENV: self.fp32_ops}
-        lists = {env: ops for env, ops in given.items() if ops is not None}
-        if not lists:
-            return {}
-        if hpu.bridge_loaded():
-            wanted = {env: "\n".join(ops) for env, ops in lists.items()}
-            current = {env: _read(os.environ.get(env)) for env in lists}
-            if current == wanted:
-                return {env: Path(os.environ[env]) for env in lists}
+    def _check_bridge_lists(self, runtime: hpu.Runtime) -> None:
+        given = {
+            "bf16_ops": (self.bf16_ops, runtime.autocast_bf16_ops),
+            "fp32_ops": (self.fp32_ops, runtime.autocast_fp32_ops),
+        }
+        missing = [name for name, (mine, loaded) in given.items() if mine is not None and mine != loaded]
+        if missing:
+            settings = ", ".join(f"autocast_{name}={list(given[name][0] or ())}" for name in missing)
             raise RuntimeError(
-                "BF16Autocast must set the bridge's autocast lists before the bridge loads, but habana_frameworks"
-                " is already imported. Construct BF16Autocast before the Trainer and before importing"
-                f" habana_frameworks, or export {', '.join(lists)} (files with one op name a line) before starting"
-                " Python."
+                f"BF16Autocast got {', '.join(missing)} that Intel's bridge did not load: the bridge reads its autocast"
+                f" lists once, when it starts. Call lightning_gaudi.configure({settings}) before building the"
+                " Trainer (Hydra: runtime.autocast_*; CLI: --runtime.autocast_*), and construct BF16Autocast()"
+                " without lists."
             )
-        directory = Path(list_dir) if list_dir is not None else Path(tempfile.mkdtemp(prefix="lightning_gaudi_"))
-        directory.mkdir(parents=True, exist_ok=True)
-        files = {}
-        for env, ops in lists.items():
-            path = directory / ("autocast_bf16_ops.txt" if env == BF16_LIST_ENV else "autocast_fp32_ops.txt")
-            path.write_text("\n".join(ops) + "\n")
-            os.environ[env] = os.environ[LEGACY_ENV[env]] = str(path)
-            files[env] = path
-        return files
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -170,28 +111,26 @@ class BF16Autocast(Callback):
                 f"BF16Autocast needs `Trainer(precision='bf16-mixed')`; this Trainer runs"
                 f" precision={getattr(plugin, 'precision', type(plugin).__name__)!r}."
             )
-        backend = hpu.get_backend()
-        if not backend.emulated or (self.bf16_ops is None and self.fp32_ops is None):
+        runtime = hpu.Runtime.from_env()
+        if not hpu.get_backend().emulated:
+            self._check_bridge_lists(runtime)
             return  # the bridge applies its lists itself
+        bf16_ops = self.bf16_ops if self.bf16_ops is not None else runtime.autocast_bf16_ops
+        fp32_ops = self.fp32_ops if self.fp32_ops is not None else runtime.autocast_fp32_ops
+        if bf16_ops is None and fp32_ops is None:
+            return
         original = plugin.autocast_context_manager
-        op_lists = OpListMode(plugin.device, self.bf16_ops or (), self.fp32_ops or ())  # built once, entered per step
+        op_lists = OpListMode(plugin.device, bf16_ops or (), fp32_ops or ())  # built once, entered per step
 
         @contextmanager
         def with_op_lists() -> Iterator[None]:
             with original(), op_lists:
                 yield
 
-        plugin.autocast_context_manager = with_op_lists  # type: ignore[method-assign,assignment]
-        self._plugin = plugin
+        self._autocast_override = override_method(plugin, "autocast_context_manager", with_op_lists)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._plugin is not None:
-            del self._plugin.autocast_context_manager  # back to the class's method
-            self._plugin = None
-
-
-def _read(path: str | None) -> str | None:
-    if not path or not os.path.isfile(path):
-        return None
-    return Path(path).read_text().strip()
+        if self._autocast_override is not None:
+            self._autocast_override.restore()  # back to the class's method
+            self._autocast_override = None

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.patches import precision_plugin
+from lightning_gaudi.patches.lr_scheduler import rebind_scheduler
 
 #: What each replaceable optimizer keeps, by its torch class name.
 _HYPERPARAMETERS = {
@@ -74,21 +73,6 @@ def fuse_optimizer(optimizer: Optimizer, backend: hpu.Backend | None = None) -> 
     return fused
 
 
-def _rebind_scheduler(scheduler: Any, old: Optimizer, new: Optimizer) -> None:
-    scheduler.optimizer = new
-    if hasattr(old.step, "_wrapped_by_lr_sched") and not hasattr(new.step, "_wrapped_by_lr_sched"):
-        # torch's schedulers mark their optimizer's step to warn when they step first; keep that check working
-        step = new.step
-
-        @functools.wraps(step)
-        def marked_step(*args: Any, **kwargs: Any) -> Any:
-            new._opt_called = True  # type: ignore[attr-defined]
-            return step(*args, **kwargs)
-
-        marked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-        new.step = marked_step  # type: ignore[method-assign]
-
-
 class FusedOptimizers(Callback):
     """Replaces torch ``AdamW``/``Adam``/``SGD`` from ``configure_optimizers`` with fused ones, before the first step.
 
@@ -120,7 +104,7 @@ class FusedOptimizers(Callback):
             )
         self.clip_norm = clip_norm
         self._clippers: dict[tuple[int, float], tuple[list[Tensor], hpu.ClipNorm]] = {}
-        self._plugin: Precision | None = None
+        self._clip_override: precision_plugin.Override | None = None
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -136,7 +120,7 @@ class FusedOptimizers(Callback):
             fused = fuse_optimizer(optimizer, backend)
             for config in strategy.lr_scheduler_configs:
                 if getattr(config.scheduler, "optimizer", None) is optimizer:
-                    _rebind_scheduler(config.scheduler, optimizer, fused)
+                    rebind_scheduler(config.scheduler, optimizer, fused)
             optimizers[index] = fused
         strategy.optimizers = optimizers
         if self.clip_norm:
@@ -156,13 +140,17 @@ class FusedOptimizers(Callback):
             params, clipper = bound
             clipper.clip_norm(params)
 
-        plugin.clip_grad_by_norm = clip_grad_by_norm  # type: ignore[method-assign]
-        self._plugin = plugin
+        if not precision_plugin.installed():
+            rank_zero_warn(
+                "FusedOptimizers leaves gradient clipping to Lightning: this Lightning's precision plugin was not"
+                " checked (see the warning from `import lightning_gaudi`)."
+            )
+            return
+        self._clip_override = precision_plugin.override_method(plugin, "clip_grad_by_norm", clip_grad_by_norm)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        plugin = self._plugin
-        if plugin is not None and "clip_grad_by_norm" in vars(plugin):
-            del plugin.clip_grad_by_norm
-        self._plugin = None
+        if self._clip_override is not None:
+            self._clip_override.restore()  # back to the class's method
+        self._clip_override = None
         self._clippers.clear()

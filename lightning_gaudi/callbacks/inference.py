@@ -96,7 +96,8 @@ class HPUGraphs(Callback):
 class HPUCompile(Callback):
     """Runs the module's forward through ``torch.compile`` with the HPU backend (eager mode only).
 
-    On Gaudi the backend is ``hpu_backend`` and needs ``PT_HPU_LAZY_MODE=0`` (see :class:`BridgeSettings`); under
+    On Gaudi the backend is ``hpu_backend`` and needs eager mode (``lightning_gaudi.configure(execution_mode="eager")``
+    before the Trainer, which sets ``PT_HPU_LAZY_MODE=0``); under
     eager emulation it is a CPU backend (``aot_eager``). The plain forward is restored at teardown.
 
     Args:
@@ -120,8 +121,10 @@ class HPUCompile(Callback):
         backend = hpu.get_backend()
         if backend.is_lazy():
             raise ValueError(
-                "HPUCompile needs eager mode, but the HPU runs in lazy mode. On Gaudi set PT_HPU_LAZY_MODE=0 before"
-                " the bridge loads (BridgeSettings(lazy_mode=False)); in emulation use LIGHTNING_GAUDI_EMULATE=eager."
+                "HPUCompile needs eager mode, but the HPU runs in lazy mode. Call"
+                " lightning_gaudi.configure(execution_mode='eager') before building the Trainer (Hydra:"
+                " runtime.execution_mode=eager; CLI: --runtime.execution_mode eager), or export PT_HPU_LAZY_MODE=0"
+                " (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python."
                 " Or remove HPUCompile (lazy mode builds graphs itself; HPUGraphs helps evaluation)."
             )
         if self._module is None:

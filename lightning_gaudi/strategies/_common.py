@@ -6,14 +6,17 @@ from typing import TYPE_CHECKING
 
 from lightning.pytorch.accelerators import Accelerator
 
+from lightning_gaudi import hpu
+from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.callbacks.mark_step import add_default_mark_step
+from lightning_gaudi.patches.loops import disable_inference_mode
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
 def check_hpu_accelerator(strategy_name: str, accelerator: Accelerator | None) -> None:
     """Raises a clear error when an HPU strategy is given any accelerator but :class:`HPUAccelerator`."""
-    from lightning_gaudi.accelerator import HPUAccelerator
-
     if accelerator is not None and not isinstance(accelerator, HPUAccelerator):
         raise ValueError(
             f"The {strategy_name!r} strategy runs on HPUs, but the accelerator is {type(accelerator).__name__}."
@@ -28,10 +31,6 @@ def prepare_trainer(trainer: pl.Trainer) -> None:
     lazy emulation, evaluation runs under ``torch.no_grad`` instead of ``torch.inference_mode``, which torch's
     Lazy Tensor Core cannot trace.
     """
-    from lightning_gaudi import hpu
-    from lightning_gaudi._lightning import disable_inference_mode
-    from lightning_gaudi.callbacks.mark_step import add_default_mark_step
-
     add_default_mark_step(trainer)
     backend = hpu.get_backend()
     if backend.emulated and backend.is_lazy():

@@ -23,8 +23,14 @@ from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
-from lightning_gaudi.launch import validate_launch
-from lightning_gaudi.strategies import _process_group
+from lightning_gaudi.distributed import (
+    DEFAULT_TIMEOUT,
+    check_same_layout,
+    coerce_timeout,
+    collective_errors,
+    init_process_group,
+    validate_launch,
+)
 from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
 
 _MEAN_OPS = ("mean", "avg")
@@ -78,8 +84,9 @@ class HPUParallelStrategy(DDPStrategy):
             (passing it on torch 2.13+, where it is deprecated in favour of ``forward_sync_buffers``, warns).
         process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
         timeout: how long a collective, a barrier or the process-group set-up waits for its peers before it fails
-            with a :class:`~lightning_gaudi.strategies._process_group.CollectiveTimeoutError` (so the launcher can
-            restart the job); a ``timedelta`` or seconds. Default 10 minutes, a third of PyTorch's 30: long enough
+            with a :class:`~lightning_gaudi.distributed.CollectiveTimeoutError` (so the launcher can restart the
+            job; a peer that died fails sooner, with a :class:`~lightning_gaudi.distributed.PeerLostError`); a
+            ``timedelta`` or seconds. Default 10 minutes, a third of PyTorch's 30: long enough
             for rank 0 to write a large checkpoint or compile a new graph while the others wait.
         start_method: how extra local ranks start: "popen" (re-run the script) or "spawn".
         ddp_comm_state: the state passed to ``ddp_comm_hook``.
@@ -103,7 +110,7 @@ class HPUParallelStrategy(DDPStrategy):
         find_unused_parameters: bool = False,
         broadcast_buffers: bool | None = None,
         process_group_backend: str | None = None,
-        timeout: timedelta | float | None = _process_group.DEFAULT_TIMEOUT,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         start_method: Literal["popen", "spawn"] = "popen",
         ddp_comm_state: object | None = None,
         ddp_comm_hook: Callable[..., Any] | None = None,
@@ -125,7 +132,7 @@ class HPUParallelStrategy(DDPStrategy):
             checkpoint_io=checkpoint_io or HPUCheckpointIO(),
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=_process_group.coerce_timeout(timeout),
+            timeout=coerce_timeout(timeout),
             start_method=start_method,
             gradient_as_bucket_view=gradient_as_bucket_view,
             static_graph=static_graph,
@@ -135,6 +142,8 @@ class HPUParallelStrategy(DDPStrategy):
         # registered by configure_ddp: Lightning's DDPStrategy registers communication hooks on CUDA only
         self._comm_hook = (ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper)
         self._release_first_gradients = False
+        # one guard for every backward: entering and leaving it costs well under a microsecond
+        self._backward_errors = collective_errors("backward (gradient all-reduce)", self.timeout)
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -169,10 +178,17 @@ class HPUParallelStrategy(DDPStrategy):
         if not dist.is_initialized():
             env = self.cluster_environment
             assert env is not None
+            # torch's env:// rendezvous reads these (as in Lightning's DDPStrategy); the agent-store path takes them
+            # as arguments
             os.environ["MASTER_ADDR"] = env.main_address
             os.environ["MASTER_PORT"] = str(env.main_port)
-            _process_group.init_process_group(
-                self._process_group_backend, rank=self.global_rank, world_size=self.world_size, timeout=self.timeout
+            init_process_group(
+                self._process_group_backend,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                timeout=self.timeout,
+                master_addr=env.main_address,
+                master_port=env.main_port,
             )
 
     @property
@@ -186,7 +202,8 @@ class HPUParallelStrategy(DDPStrategy):
 
         Lightning calls this while building the Trainer (after devices, nodes and the cluster environment are final,
         before the launcher starts any process) and again in every process before the process group forms, so a bad
-        launch fails here, before anything is started or written (see :func:`lightning_gaudi.launch.validate_launch`).
+        launch fails here, before anything is started or written (see
+        :meth:`lightning_gaudi.distributed.LaunchEnvironment.validate`).
         """
         if self.parallel_devices and self.cluster_environment is not None:
             validate_launch(
@@ -199,23 +216,29 @@ class HPUParallelStrategy(DDPStrategy):
 
     @override
     def barrier(self, name: str | None = None) -> None:
-        with _process_group.collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
+        with collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
             super().barrier(name)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        with _process_group.collective_errors("broadcast", self.timeout):
+        with collective_errors("broadcast", self.timeout):
             return super().broadcast(obj, src)
 
     @override
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        with _process_group.collective_errors("all_gather", self.timeout):
+        """Gathers ``tensor`` from every rank; first checks that all ranks pass the same shape and dtype.
+
+        Raises:
+            CollectiveMismatchError: the ranks passed different shapes or dtypes (on every rank, naming each one's).
+        """
+        with collective_errors("all_gather", self.timeout):
+            check_same_layout(tensor, "all_gather", group)
             return super().all_gather(tensor, group=group, sync_grads=sync_grads)
 
     @override
     def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        # transport errors only: backward also fails for reasons of its own (shapes, dtypes, NaN checks)
-        with _process_group.collective_errors("backward (gradient all-reduce)", self.timeout, transport_only=True):
+        # only transport failures are translated: backward also fails for reasons of its own (shapes, dtypes, NaNs)
+        with self._backward_errors:
             return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
@@ -249,7 +272,14 @@ class HPUParallelStrategy(DDPStrategy):
     def reduce(
         self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
     ) -> Tensor | Any:
-        """All-reduces ``tensor``; mean is computed as sum / world size (HCCL has no mean), in floating point."""
+        """All-reduces ``tensor``; mean is computed as sum / world size (HCCL has no mean), in floating point.
+
+        A tensor of more than one element is first checked to have the same shape and dtype on every rank (gloo
+        would abort a rank over a mismatch).
+
+        Raises:
+            CollectiveMismatchError: the ranks passed different shapes or dtypes (on every rank, naming each one's).
+        """
         if not isinstance(tensor, Tensor) or not dist.is_available() or not dist.is_initialized():
             return tensor
         op = _as_reduce_op(reduce_op)
@@ -257,7 +287,11 @@ class HPUParallelStrategy(DDPStrategy):
         if mean:
             op = ReduceOp.SUM
         result = tensor if tensor.is_floating_point() else tensor.float()
-        with _process_group.collective_errors("all_reduce", self.timeout):
+        with collective_errors("all_reduce", self.timeout):
+            # not for scalars, what self.log(sync_dist=True) reduces every step: the check is one more collective,
+            # and ranks logging the same quantity log it in the same dtype
+            if result.numel() != 1:
+                check_same_layout(result, "all_reduce", group)
             dist.all_reduce(result, op=op, group=group)
         if mean:
             result = result / dist.get_world_size(group)

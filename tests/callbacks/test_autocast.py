@@ -1,19 +1,18 @@
-"""BF16Autocast: op lists change dtypes under emulation and become the bridge's list files on Gaudi."""
+"""BF16Autocast: op lists change dtypes under emulation; on Gaudi they must be the runtime's (the bridge's files)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
 from helpers.workload import Workload, loader, quiet_trainer
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import BF16Autocast
-from lightning_gaudi.callbacks.autocast import BF16_LIST_ENV, FP32_LIST_ENV, LEGACY_ENV
 
 
 class DtypeProbe(Workload):
@@ -71,24 +70,24 @@ def test_needs_bf16_mixed(eager_hpu: hpu.Backend) -> None:
         trainer.fit(Workload(), loader(2))
 
 
-def test_bridge_writes_list_files_before_load(
-    bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    for env in (BF16_LIST_ENV, FP32_LIST_ENV, *LEGACY_ENV.values()):
-        monkeypatch.setenv(env, "")  # records the original state, restored after the test
-        monkeypatch.delenv(env)
-    assert not hpu.bridge_loaded()
-    callback = BF16Autocast(bf16_ops=["linear", "matmul"], fp32_ops=["softmax"], list_dir=tmp_path)
-    assert Path(os.environ[BF16_LIST_ENV]).read_text().split() == ["linear", "matmul"]
-    assert Path(os.environ[FP32_LIST_ENV]).read_text().split() == ["softmax"]
-    assert os.environ[LEGACY_ENV[BF16_LIST_ENV]] == os.environ[BF16_LIST_ENV]
-    assert callback.list_files[FP32_LIST_ENV].parent == tmp_path
+def test_runtime_lists_apply_without_lists_of_its_own(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    hpu.configure(autocast_bf16_ops=["exp", "add"], autocast_fp32_ops=["linear"], autocast_list_dir=str(tmp_path))
+    assert _dtypes(BF16Autocast()) == {"linear": torch.float32, "exp": torch.bfloat16, "add": torch.bfloat16}
+    assert _dtypes(BF16Autocast(fp32_ops=["exp"]))["exp"] == torch.float32  # this Trainer's list wins
 
+
+def test_on_gaudi_lists_must_be_the_ones_the_bridge_loaded(
+    bridge_double: ModuleType, isolated_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    hpu.configure(autocast_bf16_ops=["linear", "matmul"], autocast_list_dir=str(tmp_path))
     hpu.get_backend().is_available()  # loads the bridge
-    assert hpu.bridge_loaded()
-    BF16Autocast(bf16_ops=["linear", "matmul"], fp32_ops=["softmax"])  # the same lists: nothing to change
-    with pytest.raises(RuntimeError, match=r"already imported.*before the Trainer"):
-        BF16Autocast(bf16_ops=["linear"])
+    trainer = SimpleNamespace(precision_plugin=MixedPrecision("bf16-mixed", device="cpu"))
+    BF16Autocast().setup(trainer, None, "fit")  # type: ignore[arg-type]
+    BF16Autocast(bf16_ops=["linear", "matmul"]).setup(trainer, None, "fit")  # type: ignore[arg-type]
+    assert "autocast_context_manager" not in vars(trainer.precision_plugin)  # the bridge applies its lists itself
+    with pytest.raises(RuntimeError, match=r"did not load.*configure\(autocast_fp32_ops=\['softmax'\]\)"):
+        BF16Autocast(fp32_ops=["softmax"]).setup(trainer, None, "fit")  # type: ignore[arg-type]
 
 
 def test_lazy_emulation_has_no_autocast(lazy_hpu: hpu.Backend) -> None:

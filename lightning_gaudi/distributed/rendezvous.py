@@ -1,4 +1,4 @@
-"""Process-group set-up that survives launcher restarts, bounded waits, and errors that say what happened.
+"""Process-group formation that survives launcher restarts, with bounded waits and errors that say who is missing.
 
 Under ``torchrun`` the workers share the node agents' rendezvous ``TCPStore`` (``TORCHELASTIC_USE_AGENT_STORE``),
 and that store outlives the workers: after a restart it still holds the addresses the dead workers published.
@@ -12,26 +12,24 @@ taken for a live one. Peers that start late are waited for up to ``timeout``; th
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 
 import torch.distributed as dist
+
+from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
+from lightning_gaudi.distributed.errors import CollectiveTimeoutError
+
+__all__ = ["DEFAULT_TIMEOUT", "coerce_timeout", "init_process_group", "join_generation", "uses_agent_store"]
 
 #: The default for ``HPUParallelStrategy(timeout=...)``. See :func:`coerce_timeout`.
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 _KEY = "lightning_gaudi/pg"
 _POLL_S = (0.05, 1.0)  # first and longest pause between looks at the store
-
-
-class CollectiveTimeoutError(RuntimeError):
-    """A collective or the process-group set-up did not complete: a peer died, hung or never started."""
 
 
 def coerce_timeout(timeout: timedelta | float | int | None) -> timedelta:
@@ -41,6 +39,10 @@ def coerce_timeout(timeout: timedelta | float | int | None) -> timedelta:
     is gone before it fails and lets the launcher restart the job. The longest legitimate waits on Gaudi are rank 0
     writing a large checkpoint while the others wait at the barrier after it, and one rank compiling a new graph
     the others already have; both take minutes, not tens of minutes. Raise it for checkpoints that take longer.
+
+    Raises:
+        TypeError: ``timeout`` is neither a ``timedelta`` nor a number.
+        ValueError: ``timeout`` is not positive.
     """
     if timeout is None:
         return DEFAULT_TIMEOUT
@@ -57,9 +59,13 @@ def coerce_timeout(timeout: timedelta | float | int | None) -> timedelta:
     return value
 
 
-def uses_agent_store() -> bool:
-    """Whether this worker was started by a torchelastic agent whose store outlives it (torchrun's default)."""
-    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+def uses_agent_store(launch: LaunchEnvironment | None = None) -> bool:
+    """Whether this worker was started by a torchelastic agent whose store outlives it (torchrun's default).
+
+    Args:
+        launch: the launch environment; this process's when ``None``.
+    """
+    return (launch or LaunchEnvironment.from_env()).agent_store
 
 
 def _remaining(deadline: float) -> float:
@@ -121,21 +127,50 @@ def join_generation(store: dist.Store, rank: int, world_size: int, timeout: time
         time.sleep(min(next(pauses), max(_remaining(deadline), 0)))
 
 
-def init_process_group(backend: str, rank: int, world_size: int, timeout: timedelta, **kwargs: Any) -> None:
+def init_process_group(
+    backend: str,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    *,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    launch: LaunchEnvironment | None = None,
+    **kwargs: Any,
+) -> None:
     """``torch.distributed.init_process_group`` that waits for late peers (up to ``timeout``) and survives restarts.
 
-    Expects ``MASTER_ADDR``/``MASTER_PORT`` in the environment. Under a torchelastic agent store each attempt gets a
-    fresh namespace (see :func:`join_generation`); elsewhere rank 0 starts a new store and the others retry their
-    connection to it until ``timeout``.
+    Under a torchelastic agent store each attempt gets a fresh namespace of the agent's store at ``master_addr``/
+    ``master_port`` (see :func:`join_generation`). Elsewhere torch's ``env://`` rendezvous runs: rank 0 starts a new
+    store and the others retry their connection to it until ``timeout``; it reads ``MASTER_ADDR``/``MASTER_PORT``
+    from ``os.environ``, which the strategy (like Lightning's) sets from its cluster environment.
+
+    Args:
+        backend: the collective backend ("hccl", "gloo").
+        rank: this process's global rank.
+        world_size: processes in the group.
+        timeout: how long the set-up, and every collective afterwards, waits for peers.
+        master_addr: where the agent's store listens; the launch environment's ``MASTER_ADDR`` when ``None``.
+        master_port: the store's port; the launch environment's ``MASTER_PORT`` when ``None``.
+        launch: the launch environment; this process's (:meth:`LaunchEnvironment.from_env`) when ``None``.
+        **kwargs: passed to ``torch.distributed.init_process_group``.
 
     Raises:
         CollectiveTimeoutError: the group did not form in time; the message says which rank was missing.
+        InvalidLaunchError: the agent store's address is unknown.
     """
+    launch = launch or LaunchEnvironment.from_env()
     try:
-        if uses_agent_store():
-            store = dist.TCPStore(
-                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False, timeout=timeout
-            )
+        if launch.agent_store:
+            addr = master_addr or launch.master_addr
+            port = master_port or launch.master_port
+            if addr is None or port is None:
+                raise InvalidLaunchError(
+                    f"TORCHELASTIC_USE_AGENT_STORE=True but MASTER_ADDR={addr!r}, MASTER_PORT={port!r}: the agent's"
+                    " store cannot be found. Launch with torchrun, which sets all three, or unset"
+                    " TORCHELASTIC_USE_AGENT_STORE."
+                )
+            store = dist.TCPStore(addr, port, world_size, False, timeout=timeout)
             prefix = join_generation(store, rank, world_size, timeout)
             dist.init_process_group(
                 backend,
@@ -153,64 +188,3 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout: timede
         raise _join_error(rank, world_size, timeout, f"{type(err).__name__}: {err}") from err
     if dist.get_world_size() != world_size:  # pragma: no cover - torch enforces it
         raise RuntimeError(f"Process group has {dist.get_world_size()} ranks, expected {world_size}.")
-
-
-def translate_error(err: RuntimeError, what: str, timeout: timedelta, transport_only: bool = False) -> RuntimeError:
-    """The :class:`CollectiveTimeoutError` to raise for ``err`` from a collective, or ``err`` itself.
-
-    Args:
-        err: what the collective raised.
-        what: the operation, for the message ("barrier", "all_gather", "backward (gradient all-reduce)").
-        timeout: the configured timeout, named in the message.
-        transport_only: translate only errors from the collective transport (for code such as ``backward`` that can
-            also fail for reasons of its own).
-    """
-    if isinstance(err, CollectiveTimeoutError) or (transport_only and not _is_transport_error(err)):
-        return err
-    rank = dist.get_rank() if dist.is_initialized() else "?"
-    world = dist.get_world_size() if dist.is_initialized() else "?"
-    return CollectiveTimeoutError(
-        f"Rank {rank}/{world}: {what} failed: a peer process died or did not answer within timeout={timeout}."
-        " Restart the job (torchrun --max-restarts N, SLURM --requeue) and resume with"
-        " ckpt_path=lightning_gaudi.resume.resolve_ckpt_path('auto', <checkpoint dir>). The timeout is set by"
-        f" HPUParallelStrategy(timeout=...). Cause: {type(err).__name__}: {err}"
-    )
-
-
-class _CollectiveErrors:
-    __slots__ = ("timeout", "transport_only", "what")
-
-    def __init__(self, what: str, timeout: timedelta, transport_only: bool) -> None:
-        self.what = what
-        self.timeout = timeout
-        self.transport_only = transport_only
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if isinstance(exc, RuntimeError):
-            translated = translate_error(exc, self.what, self.timeout, self.transport_only)
-            if translated is not exc:
-                raise translated from exc
-
-
-def collective_errors(what: str, timeout: timedelta, transport_only: bool = False) -> AbstractContextManager[None]:
-    """A context that raises :func:`translate_error`'s error for a ``RuntimeError`` in the block (same arguments).
-
-    A plain class rather than a generator: entering and leaving it costs well under a microsecond, so it can guard
-    the gradient all-reduce in every ``backward``.
-    """
-    return _CollectiveErrors(what, timeout, transport_only)
-
-
-_TRANSPORT_MARKERS = ("gloo", "hccl", "connection", "timed out", "timeout", "socket", "peer")
-
-
-def _is_transport_error(err: RuntimeError) -> bool:
-    if isinstance(err, dist.DistError):
-        return True
-    text = str(err).lower()
-    return any(marker in text for marker in _TRANSPORT_MARKERS)

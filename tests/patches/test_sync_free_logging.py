@@ -1,6 +1,8 @@
-"""Host-sync-free logging: progress-bar values reach the host only when the bar refreshes or a logger writes.
+"""The host-sync-free logging patch (``lightning_gaudi/patches/sync_free_logging.py``): progress-bar values reach
+the host only when the bar refreshes or a logger writes.
 
-Counted in lazy emulation with torch's ``aten::_local_scalar_dense`` counter (the seam's ``host_syncs``).
+Counted in lazy emulation with torch's ``aten::_local_scalar_dense`` counter (the seam's ``host_syncs``). The canary
+(``test_lightning_internals_the_wrappers_rely_on``) fails when Lightning changes what the wrappers rely on.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
+from lightning_utilities.core.imports import RequirementCache
 
-from lightning_gaudi import _lightning, hpu
+from lightning_gaudi import hpu
+from lightning_gaudi.patches import registry, sync_free_logging
 
 WARMUP, STEPS = 20, 200
 
@@ -34,7 +38,7 @@ def test_lazy_default_loop_syncs_only_when_the_bar_refreshes(lazy_hpu: hpu.Backe
     per_step, trainer = _syncs_per_step(enable_progress_bar=True)
     bar = trainer.progress_bar_callback
     assert isinstance(bar, TQDMProgressBar)
-    assert bar.refresh_rate == _lightning.HPU_PROGRESS_BAR_REFRESH_RATE == 20
+    assert bar.refresh_rate == sync_free_logging.HPU_PROGRESS_BAR_REFRESH_RATE == 20
     assert per_step <= 0.05
     assert window_graphs_ok(trainer)
     loss = trainer.progress_bar_metrics["loss"]
@@ -48,7 +52,7 @@ def window_graphs_ok(trainer: Trainer) -> bool:
 
 def test_stock_lightning_syncs_every_step(lazy_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same loop with the wrappers standing aside: what Lightning alone does (the number issue 3 quotes)."""
-    monkeypatch.setattr(_lightning, "_on_hpu", lambda trainer: False)
+    monkeypatch.setattr(sync_free_logging, "_on_hpu", lambda trainer: False)
     per_step, _ = _syncs_per_step(enable_progress_bar=True, callbacks=[TQDMProgressBar(refresh_rate=20)])
     assert per_step >= 1.0
 
@@ -87,23 +91,41 @@ def test_other_accelerators_untouched(eager_hpu: hpu.Backend) -> None:
 
 def test_lightning_internals_the_wrappers_rely_on() -> None:
     """Fails loudly when Lightning changes what the host-sync-free logging wrappers assume."""
-    assert _lightning.logging_hooks_installed()
-    assert _lightning._missing_logging_targets() == []
+    assert sync_free_logging.installed()
+    assert sync_free_logging.missing_targets() == [], "Lightning moved or changed what the logging wrappers replace"
     metrics_source = inspect.getsource(_ResultCollection.metrics)
-    assert 'metrics["pbar"][forked_name] = convert_tensors_to_scalars(value)' in metrics_source
+    assert 'metrics["pbar"][forked_name] = convert_tensors_to_scalars(value)' in metrics_source, (
+        "Lightning's _ResultCollection.metrics (logger_connector/result.py) no longer turns progress-bar values into"
+        " numbers with convert_tensors_to_scalars: re-check the deferral in patches/sync_free_logging.py"
+    )
     for name in ("on_batch_end", "on_epoch_end", "update_train_step_metrics"):
-        assert "self.metrics" in inspect.getsource(getattr(_LoggerConnector, name)), name
-    assert "self.metrics" in inspect.getsource(inspect.unwrap(_LoggerConnector.progress_bar_metrics.fget))  # type: ignore[attr-defined]
+        assert "self.metrics" in inspect.getsource(getattr(_LoggerConnector, name)), (
+            f"Lightning's _LoggerConnector.{name} no longer reads the `metrics` property the wrappers replace"
+        )
     getter = inspect.getsource(inspect.unwrap(_LoggerConnector.progress_bar_metrics.fget))  # type: ignore[attr-defined]
-    assert "return self._progress_bar_metrics" in getter
+    assert "self.metrics" in getter, "Lightning's _LoggerConnector.progress_bar_metrics no longer reads `metrics`"
+    assert "return self._progress_bar_metrics" in getter, (
+        "Lightning's _LoggerConnector.progress_bar_metrics no longer returns `_progress_bar_metrics`"
+    )
     configure = inspect.signature(inspect.unwrap(_CallbackConnector._configure_progress_bar))
-    assert list(configure.parameters) == ["self", "enable_progress_bar"]
+    assert list(configure.parameters) == ["self", "enable_progress_bar"], (
+        f"Lightning's _CallbackConnector._configure_progress_bar now takes {list(configure.parameters)}"
+    )
 
 
 def test_unsupported_lightning_warns_and_patches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_lightning, "logging_hooks_installed", lambda: False)
-    monkeypatch.setattr(_lightning, "_missing_logging_targets", lambda: ["_LoggerConnector.metrics"])
+    monkeypatch.setattr(sync_free_logging, "installed", lambda: False)
+    monkeypatch.setattr(sync_free_logging, "missing_targets", lambda: ["_LoggerConnector.metrics"])
     before = _LoggerConnector.__dict__["metrics"]
     with pytest.warns(UserWarning, match="read to the host at every step"):
-        assert _lightning.install_logging_hooks() is False
+        assert sync_free_logging.install() is False
     assert _LoggerConnector.__dict__["metrics"] is before
+
+
+def test_lightning_outside_the_checked_range_is_left_unpatched(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "LIGHTNING_SUPPORTED", RequirementCache("lightning<1.0"))
+    monkeypatch.setattr(sync_free_logging, "installed", lambda: False)
+    before = _LoggerConnector.__dict__["progress_bar_metrics"]
+    with pytest.warns(UserWarning, match=r"checked against lightning>=2.5,<2.7"):
+        assert sync_free_logging.install() is False
+    assert _LoggerConnector.__dict__["progress_bar_metrics"] is before

@@ -1,0 +1,145 @@
+"""The example's training task: build everything from the composed config, fit, and report.
+
+``train(cfg)`` is what each process of a Hydra job runs (``lightning_gaudi.hydra.run`` calls it here or in one
+process per card). Global rank zero writes ``results.json`` (metrics, throughput, peak memory, what ran) to
+``cfg.paths.output_dir`` and prints a summary.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from omegaconf import DictConfig
+
+from lightning_gaudi import hpu, resume
+from lightning_gaudi.callbacks import HPUThroughputMonitor
+from lightning_gaudi.hydra import instantiate_group
+
+RESULTS_FILE = "results.json"
+_GIB = 1024**3
+
+
+def _throughput_monitor(callbacks: list[Any], warmup_steps: int) -> HPUThroughputMonitor:
+    """The configured throughput monitor, or a new one added to ``callbacks`` (results.json reports throughput)."""
+    for callback in callbacks:
+        if isinstance(callback, HPUThroughputMonitor):
+            return callback
+    monitor = HPUThroughputMonitor(warmup_steps=warmup_steps)
+    callbacks.append(monitor)
+    return monitor
+
+
+def _loss_curve(trainer: L.Trainer, key: str = "train/loss", points: int = 6) -> list[tuple[int, float]]:
+    """A few (step, value) points of ``key`` from the CSV log, to show the loss falling."""
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger):
+            path = Path(logger.log_dir) / "metrics.csv"
+            if not path.is_file():
+                return []
+            with path.open() as handle:
+                rows = [(int(r["step"]), float(r[key])) for r in csv.DictReader(handle) if r.get(key)]
+            if len(rows) <= points:
+                return rows
+            picks = {round(i * (len(rows) - 1) / (points - 1)) for i in range(points)}
+            return [rows[i] for i in sorted(picks)]
+    return []
+
+
+def _summary(results: dict[str, Any]) -> str:
+    lines = ["", "=== lightning_gaudi run summary ==="]
+    lines.append(
+        f"device: {results['devices']} x {results['device_name']}"
+        + (f" (EMULATED on the CPU, {results['backend']} mode)" if results["emulated"] else "")
+        + f" | strategy {results['strategy']} | precision {results['precision']}"
+    )
+    curve = results.get("loss_curve") or []
+    if curve:
+        lines.append("train/loss: " + "  ->  ".join(f"{value:.3f} (step {step})" for step, value in curve))
+    metrics = results["metrics"]
+    shown = [f"{k} {metrics[k]:.4g}" for k in ("val/loss", "val/ppl", "test/loss") if k in metrics]
+    if shown:
+        lines.append("final: " + ", ".join(shown))
+    if results.get("samples_per_sec") is not None:
+        line = f"throughput: {results['samples_per_sec']:.1f} samples/s"
+        if results.get("tokens_per_sec") is not None:
+            line += f", {results['tokens_per_sec']:.0f} tokens/s"
+        line += f" over {results['timed_steps']:.0f} steps after {results['warmup_steps']} warm-up batches"
+        line += " (without validation and checkpointing)"
+        lines.append(line + f", {results['world_size']} process(es)")
+    where = "this process's peak resident memory under emulation" if results["emulated"] else "MaxInUse"
+    lines.append(f"peak memory (rank 0, {where}): {results['peak_memory_gib']:.3f} GiB")
+    lines.append(f"outputs: {results['output_dir']}")
+    return "\n".join(lines)
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Instantiates the data, model, callbacks, loggers, strategy and Trainer of ``cfg``, and trains.
+
+    Rank zero writes ``results.json`` to ``cfg.paths.output_dir`` and prints a summary.
+
+    Returns:
+        The run's results: metrics, throughput, peak memory and what ran.
+    """
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    callbacks = instantiate_group(cfg.get("callbacks"))
+    throughput = _throughput_monitor(callbacks, cfg.get("throughput_warmup_steps", 5))
+    loggers = instantiate_group(cfg.get("logger"))
+    datamodule = instantiate(cfg.data)
+    model = instantiate(cfg.model)
+    strategy = instantiate(cfg.strategy)
+    trainer: L.Trainer = instantiate(cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+    checkpoint = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
+    ckpt_path = resume.resolve_in_checkpoint_dir(cfg.get("ckpt_path"), checkpoint)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    if cfg.get("test"):
+        trainer.test(model, datamodule=datamodule)
+
+    backend = hpu.get_backend()
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    summary = throughput.summary  # global over ranks
+    samples_per_sec = summary.get("samples_per_sec")
+    tokens_per_sec = summary.get("tokens_per_sec")
+    seq_len = getattr(datamodule, "seq_len", None)
+    if tokens_per_sec is None and samples_per_sec is not None and isinstance(seq_len, int):
+        tokens_per_sec = samples_per_sec * seq_len
+    results: dict[str, Any] = {
+        "output_dir": str(cfg.paths.output_dir),
+        "backend": backend.name,
+        "emulated": backend.emulated,
+        "device_name": backend.device_name(),
+        "devices": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "world_size": trainer.world_size,
+        "strategy": type(trainer.strategy).__name__,
+        "ddp_kwargs": {k: v for k, v in getattr(trainer.strategy, "ddp_kwargs", {}).items() if _jsonable(v)},
+        "precision": str(trainer.precision),
+        "global_step": trainer.global_step,
+        "metrics": metrics,
+        "warmup_steps": throughput.warmup_steps,
+        "timed_steps": summary.get("steps"),
+        "timed_seconds": summary.get("seconds"),
+        "samples_per_sec": samples_per_sec,
+        "tokens_per_sec": tokens_per_sec,
+        "peak_memory_gib": backend.memory_stats()["MaxInUse"] / _GIB,
+        "loss_curve": _loss_curve(trainer) if trainer.is_global_zero else [],
+    }
+    if trainer.is_global_zero:
+        out = Path(cfg.paths.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".{RESULTS_FILE}.tmp"
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        tmp.replace(out / RESULTS_FILE)
+        print(_summary(results), flush=True)
+    return results
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) or value is None

@@ -1,0 +1,469 @@
+"""The launch environment: who started this process and where it sits in the job, parsed and checked once.
+
+:meth:`LaunchEnvironment.from_env` reads the variables a launcher sets (torchrun/torchelastic, SLURM's ``srun``,
+LSF's ``jsrun``, MPI, or a plain ``LOCAL_RANK`` launcher such as Lightning's own popen launcher) into one frozen
+value; a malformed value fails there, naming the variable. :meth:`LaunchEnvironment.validate` then checks the launch
+against the Trainer's ``num_nodes`` x ``devices`` before any process starts, connects or writes anything. Each
+mistake it catches would otherwise surface late and obscurely: an ``int()`` traceback deep in a launcher, a hang at
+the first collective, or ranks that silently train on the wrong shards.
+
+Nothing here imports Lightning at module level, so :mod:`lightning_gaudi.hpu` can use it; the launcher checks are the
+same environment-variable checks Lightning's cluster environments make, in our own words.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+
+__all__ = [
+    "RUN_ID_ENV",
+    "InvalidLaunchError",
+    "LaunchEnvironment",
+    "Launcher",
+    "SlurmLayout",
+    "parse_slurm_tasks_per_node",
+    "validate_launch",
+]
+
+#: An id every rank of one launch shares, set by the user or a job script; see :attr:`LaunchEnvironment.run_id`.
+RUN_ID_ENV = "LIGHTNING_GAUDI_RUN_ID"
+
+#: Which launcher started the process: ``"none"`` when no launcher did (a plain ``python train.py``).
+Launcher = Literal["torchelastic", "slurm", "lsf", "mpi", "local", "none"]
+
+#: The variables torchrun, Lightning's popen launcher and most other launchers set; :meth:`LaunchEnvironment.validate`
+#: checks the values that came from these against ``num_nodes`` x ``devices``.
+_GENERIC = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"})
+_LSF_REQUIRED = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")
+_SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
+_TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+class InvalidLaunchError(ValueError):
+    """The launcher's settings disagree with the Trainer's, or are malformed."""
+
+
+def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value: int | None = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise InvalidLaunchError(
+            f"{name}={raw!r} is not a valid value: it must be a whole number >= {minimum}. Fix or unset it"
+            " (torchrun, SLURM and Lightning's own launcher set it for you)."
+        )
+    return value
+
+
+def _master_port(environ: Mapping[str, str]) -> int | None:
+    raw = environ.get("MASTER_PORT")
+    if raw is None:
+        return None
+    try:
+        port = int(raw.strip())
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise InvalidLaunchError(
+            f"MASTER_PORT={raw!r} is not a TCP port: it must be a number from 1 to 65535 (e.g. MASTER_PORT=29500)."
+            " Set it to a free port on the MASTER_ADDR node, the same on every node, or unset it."
+        )
+    return port
+
+
+def parse_slurm_tasks_per_node(value: str) -> list[int]:
+    """SLURM's compact task list, e.g. ``"4(x2),3"`` -> ``[4, 4, 3]`` (tasks on each node of the allocation).
+
+    Args:
+        value: the text of ``SLURM_TASKS_PER_NODE``.
+
+    Returns:
+        The number of tasks on each node, in node order.
+
+    Raises:
+        InvalidLaunchError: the text is not in SLURM's format.
+    """
+    counts: list[int] = []
+    for item in value.split(","):
+        match = _TASKS_ITEM.match(item.strip())
+        if match is None:
+            raise InvalidLaunchError(
+                f"SLURM_TASKS_PER_NODE={value!r} is not in SLURM's format (like '4' or '4(x2),3')."
+            )
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+@dataclass(frozen=True)
+class SlurmLayout:
+    """What SLURM says about the job and its tasks (``None`` where the variable is unset).
+
+    Attributes:
+        job_id: ``SLURM_JOB_ID``.
+        step_id: ``SLURM_STEP_ID`` (the ``srun`` step).
+        job_name: ``SLURM_JOB_NAME`` (``bash`` or ``interactive`` means: not a SLURM launch, see Lightning's docs).
+        procid: ``SLURM_PROCID``, the task's global rank.
+        localid: ``SLURM_LOCALID``, the task's rank on its node.
+        nodeid: ``SLURM_NODEID``, the node's rank in the allocation.
+        ntasks: ``SLURM_NTASKS``, tasks in the job step.
+        nnodes: ``SLURM_NNODES``, nodes in the allocation.
+        ntasks_per_node: ``SLURM_NTASKS_PER_NODE`` (set by ``--ntasks-per-node``).
+        tasks_per_node: ``SLURM_TASKS_PER_NODE`` expanded, one count per node.
+        tasks_per_node_text: ``SLURM_TASKS_PER_NODE`` as SLURM wrote it, e.g. ``"4(x2),3"``.
+    """
+
+    job_id: str | None = None
+    step_id: str | None = None
+    job_name: str | None = None
+    procid: int | None = None
+    localid: int | None = None
+    nodeid: int | None = None
+    ntasks: int | None = None
+    nnodes: int | None = None
+    ntasks_per_node: int | None = None
+    tasks_per_node: tuple[int, ...] | None = None
+    tasks_per_node_text: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> SlurmLayout | None:
+        """The layout from ``environ``, or ``None`` when no SLURM variable read here is set.
+
+        Raises:
+            InvalidLaunchError: a SLURM variable is malformed.
+        """
+        text = environ.get("SLURM_TASKS_PER_NODE") or None
+        layout = cls(
+            job_id=environ.get("SLURM_JOB_ID"),
+            step_id=environ.get("SLURM_STEP_ID"),
+            job_name=environ.get("SLURM_JOB_NAME"),
+            procid=_int(environ, "SLURM_PROCID"),
+            localid=_int(environ, "SLURM_LOCALID"),
+            nodeid=_int(environ, "SLURM_NODEID"),
+            ntasks=_int(environ, "SLURM_NTASKS", minimum=1),
+            nnodes=_int(environ, "SLURM_NNODES", minimum=1),
+            ntasks_per_node=_int(environ, "SLURM_NTASKS_PER_NODE", minimum=1),
+            tasks_per_node=tuple(parse_slurm_tasks_per_node(text)) if text else None,
+            tasks_per_node_text=text,
+        )
+        return None if layout == cls() else layout
+
+    @property
+    def launched(self) -> bool:
+        """Whether ``srun`` started this task, judged as Lightning's ``SLURMEnvironment.detect`` does."""
+        return self.ntasks is not None and self.job_name not in _SLURM_INTERACTIVE_NAMES
+
+    def check(self, num_devices: int, num_nodes: int) -> None:
+        """Checks the allocation against the Trainer: one task per HPU, as many nodes as ``num_nodes``.
+
+        Args:
+            num_devices: processes (HPUs) per node, the Trainer's ``devices``.
+            num_nodes: the Trainer's ``num_nodes``.
+
+        Raises:
+            InvalidLaunchError: the nodes run different task counts, or the tasks per node, the nodes or the tasks in
+                all differ from what the Trainer needs.
+        """
+        fix = (
+            f" Allocate with `--nodes={num_nodes} --ntasks-per-node={num_devices}` (one task per HPU), or set the"
+            " Trainer's devices/num_nodes to match the allocation."
+        )
+        per_node = self.tasks_per_node
+        if per_node is not None and len(set(per_node)) > 1:
+            raise InvalidLaunchError(
+                "The SLURM allocation runs a different number of tasks on its nodes (SLURM_TASKS_PER_NODE="
+                f"{self.tasks_per_node_text!r}); every node must run devices={num_devices} tasks.{fix}"
+            )
+        tasks = self.ntasks_per_node if self.ntasks_per_node is not None else (per_node[0] if per_node else None)
+        if tasks is not None and tasks != num_devices:
+            raise InvalidLaunchError(
+                f"SLURM starts {tasks} task(s) per node, but the Trainer has devices={num_devices}: each task drives"
+                f" one HPU, so the two must be equal.{fix}"
+            )
+        if self.nnodes is not None and self.nnodes != num_nodes:
+            raise InvalidLaunchError(
+                f"The SLURM allocation has {self.nnodes} node(s) (SLURM_NNODES), but the Trainer has"
+                f" num_nodes={num_nodes}.{fix}"
+            )
+        if self.ntasks is not None and self.ntasks != num_devices * num_nodes:
+            raise InvalidLaunchError(
+                f"The SLURM allocation has {self.ntasks} task(s) (SLURM_NTASKS), but num_nodes={num_nodes} x"
+                f" devices={num_devices} = {num_devices * num_nodes} processes are needed.{fix}"
+            )
+
+
+def _mpi_int(environ: Mapping[str, str], names: tuple[str, ...], minimum: int = 0) -> tuple[int | None, str | None]:
+    for name in names:
+        value = _int(environ, name, minimum)
+        if value is not None:
+            return value, name
+    return None, None
+
+
+def _detect(environ: Mapping[str, str], slurm: SlurmLayout | None) -> Launcher:
+    """The launcher, in the order Lightning's connector tries its cluster environments."""
+    if environ.get("TORCHELASTIC_RUN_ID") is not None:  # torch.distributed.is_torchelastic_launched()
+        return "torchelastic"
+    if slurm is not None and slurm.launched:
+        return "slurm"
+    if all(name in environ for name in _LSF_REQUIRED):
+        return "lsf"
+    size, _ = _mpi_int(environ, ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), minimum=1)
+    if size is not None and size > 1:  # Lightning's MPIEnvironment: MPI reports more than one process
+        return "mpi"
+    if "LOCAL_RANK" in environ:
+        return "local"
+    return "none"
+
+
+def _run_id(environ: Mapping[str, str]) -> str | None:
+    explicit = environ.get(RUN_ID_ENV)
+    if explicit:
+        return explicit
+    if "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ:
+        step = environ.get("SLURM_STEP_ID")
+        return f"slurm-{environ['SLURM_JOB_ID']}" + (f"-{step}" if step is not None else "")
+    if environ.get("TORCHELASTIC_RUN_ID") is not None:
+        run_id = environ.get("TORCHELASTIC_RUN_ID", "none")
+        if run_id != "none":
+            return f"torchrun-{run_id}"
+        # static rendezvous (plain torchrun on one node): the ranks share the elastic agent, their parent process
+        return f"torchrun-{environ.get('MASTER_PORT', '0')}-{os.getppid()}"
+    return None
+
+
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """Who started this process and where it sits in the job, from the launcher's environment variables.
+
+    Build it with :meth:`from_env`. Each rank value comes from the generic variable where it is set (``WORLD_SIZE``,
+    ``RANK``, ``LOCAL_RANK``, ``NODE_RANK``/``GROUP_RANK``, ``LOCAL_WORLD_SIZE``), else from the detected launcher's
+    own (``SLURM_NTASKS``/``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID``/``SLURM_NTASKS_PER_NODE``,
+    ``JSM_NAMESPACE_*`` under LSF, ``OMPI_COMM_WORLD_*``/``PMI_*`` under MPI); ``SLURM_PROCID`` counts as the
+    global rank whenever it is set. :meth:`source` names the variable each value came from.
+
+    Attributes:
+        launcher: which launcher started the process (see :data:`Launcher`).
+        world_size: processes in the job.
+        global_rank: this process's rank in the job.
+        local_rank: this process's rank on its node.
+        node_rank: the node's rank (``NODE_RANK``, else ``GROUP_RANK``; torchrun's ``GROUP_RANK`` first under it).
+        local_world_size: processes on this node.
+        master_addr: ``MASTER_ADDR``, where rank 0's store listens.
+        master_port: ``MASTER_PORT`` (1 to 65535).
+        run_id: an id every rank of this launch computes alike, or ``None`` when no launcher provides one (see
+            :meth:`from_env`).
+        agent_store: whether a torchelastic agent hosts the store and outlives this worker
+            (``TORCHELASTIC_USE_AGENT_STORE=True``, torchrun's default).
+        slurm: what SLURM says, when any SLURM variable is set.
+        sources: ``(attribute, variable)`` for each rank value read from the environment.
+    """
+
+    launcher: Launcher = "none"
+    world_size: int | None = None
+    global_rank: int | None = None
+    local_rank: int | None = None
+    node_rank: int | None = None
+    local_world_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    run_id: str | None = None
+    agent_store: bool = False
+    slurm: SlurmLayout | None = None
+    sources: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
+        """Parses the launch environment.
+
+        The run id is ``LIGHTNING_GAUDI_RUN_ID`` when set; else ``slurm-<SLURM_JOB_ID>[-<SLURM_STEP_ID>]`` when
+        ``SLURM_JOB_ID`` and ``SLURM_PROCID`` are set; else, under torchrun, ``torchrun-<TORCHELASTIC_RUN_ID>``, or
+        for a static rendezvous (``TORCHELASTIC_RUN_ID=none``) ``torchrun-<MASTER_PORT>-<parent pid>`` (the ranks
+        share their agent); else ``None``.
+
+        Args:
+            environ: the variables to read; ``os.environ`` when ``None``.
+
+        Returns:
+            The parsed environment.
+
+        Raises:
+            InvalidLaunchError: a variable is malformed (not a whole number, a port out of range, SLURM's task list
+                not in SLURM's format); the message names it.
+        """
+        env: Mapping[str, str] = os.environ if environ is None else environ
+        slurm = SlurmLayout.from_env(env)
+        launcher = _detect(env, slurm)
+        values: dict[str, int] = {}
+        sources: list[tuple[str, str]] = []
+
+        def pick(attribute: str, candidates: tuple[tuple[str, int], ...]) -> None:
+            for name, minimum in candidates:
+                value = _int(env, name, minimum)
+                if value is not None and attribute not in values:
+                    values[attribute] = value
+                    sources.append((attribute, name))
+
+        node_vars = (("GROUP_RANK", 0), ("NODE_RANK", 0))
+        pick("world_size", (("WORLD_SIZE", 1),))
+        pick("global_rank", (("RANK", 0), ("SLURM_PROCID", 0)))
+        pick("local_rank", (("LOCAL_RANK", 0),))
+        pick("node_rank", node_vars if launcher == "torchelastic" else node_vars[::-1])
+        pick("local_world_size", (("LOCAL_WORLD_SIZE", 1),))
+        if launcher == "slurm":
+            pick("world_size", (("SLURM_NTASKS", 1),))
+            pick("local_rank", (("SLURM_LOCALID", 0),))
+            pick("node_rank", (("SLURM_NODEID", 0),))
+            pick("local_world_size", (("SLURM_NTASKS_PER_NODE", 1),))
+            nodeid, per_node = (slurm.nodeid, slurm.tasks_per_node) if slurm else (None, None)
+            if "local_world_size" not in values and per_node and nodeid is not None and nodeid < len(per_node):
+                values["local_world_size"] = per_node[nodeid]
+                sources.append(("local_world_size", "SLURM_TASKS_PER_NODE"))
+        elif launcher == "lsf":
+            pick("world_size", (("JSM_NAMESPACE_SIZE", 1),))
+            pick("global_rank", (("JSM_NAMESPACE_RANK", 0),))
+            pick("local_rank", (("JSM_NAMESPACE_LOCAL_RANK", 0),))
+        elif launcher == "mpi":
+            pick("world_size", (("OMPI_COMM_WORLD_SIZE", 1), ("PMI_SIZE", 1)))
+            pick("global_rank", (("OMPI_COMM_WORLD_RANK", 0), ("PMI_RANK", 0)))
+            pick("local_rank", (("OMPI_COMM_WORLD_LOCAL_RANK", 0), ("MPI_LOCALRANKID", 0)))
+            pick("node_rank", (("OMPI_COMM_WORLD_NODE_RANK", 0),))
+            pick("local_world_size", (("OMPI_COMM_WORLD_LOCAL_SIZE", 1), ("MPI_LOCALNRANKS", 1)))
+        return cls(
+            launcher=launcher,
+            world_size=values.get("world_size"),
+            global_rank=values.get("global_rank"),
+            local_rank=values.get("local_rank"),
+            node_rank=values.get("node_rank"),
+            local_world_size=values.get("local_world_size"),
+            master_addr=(env.get("MASTER_ADDR") or "").strip() or None,
+            master_port=_master_port(env),
+            run_id=_run_id(env),
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            slurm=slurm,
+            sources=tuple(sources),
+        )
+
+    def source(self, attribute: str) -> str | None:
+        """The variable ``attribute`` (e.g. ``"global_rank"``) was read from, or ``None`` when it is unset."""
+        return next((name for attr, name in self.sources if attr == attribute), None)
+
+    @property
+    def externally_launched(self) -> bool:
+        """Whether a launcher (torchrun, SLURM's srun, LSF, MPI, or anything that sets ``LOCAL_RANK``) started this
+        process, so it must not start rank processes of its own."""
+        return self.launcher != "none"
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this process is global rank zero (before any Trainer exists).
+
+        Judged by the global rank where known, else by ``LOCAL_RANK`` and the node rank (both 0 when unset).
+        """
+        if self.global_rank is not None:
+            return self.global_rank == 0
+        return not self.local_rank and not self.node_rank
+
+    @property
+    def rank_label(self) -> str:
+        """The global rank as text, or ``"<node rank>.<local rank>"`` when no global rank is known."""
+        if self.global_rank is not None:
+            return str(self.global_rank)
+        return f"{self.node_rank or 0}.{self.local_rank or 0}"
+
+    def validate(self, num_devices: int, num_nodes: int, devices_on_node: int, slurm: bool | None = None) -> None:
+        """Raises :class:`InvalidLaunchError` when the launch cannot work, before any process starts or connects.
+
+        Checks:
+
+        - ``devices`` no larger than the HPUs this node has;
+        - ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``NODE_RANK``/``GROUP_RANK``, ``LOCAL_WORLD_SIZE`` (where set):
+          they agree with ``num_nodes`` x ``devices``;
+        - under SLURM: the same number of tasks on every node, equal to ``devices``, as many nodes as ``num_nodes``
+          and as many tasks as ``num_nodes`` x ``devices`` (:meth:`SlurmLayout.check`).
+
+        (Malformed values, ``MASTER_PORT`` included, already failed in :meth:`from_env`.)
+
+        Args:
+            num_devices: processes (HPUs) per node, the Trainer's ``devices``.
+            num_nodes: the Trainer's ``num_nodes``.
+            devices_on_node: the HPUs this node has.
+            slurm: whether the SLURM checks apply (the Trainer uses Lightning's ``SLURMEnvironment``); ``None``
+                means: when SLURM launched this process.
+        """
+        world = num_devices * num_nodes
+        if num_devices > devices_on_node:
+            raise InvalidLaunchError(
+                f"devices={num_devices} asks for more HPUs than this node has ({devices_on_node}). Pass devices <="
+                f" {devices_on_node} and add nodes (num_nodes) for more processes."
+            )
+        layout = f"num_nodes={num_nodes} x devices={num_devices} = {world} processes"
+        world_size = self._generic("world_size")
+        if world_size is not None and world_size != world:
+            raise InvalidLaunchError(
+                f"The launcher says WORLD_SIZE={world_size}, but the Trainer has {layout}. Launch {world} processes"
+                f" (torchrun --nnodes {num_nodes} --nproc-per-node {num_devices}) or change num_nodes/devices."
+            )
+        rank = self._generic("global_rank")
+        if rank is not None and rank >= world:
+            raise InvalidLaunchError(
+                f"RANK={rank} is out of range for {layout} (ranks 0 to {world - 1}). Launch with matching"
+                " --nnodes/--nproc-per-node or change num_nodes/devices."
+            )
+        local_world = self._generic("local_world_size")
+        if local_world is not None and local_world != num_devices:
+            raise InvalidLaunchError(
+                f"The launcher starts LOCAL_WORLD_SIZE={local_world} process(es) per node, but the Trainer has"
+                f" devices={num_devices}. Use --nproc-per-node {num_devices} or devices={local_world}."
+            )
+        local_rank = self._generic("local_rank")
+        if local_rank is not None and local_rank >= num_devices:
+            raise InvalidLaunchError(
+                f"LOCAL_RANK={local_rank} is out of range for devices={num_devices} (local ranks 0 to"
+                f" {num_devices - 1}). Launch {num_devices} process(es) per node or change devices."
+            )
+        node_rank = self._generic("node_rank")
+        if node_rank is not None and node_rank >= num_nodes:
+            raise InvalidLaunchError(
+                f"{self.source('node_rank')}={node_rank} is out of range for num_nodes={num_nodes} (node ranks 0 to"
+                f" {num_nodes - 1}). Launch with --nnodes matching num_nodes, or change num_nodes."
+            )
+        if (self.launcher == "slurm" if slurm is None else slurm) and self.slurm is not None:
+            self.slurm.check(num_devices, num_nodes)
+
+    def _generic(self, attribute: str) -> int | None:
+        """The value of ``attribute`` when a generic launcher variable set it (SLURM's own are checked apart)."""
+        value: int | None = getattr(self, attribute)
+        return value if self.source(attribute) in _GENERIC else None
+
+
+def validate_launch(
+    cluster_environment: ClusterEnvironment, num_devices: int, num_nodes: int, devices_on_node: int
+) -> None:
+    """Parses this process's launch environment and validates it for a Trainer (see :meth:`LaunchEnvironment.validate`).
+
+    Args:
+        cluster_environment: the Trainer's cluster environment; the SLURM checks apply to Lightning's
+            ``SLURMEnvironment``.
+        num_devices: processes (HPUs) per node, the Trainer's ``devices``.
+        num_nodes: the Trainer's ``num_nodes``.
+        devices_on_node: the HPUs this node has.
+
+    Raises:
+        InvalidLaunchError: the launch is malformed or disagrees with the Trainer.
+    """
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    LaunchEnvironment.from_env().validate(
+        num_devices, num_nodes, devices_on_node, slurm=isinstance(cluster_environment, SLURMEnvironment)
+    )

@@ -1,0 +1,124 @@
+"""Starts the rank processes of one node: one process per card, each told its place through the environment.
+
+The ranks find each other through ``MASTER_ADDR``/``MASTER_PORT`` (``127.0.0.1`` and a free local port unless set,
+as a multi-node run must) and get ``LOCAL_RANK``, ``NODE_RANK`` and ``WORLD_SIZE``, which Lightning's default cluster
+environment reads. When one rank fails, the others are stopped: they would otherwise wait in a collective for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+
+from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
+
+__all__ = ["free_port", "launch_local_ranks", "wait_all"]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2
+_TERM_GRACE_S = 30.0  # how long a stopped rank may take to exit on SIGTERM before it is killed
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 now (the operating system's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch_local_ranks(
+    command: list[str], nprocs: int, num_nodes: int = 1, env: Mapping[str, str] | None = None
+) -> list[int]:
+    """Runs ``command`` once per local rank and waits for all; stops the others as soon as one fails.
+
+    Each process gets ``env`` plus ``MASTER_ADDR`` (default ``127.0.0.1``), ``MASTER_PORT`` (default: a free local
+    port), ``NODE_RANK`` (default ``0``), ``WORLD_SIZE=nprocs * num_nodes`` and its ``LOCAL_RANK``. Their output goes
+    to this process's stdout and stderr.
+
+    Args:
+        command: the program and its arguments, e.g. ``[sys.executable, "-m", "my_app", "rank.yaml"]``.
+        nprocs: processes on this node (one per card).
+        num_nodes: nodes in the job; every node runs this with the same ``MASTER_ADDR``/``MASTER_PORT`` and its own
+            ``NODE_RANK``.
+        env: the environment for the processes; ``os.environ`` when ``None``.
+
+    Returns:
+        The exit codes, by local rank (negative: killed by that signal). A rank stopped because another failed
+        exits with ``-SIGTERM`` (or what it does on ``SIGTERM``; ``-SIGKILL`` if it has not exited 30 s later).
+
+    Raises:
+        InvalidLaunchError: ``num_nodes > 1`` without ``MASTER_ADDR``, ``MASTER_PORT`` and ``NODE_RANK``; a malformed
+            launch variable; a ``NODE_RANK`` out of range; ``nprocs``, ``num_nodes`` or ``command`` empty.
+    """
+    if not command:
+        raise InvalidLaunchError("launch_local_ranks needs a command to run, e.g. [sys.executable, 'train.py'].")
+    if nprocs < 1 or num_nodes < 1:
+        raise InvalidLaunchError(
+            f"nprocs={nprocs} and num_nodes={num_nodes} must both be at least 1 (processes per node, nodes)."
+        )
+    base = dict(os.environ if env is None else env)
+    if num_nodes > 1 and not {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK"} <= base.keys():
+        raise InvalidLaunchError(
+            f"trainer.num_nodes={num_nodes} without a cluster launcher: set MASTER_ADDR, MASTER_PORT and NODE_RANK on"
+            " every node, or launch with torchrun or SLURM."
+        )
+    base.setdefault("MASTER_ADDR", "127.0.0.1")
+    base.setdefault("MASTER_PORT", str(free_port()))
+    base.setdefault("NODE_RANK", "0")
+    base["WORLD_SIZE"] = str(nprocs * num_nodes)
+    launch = LaunchEnvironment.from_env({**base, "LOCAL_RANK": "0"})  # malformed values fail here, once
+    if launch.node_rank is not None and launch.node_rank >= num_nodes:
+        raise InvalidLaunchError(
+            f"NODE_RANK={launch.node_rank} is out of range for num_nodes={num_nodes} (node ranks 0 to"
+            f" {num_nodes - 1}). Give each node its own NODE_RANK."
+        )
+    log.info("lightning_gaudi: starting %d rank process(es): %s", nprocs, " ".join(command))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(nprocs):
+            procs.append(subprocess.Popen(command, env={**base, "LOCAL_RANK": str(rank)}))
+    except BaseException:
+        _stop(procs, signal.SIGKILL)
+        raise
+    return wait_all(procs)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    """Waits for every process; when one fails, terminates the rest (they would hang in a collective).
+
+    A process still running 30 s after ``SIGTERM`` is killed.
+
+    Args:
+        procs: the rank processes.
+
+    Returns:
+        Their exit codes, in order.
+    """
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                return [int(c) for c in codes if c is not None]
+            if any(c not in (None, 0) for c in codes):
+                _stop(procs, signal.SIGTERM)
+                deadline = time.monotonic() + _TERM_GRACE_S
+                while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)
+                _stop(procs, signal.SIGKILL)
+                return [p.wait() for p in procs]
+            time.sleep(_POLL_S)
+    except BaseException:  # interrupted (Ctrl-C): no rank may outlive the launcher
+        _stop(procs, signal.SIGKILL)
+        raise

@@ -1,0 +1,398 @@
+"""The HPU runtime: every setting read once when the bridge (or the emulator) starts, as one typed value.
+
+:class:`Runtime` holds them: where the HPU comes from (a Gaudi or the CPU emulator), the execution mode (lazy or
+eager), the emulated cards, and the bridge's own settings (int64 support, the recipe cache, the autocast op lists).
+:func:`configure` applies one, once, before anything loads Intel's bridge; the Hydra app (group ``runtime``) and the
+``lightning-gaudi`` CLI (``--runtime.*``) call it for you. The settings travel in environment variables, so processes
+started later (Lightning's launcher, torchrun, the Hydra rank launcher) inherit them; :meth:`Runtime.from_env` reads
+them back and is the only parser of those variables.
+
+Applying a bridge setting after the bridge has loaded is an error: the bridge would silently ignore it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning_gaudi.hpu.autocast_lists import BF16_LIST_ENV, FP32_LIST_ENV, LEGACY_ENV, check_op_names, read_list
+from lightning_gaudi.hpu.autocast_lists import write_list as _write_list
+from lightning_gaudi.hpu.backend import GAUDI_NAMES
+
+__all__ = [
+    "DEVICES_ENV",
+    "DEVICE_NAME_ENV",
+    "EMULATE_ENV",
+    "EMULATION_MODES",
+    "EXECUTION_MODES",
+    "INT64_ENV",
+    "LAZY_MODE_ENV",
+    "RECIPE_CACHE_ENV",
+    "RecipeCache",
+    "Runtime",
+    "bridge_installed",
+    "bridge_loaded",
+    "configure",
+    "emulated_device_name",
+    "emulated_devices",
+    "emulation_mode",
+]
+
+EMULATE_ENV = "LIGHTNING_GAUDI_EMULATE"
+DEVICES_ENV = "LIGHTNING_GAUDI_DEVICES"
+DEVICE_NAME_ENV = "LIGHTNING_GAUDI_DEVICE_NAME"
+LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
+INT64_ENV = "PT_ENABLE_INT64_SUPPORT"
+RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
+#: Variables the bridge reads once, when it loads.
+BRIDGE_ENV = (LAZY_MODE_ENV, INT64_ENV, RECIPE_CACHE_ENV, BF16_LIST_ENV, FP32_LIST_ENV)
+
+EMULATION_MODES = ("eager", "lazy")
+EXECUTION_MODES = ("lazy", "eager")
+DEFAULT_EMULATED_DEVICES = 8
+DEFAULT_DEVICE_NAME = "GAUDI2"
+_FLAGS = {"true": True, "1": True, "false": False, "0": False}
+
+log = logging.getLogger("lightning_gaudi")
+
+ExecutionMode = Literal["lazy", "eager"]
+GaudiName = Literal["GAUDI", "GAUDI2", "GAUDI3"]
+
+
+def bridge_installed() -> bool:
+    """Whether Intel's ``habana_frameworks`` package can be imported (without importing it)."""
+    return importlib.util.find_spec("habana_frameworks") is not None
+
+
+def bridge_loaded() -> bool:
+    """Whether Intel's bridge has already been imported in this process."""
+    return "habana_frameworks.torch" in sys.modules
+
+
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def emulation_mode(environ: Mapping[str, str] | None = None) -> str | None:
+    """The emulation mode ``LIGHTNING_GAUDI_EMULATE`` asks for, or ``None`` for the real bridge.
+
+    Raises:
+        ValueError: the variable holds something other than ``eager`` or ``lazy``.
+    """
+    env = _environ(environ)
+    value = env.get(EMULATE_ENV, "").strip().lower()
+    if value in ("", "0", "off", "none"):
+        return None
+    if value not in EMULATION_MODES:
+        raise ValueError(
+            f"{EMULATE_ENV}={env[EMULATE_ENV]!r} is not an emulation mode. Set it to 'eager' (HPU code paths"
+            " on CPU tensors) or 'lazy' (torch's Lazy Tensor Core), or unset it to use a real Gaudi."
+        )
+    return value
+
+
+def emulated_devices(environ: Mapping[str, str] | None = None) -> int:
+    """Emulated cards per node (``LIGHTNING_GAUDI_DEVICES``, default 8 like one Gaudi server).
+
+    Raises:
+        ValueError: not a positive whole number.
+    """
+    raw = _environ(environ).get(DEVICES_ENV, str(DEFAULT_EMULATED_DEVICES))
+    try:
+        devices = int(raw)
+    except ValueError:
+        devices = -1
+    if devices < 1:
+        raise ValueError(f"{DEVICES_ENV}={raw!r} must be a positive integer: the number of emulated HPUs per node.")
+    return devices
+
+
+def emulated_device_name(environ: Mapping[str, str] | None = None) -> str:
+    """The emulated Gaudi generation (``LIGHTNING_GAUDI_DEVICE_NAME``, default ``GAUDI2``).
+
+    Raises:
+        ValueError: not a Gaudi generation.
+    """
+    name = _environ(environ).get(DEVICE_NAME_ENV, DEFAULT_DEVICE_NAME).strip().upper()
+    if name not in GAUDI_NAMES:
+        raise ValueError(
+            f"{DEVICE_NAME_ENV}={name!r} is not a Gaudi generation; choose one of {', '.join(GAUDI_NAMES)}."
+        )
+    return name
+
+
+def _flag(name: str, value: Any) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in _FLAGS:
+        return _FLAGS[value.strip().lower()]
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}={value!r}` must be true or false.")
+    return value
+
+
+@dataclass(frozen=True)
+class RecipeCache:
+    """The bridge's on-disk cache of compiled graphs (``PT_HPU_RECIPE_CACHE_CONFIG``).
+
+    Attributes:
+        path: a directory on local disk (the bridge does not support shared file systems here).
+        delete_on_start: empty the directory when the bridge starts.
+        max_size_mb: the cache's size limit; the oldest recipes are evicted first.
+    """
+
+    path: str
+    delete_on_start: bool = False
+    max_size_mb: int = 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.strip() or "," in self.path:
+            raise ValueError(f"recipe cache path {self.path!r} must be a non-empty directory path without commas.")
+        if not isinstance(self.delete_on_start, bool):
+            raise ValueError(f"recipe cache delete_on_start={self.delete_on_start!r} must be true or false.")
+        size = self.max_size_mb
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"recipe cache max_size_mb={size!r} must be a positive whole number of megabytes.")
+
+    @classmethod
+    def parse(cls, value: RecipeCache | str | Mapping[str, Any]) -> RecipeCache:
+        """Reads ``"<dir>,<delete_on_start true|false>,<max_MB>"``, a mapping of the attributes, or an instance.
+
+        Raises:
+            ValueError: a malformed setting, saying which part and the expected form.
+        """
+        if isinstance(value, RecipeCache):
+            return value
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"path", "delete_on_start", "max_size_mb"}
+            if unknown or "path" not in value:
+                raise ValueError(
+                    f"recipe cache {dict(value)!r} needs `path` and may have `delete_on_start`, `max_size_mb`"
+                    f" (unknown: {sorted(unknown) or 'none'})."
+                )
+            return cls(**value)
+        if not isinstance(value, str):
+            raise ValueError(f"recipe cache {value!r} must be a string like '/tmp/recipes,false,1024' or a mapping.")
+        parts = [part.strip() for part in value.split(",")]
+        if len(parts) != 3:
+            raise ValueError(
+                f"recipe cache {value!r} must have 3 comma-separated parts: '<dir>,<delete_on_start true|false>,"
+                "<max_MB>', e.g. '/tmp/recipes,false,1024'."
+            )
+        path, delete, size = parts
+        if delete.lower() not in _FLAGS:
+            raise ValueError(f"recipe cache {value!r}: delete_on_start {delete!r} must be true or false.")
+        if not size.isdigit():
+            raise ValueError(f"recipe cache {value!r}: max_MB {size!r} must be a positive whole number.")
+        return cls(path, _FLAGS[delete.lower()], int(size))
+
+    def env_value(self) -> str:
+        """The value of ``PT_HPU_RECIPE_CACHE_CONFIG``."""
+        return f"{self.path},{str(self.delete_on_start).lower()},{self.max_size_mb}"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The HPU runtime settings, all validated at construction; ``None`` leaves a setting as it is.
+
+    Args:
+        emulate: ``True`` runs the HPU code paths on the CPU emulator, ``False`` requires a Gaudi, ``None`` (auto)
+            keeps ``LIGHTNING_GAUDI_EMULATE`` when it is set, else uses a Gaudi when Intel's bridge is installed,
+            else emulates (and says so).
+        execution_mode: ``"lazy"`` (ops gather into graphs cut at ``mark_step``) or ``"eager"`` (op by op; what
+            ``torch.compile`` needs). On a Gaudi it sets ``PT_HPU_LAZY_MODE``; under emulation it picks the
+            emulator (``"eager"``: CPU tensors; ``"lazy"``: torch's Lazy Tensor Core). ``None``: the bridge's own
+            default on a Gaudi, ``LIGHTNING_GAUDI_EMULATE`` or eager under emulation.
+        emulated_devices: emulated cards per node (``LIGHTNING_GAUDI_DEVICES``; 8, one Gaudi server, when unset).
+        emulated_device_name: the emulated generation, ``"GAUDI"``, ``"GAUDI2"`` (when unset) or ``"GAUDI3"``.
+        int64_support: ``PT_ENABLE_INT64_SUPPORT``: keep int64 tensors instead of casting them to int32.
+        recipe_cache: ``PT_HPU_RECIPE_CACHE_CONFIG``: a :class:`RecipeCache`, a mapping of its fields, or the string
+            ``"<dir>,<delete_on_start>,<max_MB>"``.
+        autocast_bf16_ops: op names autocast runs in bfloat16 (replaces the bridge's list), e.g.
+            ``["linear", "matmul"]``. Under eager emulation :class:`~lightning_gaudi.callbacks.BF16Autocast` applies
+            the lists to CPU autocast.
+        autocast_fp32_ops: op names autocast keeps in float32, e.g. ``["softmax", "nll_loss"]``.
+        autocast_list_dir: where the list files are written (a new temporary directory when ``None``).
+
+    Raises:
+        ValueError: a malformed setting, naming it.
+    """
+
+    emulate: bool | None = None
+    execution_mode: ExecutionMode | None = None
+    emulated_devices: int | None = None
+    emulated_device_name: GaudiName | None = None
+    int64_support: bool | None = None
+    recipe_cache: RecipeCache | str | Mapping[str, Any] | None = None
+    autocast_bf16_ops: Sequence[str] | None = None
+    autocast_fp32_ops: Sequence[str] | None = None
+    autocast_list_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        put("emulate", _flag("emulate", self.emulate))
+        put("int64_support", _flag("int64_support", self.int64_support))
+        if self.execution_mode is not None and self.execution_mode not in EXECUTION_MODES:
+            raise ValueError(
+                f"`execution_mode={self.execution_mode!r}` is not an execution mode; use 'lazy' or 'eager'"
+                " (or leave it unset for the default)."
+            )
+        devices = self.emulated_devices
+        if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+            raise ValueError(f"`emulated_devices={devices!r}` must be a positive number of emulated cards.")
+        name = self.emulated_device_name
+        if name is not None:
+            if not isinstance(name, str) or name.upper() not in GAUDI_NAMES:
+                choices = ", ".join(GAUDI_NAMES)
+                raise ValueError(f"`emulated_device_name={name!r}` is not a Gaudi generation; choose one of {choices}.")
+            put("emulated_device_name", name.upper())
+        if self.recipe_cache is not None:
+            put("recipe_cache", RecipeCache.parse(self.recipe_cache))
+        put("autocast_bf16_ops", check_op_names("autocast_bf16_ops", self.autocast_bf16_ops))
+        put("autocast_fp32_ops", check_op_names("autocast_fp32_ops", self.autocast_fp32_ops))
+        both = sorted(set(self.autocast_bf16_ops or ()) & set(self.autocast_fp32_ops or ()))
+        if both:
+            raise ValueError(
+                f"{both} are in both `autocast_bf16_ops` and `autocast_fp32_ops`; name each op in one list only."
+            )
+        if self.autocast_list_dir is not None:
+            put("autocast_list_dir", str(self.autocast_list_dir))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Runtime:
+        """The settings in force, read from the environment (``os.environ`` by default).
+
+        Raises:
+            ValueError: a variable holds a malformed value, naming it.
+        """
+        env = _environ(environ)
+        mode = emulation_mode(env)
+        lazy = env.get(LAZY_MODE_ENV)
+        execution_mode: str | None = mode
+        if mode is None and lazy is not None:
+            parsed = _FLAGS.get(lazy.strip().lower())
+            if parsed is None:
+                raise ValueError(f"{LAZY_MODE_ENV}={lazy!r} must be 1 (lazy mode) or 0 (eager mode).")
+            execution_mode = "lazy" if parsed else "eager"
+        int64 = env.get(INT64_ENV)
+        lists = {key: read_list(env.get(key)) for key in (BF16_LIST_ENV, FP32_LIST_ENV)}
+        list_file = env.get(BF16_LIST_ENV) or env.get(FP32_LIST_ENV)
+        return cls(
+            emulate=mode is not None,
+            execution_mode=execution_mode,  # type: ignore[arg-type]
+            emulated_devices=emulated_devices(env) if DEVICES_ENV in env else None,
+            emulated_device_name=emulated_device_name(env) if DEVICE_NAME_ENV in env else None,  # type: ignore[arg-type]
+            int64_support=_flag(INT64_ENV, int64) if int64 is not None else None,
+            recipe_cache=env.get(RECIPE_CACHE_ENV) or None,
+            autocast_bf16_ops=lists[BF16_LIST_ENV],
+            autocast_fp32_ops=lists[FP32_LIST_ENV],
+            autocast_list_dir=str(Path(list_file).parent) if list_file and any(lists.values()) else None,
+        )
+
+    def replace(self, **changes: Any) -> Runtime:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _autocast_changes(settings: Runtime, env: Mapping[str, str]) -> dict[str, str]:
+    """The list-file variables to set: lists whose files already hold the same names are left alone."""
+    wanted = {BF16_LIST_ENV: settings.autocast_bf16_ops, FP32_LIST_ENV: settings.autocast_fp32_ops}
+    stale = {key: ops for key, ops in wanted.items() if ops is not None and read_list(env.get(key)) != ops}
+    if not stale:
+        return {}
+    if bridge_loaded():
+        return {key: "<a new list file>" for key in stale}  # reported as an error by configure
+    if settings.autocast_list_dir is not None:
+        directory = Path(settings.autocast_list_dir)
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="lightning_gaudi_autocast_"))
+    changes = {}
+    for key, ops in stale.items():
+        assert ops is not None
+        changes[key] = changes[LEGACY_ENV[key]] = str(_write_list(directory, key, tuple(ops)))
+    return changes
+
+
+def configure(runtime: Runtime | None = None, /, **settings: Any) -> Runtime:
+    """Applies the HPU runtime settings before the bridge loads; call it before building a Trainer.
+
+    Pass a :class:`Runtime` or its fields as keyword arguments::
+
+        lightning_gaudi.configure(execution_mode="lazy", recipe_cache="/tmp/recipes,false,1024")
+
+    Applying the same settings again is harmless.
+
+    Returns:
+        The settings now in force (:meth:`Runtime.from_env`).
+
+    Raises:
+        TypeError: both a :class:`Runtime` and keyword arguments.
+        ValueError: a malformed setting (nothing is changed then).
+        RuntimeError: Intel's bridge is already loaded and a setting it reads would change.
+    """
+    if runtime is not None and settings:
+        raise TypeError("configure() takes a Runtime or keyword arguments, not both.")
+    wanted = runtime if runtime is not None else Runtime(**settings)
+    env: MutableMapping[str, str] = os.environ
+    current_mode = emulation_mode(env)
+    emulate = wanted.emulate
+    notice = None
+    if emulate is None:
+        emulate = current_mode is not None or not bridge_installed()
+        if emulate and current_mode is None:
+            notice = (
+                f"lightning_gaudi: no Gaudi here (Intel's bridge is not installed) and {EMULATE_ENV} is unset:"
+                " emulating the HPU on the CPU in {mode} mode ({env}={mode}). Its numbers are CPU numbers."
+            )
+    changes: dict[str, str | None] = {}
+    if emulate:
+        mode = wanted.execution_mode or current_mode or "eager"
+        changes[EMULATE_ENV] = mode
+        if notice is not None:
+            notice = notice.format(mode=mode, env=EMULATE_ENV)
+    else:
+        changes[EMULATE_ENV] = None
+        if wanted.execution_mode is not None:
+            changes[LAZY_MODE_ENV] = "1" if wanted.execution_mode == "lazy" else "0"
+    if wanted.emulated_devices is not None:
+        changes[DEVICES_ENV] = str(wanted.emulated_devices)
+    if wanted.emulated_device_name is not None:
+        changes[DEVICE_NAME_ENV] = wanted.emulated_device_name
+    if wanted.int64_support is not None:
+        changes[INT64_ENV] = "1" if wanted.int64_support else "0"
+    if isinstance(wanted.recipe_cache, RecipeCache):
+        changes[RECIPE_CACHE_ENV] = wanted.recipe_cache.env_value()
+    changes.update(_autocast_changes(wanted, env))
+
+    changed = {key: value for key, value in changes.items() if env.get(key) != value}
+    late = [key for key in changed if key in BRIDGE_ENV]
+    if late and bridge_loaded():
+        raise RuntimeError(
+            f"Intel's bridge is already loaded, so {', '.join(late)} can no longer take effect. Call"
+            " lightning_gaudi.configure(...) before building the Trainer and before anything imports"
+            " habana_frameworks, or export the variables before starting Python."
+        )
+    for key, value in changed.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    if notice is not None and _is_global_zero():
+        log.warning(notice)
+    return Runtime.from_env(env)
+
+
+def _is_global_zero() -> bool:
+    from lightning_gaudi.distributed.environment import LaunchEnvironment
+
+    return LaunchEnvironment.from_env().is_global_zero

@@ -1,0 +1,56 @@
+"""OmegaConf resolvers that make every rank of a launch agree on one run folder.
+
+- ``${lg.run_id:DEFAULT}``: an id shared by every rank of a launch (``LIGHTNING_GAUDI_RUN_ID``, the SLURM job and
+  step, or torchrun's run id), else ``DEFAULT`` (e.g. ``${now:...}`` when one process runs the app);
+- ``${lg.rank_zero:VALUE}``: ``VALUE`` on global rank zero, ``null`` on the other ranks;
+- ``${lg.rank_suffix:}``: ``""`` on rank zero, ``"_rank<N>"`` elsewhere;
+- ``${lg.on_gaudi:A,B}``: ``A`` with Intel's bridge (a real Gaudi), ``B`` under emulation (e.g. a precision that is
+  fast on Gaudi but slow on a CPU without bfloat16 units).
+
+Every resolver reads the launch through :class:`~lightning_gaudi.distributed.LaunchEnvironment`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from lightning_gaudi.distributed.environment import LaunchEnvironment
+from lightning_gaudi.hpu import runtime
+
+
+def run_id(default: str) -> str:
+    """The launch's shared run id, or ``default`` when no launcher started this process."""
+    return LaunchEnvironment.from_env().run_id or default
+
+
+def rank_zero(value: Any) -> Any:
+    """``value`` on global rank zero, ``None`` elsewhere."""
+    return value if LaunchEnvironment.from_env().is_global_zero else None
+
+
+def rank_suffix() -> str:
+    """``""`` on global rank zero, ``"_rank<N>"`` elsewhere."""
+    env = LaunchEnvironment.from_env()
+    return "" if env.is_global_zero else f"_rank{env.rank_label}"
+
+
+def on_gaudi(on_gaudi: Any, emulated: Any) -> Any:
+    """``on_gaudi`` when the run uses Intel's bridge, ``emulated`` when it emulates the HPU."""
+    return on_gaudi if runtime.emulation_mode() is None and runtime.bridge_installed() else emulated
+
+
+RESOLVERS: dict[str, Callable[..., Any]] = {
+    "lg.run_id": run_id,
+    "lg.rank_zero": rank_zero,
+    "lg.rank_suffix": rank_suffix,
+    "lg.on_gaudi": on_gaudi,
+}
+
+
+def register_resolvers() -> None:
+    """Registers the ``lg.*`` resolvers with OmegaConf (idempotent)."""
+    for name, resolver in RESOLVERS.items():
+        OmegaConf.register_new_resolver(name, resolver, replace=True)

@@ -1,0 +1,226 @@
+"""Hydra schemas for the plugin's objects, derived from their signatures, so every default lives in one place.
+
+Each schema is a dataclass with ``_target_`` and one typed field per keyword argument of the class, with the class's
+own default. Where OmegaConf cannot hold a default or a type (a ``timedelta``, a callable), :data:`OVERRIDES` says
+how the config spells it; ``tests/hydra/test_schemas.py`` fails when a schema and its class disagree. Recipes under
+``conf/`` extend these schemas and hold only their real deviations, so a typo in a key or a value of the wrong type
+stops composition, naming the key.
+
+Stored in Hydra's ConfigStore under ``lightning_gaudi_schema/``:
+
+- ``strategy/hpu_parallel``, ``strategy/hpu_single``: :class:`~lightning_gaudi.HPUParallelStrategy` and
+  :class:`~lightning_gaudi.SingleHPUStrategy`;
+- ``callbacks/<name>``: one per plugin callback (:data:`CALLBACK_CONFIG_NAMES`);
+- ``runtime``: :class:`~lightning_gaudi.Runtime`, applied once before the bridge loads;
+- ``hydra/launcher/gaudi_slurm``: :class:`SlurmLauncherConf`, hydra-submitit-launcher's ``SlurmQueueConf`` fields.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum
+from typing import Any, Literal, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from lightning_gaudi import callbacks
+from lightning_gaudi.hpu.runtime import Runtime
+from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
+
+#: The ConfigStore group that holds the schemas, apart from the groups users pick options from.
+SCHEMA_GROUP = "lightning_gaudi_schema"
+
+
+@dataclass(frozen=True)
+class Override:
+    """How a config spells one argument that OmegaConf cannot hold as the class does.
+
+    Attributes:
+        annotation: the config's type for it.
+        to_config: turns the class's default into the config's value.
+        doc: the config's unit or form, for readers of the schema.
+    """
+
+    annotation: Any
+    to_config: Callable[[Any], Any]
+    doc: str
+
+
+def _seconds(value: timedelta | float | None) -> float | None:
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+#: Arguments whose config form differs from the class's, by (class, argument).
+OVERRIDES: dict[tuple[type, str], Override] = {
+    (HPUParallelStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
+}
+
+#: The ``conf/callbacks/<name>.yaml`` recipe of each plugin callback.
+CALLBACK_CONFIG_NAMES: dict[str, str] = {
+    "mark_step": "MarkStep",
+    "bf16_autocast": "BF16Autocast",
+    "fused_optimizers": "FusedOptimizers",
+    "memory_stats": "MemoryStats",
+    "throughput": "HPUThroughputMonitor",
+    "lazy_diagnostics": "LazyModeDiagnostics",
+    "hpu_graphs": "HPUGraphs",
+    "compile": "HPUCompile",
+}
+
+_PRIMITIVES = (int, float, bool, str)
+
+
+def omegaconf_type(annotation: Any) -> Any:
+    """The type OmegaConf checks for ``annotation``: primitives, enums, string literals and lists of strings (each
+    optionally ``None``), else ``Any``."""
+    args = typing.get_args(annotation)
+    optional = type(None) in args and typing.get_origin(annotation) is not Literal
+    inner = [a for a in args if a is not type(None)]
+    if optional:
+        if len(inner) != 1:
+            return Any
+        base = omegaconf_type(inner[0])
+        return Any if base is Any else Optional[base]  # noqa: UP045 - OmegaConf reads typing.Optional
+    if annotation in _PRIMITIVES or (isinstance(annotation, type) and issubclass(annotation, Enum)):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin is Literal and all(isinstance(a, str) for a in args):
+        return str
+    homogeneous = origin is not tuple or ... in args
+    if origin in (list, tuple, Sequence, Iterable) and inner and inner[0] is str and homogeneous:
+        return typing.List[str]  # noqa: UP006 - OmegaConf reads typing.List
+    return Any
+
+
+def _config_default(default: Any) -> Any:
+    if isinstance(default, tuple):
+        return list(default)
+    return default
+
+
+def _init_hints(target: type) -> tuple[dict[str, Any], inspect.Signature]:
+    if dataclasses.is_dataclass(target):
+        return typing.get_type_hints(target), inspect.signature(target)
+    init = target.__init__  # type: ignore[misc]
+    return typing.get_type_hints(init), inspect.signature(init)
+
+
+def config_defaults(target: type) -> dict[str, Any]:
+    """Each keyword argument of ``target`` with its default in config form (``"???"`` where there is none)."""
+    _, signature = _init_hints(target)
+    defaults: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        if param.name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.default is inspect.Parameter.empty:
+            defaults[param.name] = "???"
+            continue
+        override = OVERRIDES.get((target, param.name))
+        defaults[param.name] = override.to_config(param.default) if override else _config_default(param.default)
+    return defaults
+
+
+def schema_from_signature(target: type, target_path: str) -> type:
+    """A dataclass schema with ``_target_`` and one typed field per keyword argument of ``target``."""
+    hints, _ = _init_hints(target)
+    fields: list[tuple[str, Any, Any]] = [("_target_", str, field(default=target_path))]
+    for name, default in config_defaults(target).items():
+        override = OVERRIDES.get((target, name))
+        annotation = override.annotation if override else omegaconf_type(hints.get(name, Any))
+        if isinstance(default, (list, dict)):
+            fields.append((name, annotation, field(default_factory=functools.partial(copy.deepcopy, default))))
+        else:
+            fields.append((name, annotation, field(default=default)))
+    return dataclasses.make_dataclass(f"{target.__name__}Conf", fields)
+
+
+@dataclass
+class SlurmLauncherConf:
+    """hydra-submitit-launcher's ``SlurmQueueConf`` (plugin 1.2), for ``hydra/launcher=gaudi_slurm``.
+
+    One SLURM task drives one Gaudi card, so ``tasks_per_node`` must equal ``trainer.devices`` and ``nodes`` must
+    equal ``trainer.num_nodes``; the recipe interpolates both, and :func:`check_slurm_launcher` verifies them.
+    """
+
+    _target_: str = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    timeout_min: int = 60
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    tasks_per_node: int = 1
+    mem_gb: int | None = None
+    nodes: int = 1
+    name: str = "${hydra.job.name}"
+    stderr_to_stdout: bool = False
+    partition: str | None = None
+    qos: str | None = None
+    comment: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    gres: str | None = None
+    cpus_per_gpu: int | None = None
+    gpus_per_task: int | None = None
+    mem_per_gpu: str | None = None
+    mem_per_cpu: str | None = None
+    account: str | None = None
+    signal_delay_s: int = 120
+    max_num_timeout: int = 0
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    array_parallelism: int = 256
+    setup: list[str] | None = None
+    srun_args: list[str] | None = None
+
+
+def check_slurm_launcher(cfg: DictConfig) -> None:
+    """Checks a composed config's SLURM launcher against its trainer: one task per card, one SLURM node per node.
+
+    Raises:
+        ValueError: ``hydra.launcher.tasks_per_node != trainer.devices`` or ``nodes != trainer.num_nodes``.
+    """
+    launcher = cfg.hydra.launcher
+    devices = cfg.trainer.devices
+    num_nodes = cfg.trainer.get("num_nodes", 1)
+    if not isinstance(devices, int):
+        raise ValueError(
+            f"trainer.devices={devices!r}: a SLURM launch needs a card count (an int), because SLURM starts one task"
+            " per card (hydra.launcher.tasks_per_node)."
+        )
+    if launcher.tasks_per_node != devices:
+        raise ValueError(
+            f"hydra.launcher.tasks_per_node={launcher.tasks_per_node} but trainer.devices={devices}: SLURM must start"
+            " one task per Gaudi card. Set both to the same number (the gaudi_slurm recipe interpolates it)."
+        )
+    if launcher.nodes != num_nodes:
+        raise ValueError(
+            f"hydra.launcher.nodes={launcher.nodes} but trainer.num_nodes={num_nodes}; set both to the same number."
+        )
+
+
+def schemas() -> dict[str, type]:
+    """Every schema by its ConfigStore path under :data:`SCHEMA_GROUP` (``"strategy/hpu_parallel"``, ...)."""
+    found: dict[str, type] = {
+        "strategy/hpu_parallel": schema_from_signature(HPUParallelStrategy, "lightning_gaudi.HPUParallelStrategy"),
+        "strategy/hpu_single": schema_from_signature(SingleHPUStrategy, "lightning_gaudi.SingleHPUStrategy"),
+        "runtime": schema_from_signature(Runtime, "lightning_gaudi.Runtime"),
+        "hydra/launcher/gaudi_slurm": SlurmLauncherConf,
+    }
+    for config_name, class_name in CALLBACK_CONFIG_NAMES.items():
+        target = getattr(callbacks, class_name)
+        found[f"callbacks/{config_name}"] = schema_from_signature(target, f"{callbacks.__name__}.{class_name}")
+    return found
+
+
+def register_schemas() -> None:
+    """Stores every schema in Hydra's ConfigStore (idempotent)."""
+    store = ConfigStore.instance()
+    for path, node in schemas().items():
+        group, _, name = f"{SCHEMA_GROUP}/{path}".rpartition("/")
+        store.store(group=group, name=name, node=node)

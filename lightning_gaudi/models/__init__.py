@@ -1,5 +1,0 @@
-"""Models for the examples."""
-
-from lightning_gaudi.models.gpt import GPT, GPTLanguageModel
-
-__all__ = ["GPT", "GPTLanguageModel"]

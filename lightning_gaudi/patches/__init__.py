@@ -1,0 +1,53 @@
+"""Everything in lightning_gaudi that touches Lightning's or torch's private internals.
+
+Each module patches (or relies on) one upstream target and describes itself with a
+:class:`~lightning_gaudi.patches.registry.Patch` in :data:`PATCHES`:
+
+- ``connector``: HPU strategy/precision choices in Lightning's accelerator connector;
+- ``sync_free_logging``: progress-bar values kept on the device until the bar refreshes;
+- ``loops``: evaluation under ``torch.no_grad`` for one trainer (:func:`~.loops.disable_inference_mode`);
+- ``lr_scheduler``: a torch LR scheduler moved to a replacement optimizer (:func:`~.lr_scheduler.rebind_scheduler`);
+- ``precision_plugin``: a method overridden on one live precision plugin (:func:`~.precision_plugin.override_method`).
+
+``import lightning_gaudi`` calls :func:`install_all`. On a Lightning (or torch) outside the checked range nothing is
+patched and a warning says what still works; ``tests/patches/`` holds one canary per module that fails, naming the
+upstream code, when an upgrade changes what a patch relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from lightning_gaudi.patches import connector, loops, lr_scheduler, precision_plugin, sync_free_logging
+from lightning_gaudi.patches.registry import SUPPORTED_LIGHTNING, SUPPORTED_TORCH, Patch
+
+__all__ = ["PATCHES", "SUPPORTED_LIGHTNING", "SUPPORTED_TORCH", "Patch", "install_all", "installed"]
+
+#: Every patch, by name, in installation order.
+PATCHES: Mapping[str, Patch] = MappingProxyType(
+    {
+        patch.name: patch
+        for patch in (
+            connector.PATCH,
+            sync_free_logging.PATCH,
+            loops.PATCH,
+            lr_scheduler.PATCH,
+            precision_plugin.PATCH,
+        )
+    }
+)
+
+
+def install_all() -> dict[str, bool]:
+    """Installs every patch (idempotent): what ``import lightning_gaudi`` runs.
+
+    Returns:
+        Whether each patch is in effect, by name; a patch that is not warned why when it was tried.
+    """
+    return {name: patch.install() for name, patch in PATCHES.items()}
+
+
+def installed() -> dict[str, bool]:
+    """Whether each patch is in effect, by name."""
+    return {name: patch.installed() for name, patch in PATCHES.items()}

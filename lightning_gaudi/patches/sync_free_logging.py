@@ -1,0 +1,210 @@
+"""Host-sync-free logging: progress-bar values stay on the device until the bar refreshes or a logger writes.
+
+At every batch end Lightning's ``_LoggerConnector.on_batch_end`` calls ``_ResultCollection.metrics``, which turns
+each ``prog_bar=True`` value into a Python number (``convert_tensors_to_scalars``): a host sync per step, which on
+Gaudi flushes the lazy graph and stalls the host whatever the progress bar's refresh rate. For trainers on the HPU
+accelerator only:
+
+- ``_LoggerConnector.metrics`` (read at every batch end and every ``log_every_n_steps``) leaves progress-bar values
+  as device tensors;
+- ``_LoggerConnector.progress_bar_metrics`` (what the progress bar reads when it refreshes) turns them into numbers;
+- ``_CallbackConnector._configure_progress_bar`` makes the Trainer's default bar a ``TQDMProgressBar`` refreshing
+  every :data:`HPU_PROGRESS_BAR_REFRESH_RATE` steps (a bar the user passes, or ``TQDM_MINITERS``, wins).
+
+Loggers still receive numbers when they write (every ``log_every_n_steps``). ``tests/patches/
+test_sync_free_logging.py`` fails when Lightning changes what these wrappers rely on.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import warnings
+from types import ModuleType
+from typing import Any
+
+from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+from torch import Tensor
+
+from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.patches import registry
+
+#: The default progress-bar refresh interval (steps) under HPU; Intel advises 20 or more.
+HPU_PROGRESS_BAR_REFRESH_RATE = 20
+
+_RESULT = "lightning.pytorch.trainer.connectors.logger_connector.result"
+_LOGGER_CONNECTOR = "lightning.pytorch.trainer.connectors.logger_connector.logger_connector"
+_CALLBACK_CONNECTOR = "lightning.pytorch.trainer.connectors.callback_connector"
+
+#: (module, attribute) pairs the wrappers replace or rely on; checked before installing.
+TARGETS = (
+    (_RESULT, "convert_tensors_to_scalars"),
+    (_RESULT, "_ResultCollection"),
+    (_LOGGER_CONNECTOR, "_LoggerConnector"),
+    (_CALLBACK_CONNECTOR, "_CallbackConnector"),
+)
+_MARK = "__lightning_gaudi_logging_hook__"
+
+
+class _Deferral:
+    active = False
+
+
+def _on_hpu(trainer: Any) -> bool:
+    strategy = getattr(trainer, "strategy", None)
+    return isinstance(getattr(strategy, "accelerator", None), HPUAccelerator)
+
+
+def _deferring_convert(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(data: Any) -> Any:
+        if _Deferral.active:
+            return data
+        return original(data)
+
+    return wrapper
+
+
+def _deferring_metrics(original: property) -> property:
+    fget = original.fget
+    assert fget is not None
+
+    @functools.wraps(fget)
+    def getter(self: Any) -> Any:
+        if not _on_hpu(self.trainer):
+            return fget(self)
+        _Deferral.active = True
+        try:
+            return fget(self)
+        finally:
+            _Deferral.active = False
+
+    return property(getter)
+
+
+def _converting_progress_bar_metrics(original: property) -> property:
+    fget = original.fget
+    assert fget is not None
+
+    @functools.wraps(fget)
+    def getter(self: Any) -> Any:
+        metrics = fget(self)
+        for key, value in metrics.items():
+            if isinstance(value, Tensor):
+                metrics[key] = value.item() if value.numel() == 1 else value.tolist()
+        return metrics
+
+    return property(getter)
+
+
+def _hpu_progress_bar(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self: Any, enable_progress_bar: bool = True) -> None:
+        callbacks = self.trainer.callbacks
+        configured = any(isinstance(c, ProgressBar) for c in callbacks)
+        original(self, enable_progress_bar)
+        if configured or not enable_progress_bar or "TQDM_MINITERS" in os.environ or not _on_hpu(self.trainer):
+            return
+        for index, callback in enumerate(callbacks):
+            if isinstance(callback, ProgressBar):
+                # Rich's bar reads the metrics at every batch; tqdm's only when it refreshes
+                callbacks[index] = TQDMProgressBar(refresh_rate=HPU_PROGRESS_BAR_REFRESH_RATE)
+
+    return wrapper
+
+
+def _module(name: str) -> ModuleType | None:
+    # looked up when called (not at import): a Lightning that moved a module must still import lightning_gaudi
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def installed() -> bool:
+    """Whether the host-sync-free logging wrappers are in place."""
+    result = _module(_RESULT)
+    connector = vars(getattr(_module(_LOGGER_CONNECTOR), "_LoggerConnector", object))
+    callbacks = getattr(_module(_CALLBACK_CONNECTOR), "_CallbackConnector", None)
+    targets = (
+        getattr(result, "convert_tensors_to_scalars", None),
+        getattr(connector.get("metrics"), "fget", None),
+        getattr(connector.get("progress_bar_metrics"), "fget", None),
+        getattr(callbacks, "_configure_progress_bar", None),
+    )
+    return all(getattr(target, _MARK, False) for target in targets)
+
+
+def missing_targets() -> list[str]:
+    """What the wrappers rely on and this Lightning lacks (empty when everything is there)."""
+    missing = []
+    for module_name, attribute in TARGETS:
+        module = _module(module_name)
+        if module is None:
+            missing.append(module_name)
+        elif not hasattr(module, attribute):
+            missing.append(f"{module_name}.{attribute}")
+    if missing:
+        return missing
+    connector = importlib.import_module(_LOGGER_CONNECTOR)._LoggerConnector
+    callbacks = importlib.import_module(_CALLBACK_CONNECTOR)._CallbackConnector
+    results = importlib.import_module(_RESULT)._ResultCollection
+    for name in ("metrics", "progress_bar_metrics"):
+        if not isinstance(connector.__dict__.get(name), property):
+            missing.append(f"_LoggerConnector.{name} (a property)")
+    if "_configure_progress_bar" not in callbacks.__dict__:
+        missing.append("_CallbackConnector._configure_progress_bar")
+    if "metrics" not in results.__dict__:
+        missing.append("_ResultCollection.metrics")
+    return missing
+
+
+def install() -> bool:
+    """Installs the host-sync-free logging wrappers (idempotent). Returns whether they are installed.
+
+    On a Lightning version outside :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or one that lacks
+    what the wrappers rely on, nothing is patched and a warning says what that costs (a host sync per step for each
+    ``prog_bar`` value).
+    """
+    if installed():
+        return True
+    supported = registry.LIGHTNING_SUPPORTED
+    missing = missing_targets()
+    if not supported or missing:
+        warnings.warn(
+            f"lightning_gaudi was checked against {registry.SUPPORTED_LIGHTNING} ({supported.message or 'ok'};"
+            f" missing: {missing or 'nothing'}). Progress-bar values will be read to the host at every step; log"
+            " with `prog_bar=False` on HPU, or pin a supported Lightning, to avoid the per-step host sync.",
+            stacklevel=2,
+        )
+        return False
+    result = importlib.import_module(_RESULT)
+    connector = importlib.import_module(_LOGGER_CONNECTOR)._LoggerConnector
+    callbacks = importlib.import_module(_CALLBACK_CONNECTOR)._CallbackConnector
+
+    convert = _deferring_convert(result.convert_tensors_to_scalars)
+    metrics = _deferring_metrics(connector.__dict__["metrics"])
+    pbar_metrics = _converting_progress_bar_metrics(connector.__dict__["progress_bar_metrics"])
+    configure_bar = _hpu_progress_bar(callbacks._configure_progress_bar)
+    for hook in (convert, metrics.fget, pbar_metrics.fget, configure_bar):
+        setattr(hook, _MARK, True)
+    setattr(result, "convert_tensors_to_scalars", convert)  # noqa: B010
+    setattr(connector, "metrics", metrics)  # noqa: B010 - replacing a property
+    setattr(connector, "progress_bar_metrics", pbar_metrics)  # noqa: B010
+    setattr(callbacks, "_configure_progress_bar", configure_bar)  # noqa: B010
+    return True
+
+
+PATCH = registry.Patch(
+    name="sync_free_logging",
+    targets=(
+        f"{_RESULT}.convert_tensors_to_scalars",
+        f"{_LOGGER_CONNECTOR}._LoggerConnector.metrics",
+        f"{_LOGGER_CONNECTOR}._LoggerConnector.progress_bar_metrics",
+        f"{_CALLBACK_CONNECTOR}._CallbackConnector._configure_progress_bar",
+    ),
+    requirement=registry.SUPPORTED_LIGHTNING,
+    install=install,
+    installed=installed,
+)
