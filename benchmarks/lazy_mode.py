@@ -100,14 +100,14 @@ class LazyWindow(Callback):
 @contextlib.contextmanager
 def _stock_logging() -> Iterator[None]:
     """The plugin's logging wrappers stand aside: Lightning's own per-step behaviour (as in the plugin's tests)."""
-    from lightning_gaudi import _lightning
+    from lightning_gaudi.patches import sync_free_logging
 
-    on_hpu = _lightning._on_hpu
-    _lightning._on_hpu = lambda trainer: False
+    on_hpu = sync_free_logging._on_hpu
+    sync_free_logging._on_hpu = lambda trainer: False  # type: ignore[assignment]
     try:
         yield
     finally:
-        _lightning._on_hpu = on_hpu
+        sync_free_logging._on_hpu = on_hpu
 
 
 def _fit(workload: Workload, steps: int, warmup: int, variant: str) -> dict[str, float]:

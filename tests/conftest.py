@@ -98,7 +98,7 @@ def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     empties the backend cache. Afterwards it removes the double from ``sys.path`` and ``sys.modules`` and empties
     the cache again.
 
-    The double has the bridge's module paths, names and signatures (``/work/shared/habana-api.md``). Yields its
+    The double has the bridge's module paths, names and signatures (``../shared/habana-api.md``). Yields its
     state module, ``_bridge_double_state``:
 
     - ``calls``: every call into the double, in order, as ``Call(name, args, kwargs)``; names are qualified like

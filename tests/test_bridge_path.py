@@ -252,7 +252,7 @@ def test_only_the_seam_touches_the_bridge() -> None:
     assert _bridge_references(seam / "lazy.py")
 
 
-#: The bridge's public signatures the double imitates (Intel's bridge 1.19, see /work/shared/habana-api.md).
+#: The bridge's public signatures the double imitates (Intel's bridge 1.19, see ../shared/habana-api.md).
 BRIDGE_SIGNATURES = {
     "core.mark_step": "(device_str='', sync=False)",
     "core.is_lazy": "()",

@@ -60,9 +60,32 @@ def test_round_trip_hpu_to_cpu_and_back(lazy_hpu: hpu.Backend, tmp_path: Path) -
     assert resumed.seen["param_device"] == "lazy"
 
 
-def test_trainer_checkpoints_go_through_hpu_checkpoint_io(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
+def test_trainer_checkpoints_go_through_hpu_checkpoint_io(
+    eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``trainer.save_checkpoint`` on an HPU strategy writes through HPUCheckpointIO's atomic writer: the file is
+    complete, holds CPU tensors, and loads on a CPU-only Trainer."""
+    written: list[Path] = []
+    real = atomic_torch_save
+
+    def spy(obj: object, path: Path) -> None:
+        written.append(Path(path))
+        real(obj, path)
+
+    monkeypatch.setattr("lightning_gaudi.checkpoint_io.atomic_torch_save", spy)
+    model = RegressionModel()
     trainer = Trainer(accelerator="hpu", devices=1, **trainer_kwargs(max_steps=1))
-    assert isinstance(trainer.strategy.checkpoint_io, HPUCheckpointIO)
+    trainer.fit(model)
+    path = tmp_path / "manual.ckpt"
+    trainer.save_checkpoint(path)
+    assert written == [path]
+    loaded = torch.load(path, weights_only=True)
+    assert all(t.device.type == "cpu" for t in _tensors(loaded))
+    assert loaded["global_step"] == 1
+    resumed = RegressionModel()
+    cpu_trainer = Trainer(accelerator="cpu", **trainer_kwargs(max_steps=2))
+    cpu_trainer.fit(resumed, ckpt_path=str(path))
+    assert cpu_trainer.global_step == 2
 
 
 def test_failed_save_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,8 @@
-"""Bad launches fail with a clear error while the Trainer is built, before any process starts or connects."""
+"""Bad launches fail with a clear error while the Trainer is built, before any process starts or connects.
+
+The checks themselves are tested on dict environments in ``tests/distributed/test_environment.py``; here they run
+through ``Trainer(strategy="hpu_parallel")`` as a user meets them.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +17,7 @@ from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnv
 from lightning.pytorch import Trainer
 
 from lightning_gaudi import HPUParallelStrategy, hpu
-from lightning_gaudi.launch import InvalidLaunchError, parse_slurm_tasks_per_node, validate_launch
-from lightning_gaudi.strategies import _process_group
+from lightning_gaudi.distributed import DEFAULT_TIMEOUT, InvalidLaunchError, validate_launch
 
 HELPER = Path(__file__).parent / "reliability_helpers" / "elastic_fit.py"
 _LAUNCH_VARS = (
@@ -141,6 +144,7 @@ def _slurm_env(
 def test_slurm_allocation_matching_the_trainer_builds(launch_env: pytest.MonkeyPatch) -> None:
     _slurm_env(launch_env, "2(x2)", ntasks=4, nnodes=2, ntasks_per_node=2)
     trainer = _trainer(devices=2, num_nodes=2)
+    assert isinstance(trainer.strategy, HPUParallelStrategy)
     assert isinstance(trainer.strategy.cluster_environment, SLURMEnvironment)
     assert trainer.world_size == 4
 
@@ -163,20 +167,14 @@ def test_slurm_nodes_differ_from_num_nodes(launch_env: pytest.MonkeyPatch) -> No
         _trainer(devices=2, num_nodes=2)
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"), [("4", [4]), ("4(x2)", [4, 4]), ("4(x2),3", [4, 4, 3]), ("1,2(x2)", [1, 2, 2])]
-)
-def test_parse_slurm_tasks_per_node(text: str, expected: list[int]) -> None:
-    assert parse_slurm_tasks_per_node(text) == expected
-
-
-def test_parse_slurm_tasks_per_node_rejects_garbage() -> None:
-    with pytest.raises(InvalidLaunchError, match="SLURM's format"):
-        parse_slurm_tasks_per_node("4x2")
+def test_slurm_task_list_in_the_wrong_format(launch_env: pytest.MonkeyPatch) -> None:
+    _slurm_env(launch_env, "2x2", ntasks=4, nnodes=2, ntasks_per_node=2)
+    with pytest.raises(InvalidLaunchError, match=r"SLURM_TASKS_PER_NODE='2x2' is not in SLURM's format"):
+        _trainer(devices=2, num_nodes=2)
 
 
 def test_timeout_default_and_settable(eager_hpu: hpu.Backend) -> None:
-    assert HPUParallelStrategy().timeout == _process_group.DEFAULT_TIMEOUT == timedelta(minutes=10)
+    assert HPUParallelStrategy().timeout == DEFAULT_TIMEOUT == timedelta(minutes=10)
     assert HPUParallelStrategy(timeout=90).timeout == timedelta(seconds=90)
     assert HPUParallelStrategy(timeout=timedelta(seconds=5)).timeout == timedelta(seconds=5)
     with pytest.raises(ValueError, match=r"`timeout=0` must be positive"):

@@ -119,14 +119,21 @@ def test_parallel_refused_under_lazy_emulation(lazy_hpu: hpu.Backend) -> None:
 def test_reduce_mean_is_sum_over_world_size(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """HCCL has no mean: the strategy all-reduces with SUM and divides; a second rank is simulated by doubling."""
     ops: list[Any] = []
+    layout_checks: list[list[int]] = []
 
     def all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None) -> None:
         ops.append(op)
         tensor.mul_(2)
 
+    def all_gather(rows: list[torch.Tensor], tensor: torch.Tensor, group: Any = None) -> None:
+        layout_checks.append(tensor.tolist())  # the layout check before a non-scalar reduce; the peer agrees
+        for row in rows:
+            row.copy_(tensor)
+
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "all_gather", all_gather)
     strategy = HPUParallelStrategy()
 
     result = strategy.reduce(torch.tensor([1.0, 3.0]), reduce_op="mean")
@@ -138,6 +145,7 @@ def test_reduce_mean_is_sum_over_world_size(eager_hpu: hpu.Backend, monkeypatch:
     torch.testing.assert_close(strategy.reduce(torch.tensor([1.0]), reduce_op="sum"), torch.tensor([2.0]))
     strategy.reduce(torch.tensor([1.0]), reduce_op="max")
     assert ops == [ReduceOp.SUM, ReduceOp.SUM, ReduceOp.SUM, ReduceOp.SUM, ReduceOp.MAX]
+    assert [row[:2] for row in layout_checks] == [[1, 2], [1, 2]]  # (ndim, numel) of the two 2-element tensors
     assert strategy.reduce(3.0) == 3.0  # not a tensor: returned as is
     with pytest.raises(ValueError, match=r"`reduce_op='median'` is not a reduction; use 'mean', 'sum'"):
         strategy.reduce(torch.tensor([1.0]), reduce_op="median")

@@ -202,7 +202,7 @@ class SlurmLayout:
             )
 
 
-def _mpi_int(environ: Mapping[str, str], names: tuple[str, ...], minimum: int = 0) -> tuple[int | None, str | None]:
+def _first_int(environ: Mapping[str, str], names: tuple[str, ...], minimum: int = 0) -> tuple[int | None, str | None]:
     for name in names:
         value = _int(environ, name, minimum)
         if value is not None:
@@ -218,7 +218,7 @@ def _detect(environ: Mapping[str, str], slurm: SlurmLayout | None) -> Launcher:
         return "slurm"
     if all(name in environ for name in _LSF_REQUIRED):
         return "lsf"
-    size, _ = _mpi_int(environ, ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), minimum=1)
+    size, _ = _first_int(environ, ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), minimum=1)
     if size is not None and size > 1:  # Lightning's MPIEnvironment: MPI reports more than one process
         return "mpi"
     if "LOCAL_RANK" in environ:
@@ -248,9 +248,10 @@ class LaunchEnvironment:
 
     Build it with :meth:`from_env`. Each rank value comes from the generic variable where it is set (``WORLD_SIZE``,
     ``RANK``, ``LOCAL_RANK``, ``NODE_RANK``/``GROUP_RANK``, ``LOCAL_WORLD_SIZE``), else from the detected launcher's
-    own (``SLURM_NTASKS``/``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID``/``SLURM_NTASKS_PER_NODE``,
-    ``JSM_NAMESPACE_*`` under LSF, ``OMPI_COMM_WORLD_*``/``PMI_*`` under MPI); ``SLURM_PROCID`` counts as the
-    global rank whenever it is set. :meth:`source` names the variable each value came from.
+    own (``SLURM_NTASKS``/``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID``/``SLURM_NTASKS_PER_NODE`` or this
+    node's entry of ``SLURM_TASKS_PER_NODE``, ``JSM_NAMESPACE_*`` under LSF, ``OMPI_COMM_WORLD_*``/``PMI_*`` under
+    MPI); ``SLURM_PROCID`` counts as the global rank whenever it is set. :meth:`source` names the variable each value
+    came from.
 
     Attributes:
         launcher: which launcher started the process (see :data:`Launcher`).

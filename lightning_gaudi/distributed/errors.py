@@ -37,8 +37,10 @@ these texts, and ``tests/distributed/test_collective_faults.py`` provokes them f
   1000ms, keys: /missing')``; the store's host died, ``DistNetworkError('Failed to recv, got 0 bytes. Connection was
   likely closed. Did the remote server shutdown or crash?')``.
 
-Gloo raises plain ``RuntimeError`` for all of the above, so the classification looks at the exception type where torch
-gives one (``DistStoreError``, ``DistNetworkError``, ``DistBackendError``), then at the text.
+Gloo raises plain ``RuntimeError`` for every collective fault above; only the store uses torch's ``DistError`` types.
+So the classification looks at the type where torch gives one (``DistStoreError``: a wait in vain, a timeout;
+``DistNetworkError``: a socket failure, a lost peer unless it timed out), then at the text. A ``DistBackendError``
+(NCCL-style backends) is judged by its text like a plain ``RuntimeError``: it also carries usage errors.
 """
 
 from __future__ import annotations

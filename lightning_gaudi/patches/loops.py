@@ -36,7 +36,7 @@ def missing_targets() -> list[str]:
     """The loop classes (or their ``inference_mode`` parameter) this Lightning lacks; empty when all are there."""
     missing = []
     for module_name, class_name in LOOP_CLASSES:
-        try:
+        try:  # looked up when called: a Lightning that moved the loops must still import lightning_gaudi
             loop = getattr(importlib.import_module(module_name), class_name)
         except (ImportError, AttributeError):
             missing.append(f"{module_name}.{class_name}")

@@ -16,15 +16,16 @@ test_precision_plugin.py`` fails when Lightning changes the methods or the call 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+from lightning.pytorch.plugins import precision as lightning_precision
+
 from lightning_gaudi.patches import registry
 
-_PRECISION = "lightning.pytorch.plugins.precision"
+_PRECISION = lightning_precision.__name__
 
 #: The methods that may be overridden: the Lightning class that defines each, and its parameters after ``self``.
 OVERRIDABLE: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -45,10 +46,7 @@ def _parameters(method: Any) -> tuple[str, ...] | None:
 
 
 def _owner(class_name: str) -> type | None:
-    try:
-        found = getattr(importlib.import_module(_PRECISION), class_name, None)
-    except ImportError:
-        return None
+    found = getattr(lightning_precision, class_name, None)
     return found if isinstance(found, type) else None
 
 

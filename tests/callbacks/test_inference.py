@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.workload import Workload, loader, quiet_trainer
+from helpers.workload import FEATURES, Workload, loader, quiet_trainer
 from torch import Tensor, nn
 
 from lightning_gaudi import hpu
@@ -50,15 +50,24 @@ def test_eager_graphs_warn_and_do_nothing(eager_hpu: hpu.Backend, monkeypatch: p
     assert counts["wraps"] == 0
 
 
-def test_bridge_graphs_call_wrap_in_hpu_graph(bridge_double: ModuleType) -> None:
+def test_bridge_graphs_capture_once_replay_in_evaluation_only(bridge_double: ModuleType) -> None:
+    """The bridge's wrap replaces ``forward`` in place (as the double does): HPUGraphs captures once, replays during
+    predict, puts the plain forward back for training, and reuses the capture at the next predict."""
     graphs = HPUGraphs(stages=["predict"])
     module = Workload()
+    batch = torch.ones(2, FEATURES)
     graphs.setup(None, module, "predict")  # type: ignore[arg-type]
     graphs.on_validation_start(None, module)  # type: ignore[arg-type]
     assert bridge_double.called("hpu.wrap_in_hpu_graph") == []
-    graphs.on_predict_start(None, module)  # type: ignore[arg-type]
+    for _ in range(2):
+        graphs.on_predict_start(None, module)  # type: ignore[arg-type]
+        module(batch)
+        graphs.on_predict_end(None, module)  # type: ignore[arg-type]
+        assert "forward" not in vars(module), "training runs the plain forward"
+        module(batch)
     (call,) = bridge_double.called("hpu.wrap_in_hpu_graph")
     assert call.args == (module,)
+    assert len(bridge_double.called("hpu.graph_replay")) == 2
 
 
 def test_bad_stage() -> None:

@@ -78,17 +78,31 @@ def test_lazy_adds_no_host_sync_per_step(lazy_hpu: hpu.Backend) -> None:
     assert monitor.summary["steps"] == 26 - 3
 
 
-def test_global_over_ranks() -> None:
-    monitor = HPUThroughputMonitor()
-    monitor._elapsed, monitor._samples, monitor._steps, monitor._tokens = 2.0, 40, 10, 0
+def test_global_over_ranks(eager_hpu: hpu.Backend) -> None:
+    """Through the hooks only: samples and tokens add up over ranks, steps are per rank, time is the slowest rank's."""
+    other_rank = {"sum": torch.tensor([40.0, 10.0, 0.0]), "max": torch.tensor([1000.0])}
 
     def reduce(tensor: Tensor, reduce_op: str) -> Tensor:
-        other_rank = torch.tensor([3.0]) if reduce_op == "max" else torch.tensor([40.0, 10.0, 0.0])
-        return torch.maximum(tensor, other_rank) if reduce_op == "max" else tensor + other_rank
+        peer = other_rank[reduce_op]
+        return tensor + peer if reduce_op == "sum" else torch.maximum(tensor, peer)
 
+    monitor = HPUThroughputMonitor(warmup_steps=0)
     strategy = SimpleNamespace(root_device=torch.device("cpu"), reduce=reduce)
-    trainer = SimpleNamespace(world_size=2, strategy=strategy)
-    assert monitor._global(trainer) == (3.0, 80.0, 10.0, 0.0)  # type: ignore[arg-type]
+    trainer: Any = SimpleNamespace(global_step=0, world_size=2, strategy=strategy)
+    module: Any = SimpleNamespace(log_dict=lambda metrics, **kwargs: None)
+    batch = (torch.zeros(4, 2), torch.zeros(4, 1))
+    monitor.on_fit_start(trainer, module)
+    monitor.on_train_epoch_start(trainer, module)
+    for index in range(10):
+        monitor.on_train_batch_start(trainer, module, batch, index)
+        trainer.global_step += 1
+        monitor.on_train_batch_end(trainer, module, None, batch, index)
+    monitor.on_train_epoch_end(trainer, module)
+    monitor.on_fit_end(trainer, module)
+    assert monitor.summary["samples"] == 40 + 40
+    assert monitor.summary["steps"] == 10
+    assert monitor.summary["seconds"] == 1000.0  # the slower rank
+    assert monitor.summary["samples_per_sec"] == pytest.approx(80 / 1000.0)
 
 
 @pytest.mark.parametrize("value", [-1, 1.5])

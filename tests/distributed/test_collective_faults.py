@@ -25,6 +25,7 @@ def _run_pair(scenario: str, out: Path) -> tuple[list[int], list[list[dict[str, 
     for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(name, None)
     env.update(OMP_NUM_THREADS="1", LIGHTNING_GAUDI_EMULATE="eager")
+    out.mkdir(parents=True, exist_ok=True)
     port = str(free_port())
     procs = [
         subprocess.Popen(
@@ -104,8 +105,8 @@ def test_the_strategy_reports_a_mismatch_to_the_user_and_an_exited_peer_as_lost(
             assert "ValueError" in event["bases"]
             assert "CollectiveError" not in event["bases"]  # not a dead or hung peer
             assert event["message"].startswith(f"{what} needs a tensor of the same shape and dtype on every rank")
-        assert "rank 0: shape (2,) (2 elements) float32; rank 1: shape (3,) (3 elements) float32" in (
-            mismatch["message"]
+        assert (
+            "rank 0: shape (2,) (2 elements) float32; rank 1: shape (3,) (3 elements) float32" in (mismatch["message"])
         )
         assert "rank 0: shape (2, 2) (4 elements) float32; rank 1: shape (2, 3)" in reduce_mismatch["message"]
         assert good == {"step": "all_gather", "outcome": "ok", "result": [[0.0, 0.0], [1.0, 1.0]]}  # still usable

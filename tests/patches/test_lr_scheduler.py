@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ def _step(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
 
 
 @pytest.fixture
-def model() -> nn.Module:
+def model() -> nn.Linear:
     return nn.Linear(2, 1)
 
 
@@ -85,7 +86,7 @@ def test_plain_rebinding_warns_falsely(model: nn.Module) -> None:
         scheduler.step()
 
 
-def test_rebound_scheduler_does_not_warn_falsely(model: nn.Module, no_warnings: None) -> None:
+def test_rebound_scheduler_does_not_warn_falsely(model: nn.Linear, no_warnings: None) -> None:
     old = _optimizer(model)
     scheduler = torch.optim.lr_scheduler.StepLR(old, step_size=1, gamma=0.5)
     new = _optimizer(model)
@@ -109,7 +110,7 @@ def test_rebound_scheduler_keeps_the_check(model: nn.Module) -> None:
 
 def test_fused_optimizers_rebind_without_warnings(eager_hpu: hpu.Backend) -> None:
     class Scheduled(Workload):
-        def configure_optimizers(self) -> dict:
+        def configure_optimizers(self) -> Any:
             optimizer = torch.optim.AdamW(self.parameters(), lr=0.01)
             return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1)}
 

@@ -29,7 +29,7 @@ WARMUP, STEPS = 20, 200
 
 def _syncs_per_step(**trainer_kwargs: object) -> tuple[float, Trainer]:
     window = CounterWindow(start=WARMUP, stop=WARMUP + STEPS)
-    trainer = quiet_trainer(callbacks=[window, *trainer_kwargs.pop("callbacks", [])], **trainer_kwargs)  # type: ignore[list-item]
+    trainer = quiet_trainer(callbacks=[window, *trainer_kwargs.pop("callbacks", [])], **trainer_kwargs)  # type: ignore[list-item,misc]
     trainer.fit(Workload(), loader(WARMUP + STEPS + 4))
     return window.delta("host_syncs") / STEPS, trainer
 

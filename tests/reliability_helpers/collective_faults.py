@@ -30,9 +30,7 @@ import torch.distributed as dist
 def _record(out: Path, rank: int, step: str, error: BaseException | None = None, **extra: Any) -> None:
     event: dict[str, Any] = {"step": step, "outcome": "ok" if error is None else "error", **extra}
     if error is not None:
-        event.update(
-            type=type(error).__name__, bases=[c.__name__ for c in type(error).__mro__], message=str(error)
-        )
+        event.update(type=type(error).__name__, bases=[c.__name__ for c in type(error).__mro__], message=str(error))
     with open(out / f"rank{rank}.jsonl", "a") as f:
         f.write(json.dumps(event) + "\n")
 

@@ -74,4 +74,12 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
         dry_run=dry_run,
         max_graphs=max_graphs,
     )
+    # like the bridge: the module's forward is replaced in place by one that replays the captured graph
+    plain = module.forward
+
+    def replay(*args, **kwargs):
+        _state.record("hpu.graph_replay", module)
+        return plain(*args, **kwargs)
+
+    module.forward = replay
     return module
