@@ -7,14 +7,14 @@
     python examples/train.py hparams_search=bucket_sweep      # then: python scripts/sweep_report.py <sweep dir>
     python examples/train.py --cfg job                        # print the composed config and exit
 
-Outputs (checkpoints, CSV log, results.json) go to ``logs/<task_name>/runs/<id>/`` or, under ``-m``,
+Outputs (checkpoints, CSV log, results.json, the run's log) go to ``logs/<task_name>/runs/<id>/`` or, under ``-m``,
 ``logs/<task_name>/multiruns/<id>/<job number>/``. The work itself is ``gpt_recipe.task.train``.
 """
 
 from __future__ import annotations
 
 import hydra
-from gpt_recipe import task
+from gpt_recipe import logs, task
 from omegaconf import DictConfig
 
 import lightning_gaudi.hydra  # registers the config schemas and resolvers before Hydra composes
@@ -22,6 +22,7 @@ import lightning_gaudi.hydra  # registers the config schemas and resolvers befor
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    logs.setup()  # Lightning's and lightning_gaudi's lines into the run's log; no upstream tips on the console
     return lightning_gaudi.hydra.run(cfg, task.train)
 
 

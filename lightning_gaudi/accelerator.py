@@ -11,6 +11,7 @@ from lightning.pytorch.accelerators import Accelerator
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.hpu.backend import MEMORY_BYTE_KEYS
 
 _GIB = 1024**3
 
@@ -83,9 +84,30 @@ class HPUAccelerator(Accelerator):
 
     @override
     def get_device_stats(self, device: _DEVICE) -> dict[str, Any]:
-        """Memory statistics in GiB, keyed like the bridge's ``memory_stats`` (``InUse``, ``MaxInUse``, ...)."""
-        stats = hpu.get_backend().memory_stats()
-        return {f"hpu/{key} (GiB)": round(value / _GIB, 4) for key, value in stats.items()}
+        """The bridge's ``memory_stats``, keyed by its names.
+
+        Sizes are in GiB and say so (``hpu/InUse (GiB)``, ``hpu/MaxInUse (GiB)``, ``hpu/Limit (GiB)``,
+        ``hpu/MaxAllocSize (GiB)``); allocation counters are counts (``hpu/NumAllocs``, ``hpu/ActiveAllocs``, ...).
+        A key this package does not know is passed on as the bridge reports it, without a unit.
+        """
+        stats = {}
+        for key, value in hpu.get_backend().memory_stats().items():
+            if key in MEMORY_BYTE_KEYS:
+                stats[f"hpu/{key} (GiB)"] = round(value / _GIB, 4)
+            else:
+                stats[f"hpu/{key}"] = value
+        return stats
+
+    @staticmethod
+    def get_device_name() -> str:
+        """The name of the Gaudi this process drives, as the bridge reports it (``"GAUDI"``, ``"GAUDI2"``, ...).
+
+        Under emulation, the emulated generation (``LIGHTNING_GAUDI_DEVICE_NAME``, default ``"GAUDI2"``).
+
+        Raises:
+            HPUUnavailableError: there is no HPU, real or emulated.
+        """
+        return hpu.get_backend().device_name()
 
     @override
     def teardown(self) -> None:

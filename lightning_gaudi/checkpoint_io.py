@@ -1,47 +1,144 @@
-"""Checkpoints that hold only CPU tensors and are never seen half-written."""
+"""Checkpoints that hold only CPU tensors and are never seen half-written, on a local disk or behind a URL.
+
+How a checkpoint reaches its path depends on where the path points:
+
+- a local path (or ``file://``): ``torch.save`` into a temporary file beside it, ``fsync``, then ``os.replace``
+  over the final name, and an ``fsync`` of the directory. Atomic: a reader sees the old file or the new one.
+- an object store (``s3://``, ``gs://``/``gcs://``, ``az://``/``abfs://``/``abfss://``, ``oci://``, ``oss://``):
+  serialized in memory, then written to the final key in one upload (``fs.pipe_file``). These stores have no
+  rename, but an object appears only when its upload completes, so a reader sees the old object or the new one. It
+  holds a second copy of the checkpoint in host memory while it uploads (as Lightning's own writer does).
+- any other fsspec URL (``memory://``, ``sftp://``, ``hdfs://``, ...): written to a temporary file beside the
+  target, then moved over it with ``fs.mv``. That is atomic where the file system's move is (``memory://``: one
+  assignment; sftp and HDFS: a rename), and NOT where ``fs.mv`` copies and deletes: a reader of the final path
+  could then see a partial copy, though a killed save still leaves the old file or a stray temporary.
+
+Temporary files are named ``.<name>.<writer>-<pid>-<nonce>.tmp``, where ``writer`` identifies the machine (host
+and process namespace). A save removes the stale ones in its directory first (see :func:`remove_stale_temporaries`),
+so a save killed half-way does not keep a checkpoint's worth of disk forever.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
+import hashlib
+import io
+import logging
 import os
-import tempfile
-from pathlib import Path
+import posixpath
+import re
+import secrets
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
+import fsspec
+import fsspec.utils
 import torch
+from fsspec import AbstractFileSystem
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
+__all__ = [
+    "OBJECT_STORE_PROTOCOLS",
+    "STALE_TEMPORARY_AGE_S",
+    "CheckpointDiskFullError",
+    "HPUCheckpointIO",
+    "atomic_torch_save",
+    "remove_stale_temporaries",
+]
+
+log = logging.getLogger(__name__)
+
+#: Protocols of object stores: no rename, but an object appears whole when its upload completes.
+OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci", "oss"})
+#: A temporary written from another machine is stale once it has not been written to for this long (seconds).
+STALE_TEMPORARY_AGE_S = 3600.0
+_LOCAL_PROTOCOLS = ("file", "local")
+_MAX_NAME_IN_TEMPORARY = 200  # keeps the temporary's name under the usual 255-byte limit
+_TEMPORARY = re.compile(r"^\..+\.(?P<writer>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{8}\.tmp$")
+_in_flight: set[str] = set()  # temporaries this process is writing now (saves may run in threads)
+_in_flight_lock = threading.Lock()
+
+
+class CheckpointDiskFullError(OSError):
+    """A checkpoint could not be saved because its file system is full or over quota; nothing partial was left."""
+
+
+def _filesystem(path: _PATH) -> tuple[AbstractFileSystem | None, str]:
+    """``(None, local path)`` for a local path or ``file://`` URL, else ``(fsspec file system, path within it)``.
+
+    Raises:
+        ValueError: the URL's protocol is unknown to fsspec, or its package (e.g. ``s3fs``) is not installed.
+    """
+    text = os.fspath(path)
+    if "://" not in text and "::" not in text:
+        return None, text
+    try:
+        fs, inner = fsspec.core.url_to_fs(text)
+    except (ImportError, ValueError) as error:
+        raise ValueError(
+            f"Cannot reach the checkpoint path {text!r}: {error}. Install the fsspec implementation of"
+            f" {fsspec.utils.get_protocol(text)!r} (s3fs for s3://, gcsfs for gs://, adlfs for az://), or pass a"
+            " local path."
+        ) from error
+    if _protocols(fs) & set(_LOCAL_PROTOCOLS):
+        return None, inner
+    return fs, inner
+
 
 def atomic_torch_save(obj: Any, path: _PATH) -> None:
-    """``torch.save`` to a temporary file beside ``path``, flushed to disk, then renamed over ``path``.
+    """``torch.save`` ``obj`` to ``path`` (local or an fsspec URL) so that no reader sees a half-written file.
 
-    A process killed mid-save leaves at most a stray ``.tmp`` file, never a truncated file under ``path``.
+    See the module docstring for how each kind of path is written, and where a URL's write is not atomic.
+
+    Raises:
+        CheckpointDiskFullError: the file system filled up (or hit its quota) during the write; the partial file was
+            removed and a previous checkpoint under ``path`` is untouched.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    fs, target = _filesystem(path)
+    if fs is None:
+        _save_local(obj, target)
+    elif _protocols(fs) & OBJECT_STORE_PROTOCOLS:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        fs.pipe_file(target, buffer.getvalue())
+    else:
+        _save_with_move(obj, fs, target)
+
+
+def remove_stale_temporaries(dirpath: _PATH) -> list[str]:
+    """Removes the temporaries that killed saves of :func:`atomic_torch_save` left in ``dirpath``.
+
+    Only files named like this module's temporaries are considered, and one is stale when its writer cannot be
+    writing it any more:
+
+    - written by this process: no save of this process is writing it now;
+    - written by another process on this machine (same host and process namespace): that process is gone;
+    - written on another machine (whose processes cannot be seen from here): nothing has been written to it for
+      :data:`STALE_TEMPORARY_AGE_S` seconds (a save in progress keeps writing to it).
+
+    So a rank on another node that is saving into a shared directory never loses its file. A process that was
+    suspended mid-save for longer than that age on another machine would: its save then fails at the final rename.
+
+    Returns:
+        The paths removed (none when ``dirpath`` does not exist).
+    """
+    return _remove_stale(*_filesystem(dirpath))
 
 
 class HPUCheckpointIO(TorchCheckpointIO):
     """Saves checkpoints with every tensor moved to the CPU, atomically (see :func:`atomic_torch_save`).
 
-    A checkpoint saved on an HPU, real or emulated, loads on a CPU-only machine and back.
+    A checkpoint saved on an HPU, real or emulated, loads on a CPU-only machine and back. Paths may be fsspec URLs
+    (``s3://bucket/run/``, ``memory://run/``); loading and removing go through fsspec as in Lightning.
     """
 
     @override
@@ -52,3 +149,219 @@ class HPUCheckpointIO(TorchCheckpointIO):
                 " Pass a custom CheckpointIO plugin to store extra options."
             )
         atomic_torch_save(move_data_to_device(checkpoint, torch.device("cpu")), path)
+
+
+def _protocols(fs: AbstractFileSystem) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+
+
+@functools.cache
+def _writer_id() -> str:
+    """This machine as seen by process ids: the host name and the pid namespace (containers share host names)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return hashlib.sha1(f"{socket.gethostname()}|{namespace}".encode()).hexdigest()[:8]
+
+
+def _temporary_name(target_name: str, writer: str | None = None, pid: int | None = None) -> str:
+    writer = _writer_id() if writer is None else writer
+    pid = os.getpid() if pid is None else pid
+    return f".{target_name[:_MAX_NAME_IN_TEMPORARY]}.{writer}-{pid}-{secrets.token_hex(4)}.tmp"
+
+
+def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
+    removed = []
+    now = time.time()
+    for path, mtime in _temporaries(fs, directory):
+        if not _is_stale(_basename(fs, path), mtime, now):
+            continue
+        try:
+            if fs is None:
+                os.unlink(path)
+            else:
+                fs.rm_file(path)
+        except FileNotFoundError:
+            continue  # another process removed it first
+        except OSError as error:
+            log.warning("lightning_gaudi: could not remove the stale temporary checkpoint %s: %s", path, error)
+            continue
+        log.info("lightning_gaudi: removed %s, left by an interrupted checkpoint save", path)
+        removed.append(path)
+    return removed
+
+
+def _basename(fs: AbstractFileSystem | None, path: str) -> str:
+    return os.path.basename(path) if fs is None else posixpath.basename(path)
+
+
+def _temporaries(fs: AbstractFileSystem | None, directory: str) -> list[tuple[str, float]]:
+    """``(path, modification time)`` of the files in ``directory`` named like our temporaries."""
+    found = []
+    if fs is None:
+        try:
+            entries = list(os.scandir(directory or "."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        for entry in entries:
+            if _TEMPORARY.match(entry.name):
+                try:
+                    found.append((entry.path, entry.stat(follow_symlinks=False).st_mtime))
+                except FileNotFoundError:
+                    continue
+        return found
+    try:
+        names = fs.ls(directory, detail=False)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        if _TEMPORARY.match(posixpath.basename(name)):
+            try:
+                mtime = fs.modified(name).timestamp()
+            except (NotImplementedError, OSError):
+                mtime = time.time()  # its age is unknown: treated as being written now
+            found.append((name, mtime))
+    return found
+
+
+def _is_stale(name: str, mtime: float, now: float) -> bool:
+    match = _TEMPORARY.match(name)
+    if match is None:
+        return False
+    writer, pid = match["writer"], int(match["pid"])
+    if writer == _writer_id():
+        if pid == os.getpid():
+            with _in_flight_lock:
+                return name not in _in_flight
+        if not _pid_alive(pid):
+            return True
+    return now - mtime > STALE_TEMPORARY_AGE_S
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def _tracked(name: str, write: Callable[[], None]) -> None:
+    """Runs ``write`` with the temporary ``name`` marked as being written by this process."""
+    with _in_flight_lock:
+        _in_flight.add(name)
+    try:
+        write()
+    finally:
+        with _in_flight_lock:
+            _in_flight.discard(name)
+
+
+def _save_local(obj: Any, path: str) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    _remove_stale(None, directory)
+    name = _temporary_name(os.path.basename(path))
+    tmp = os.path.join(directory, name)
+
+    def write() -> None:
+        # created as open(path, "wb") creates a file (mode 0o666 less the umask; default ACLs apply), where
+        # tempfile.mkstemp would make it 0o600, unreadable to the rest of a team
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as error:
+            full = _disk_full_error(error, path, tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            if full is not None:
+                raise full from error
+            raise
+
+    try:
+        _tracked(name, write)
+    except CheckpointDiskFullError:
+        raise
+    except OSError as error:  # the temporary itself could not be created
+        full = _disk_full_error(error, path, tmp)
+        if full is not None:
+            raise full from error
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def _save_with_move(obj: Any, fs: AbstractFileSystem, path: str) -> None:
+    directory = posixpath.dirname(path)
+    fs.makedirs(directory, exist_ok=True)
+    _remove_stale(fs, directory)
+    name = _temporary_name(posixpath.basename(path))
+    tmp = posixpath.join(directory, name)
+
+    def write() -> None:
+        try:
+            with fs.open(tmp, "wb") as f:
+                torch.save(obj, f)
+            fs.mv(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                fs.rm_file(tmp)
+            raise
+
+    _tracked(name, write)
+
+
+_TORCH_SHORT_WRITE = ("unexpected pos", "file write failed")
+
+
+def _disk_full_error(error: BaseException, path: str, tmp: str) -> CheckpointDiskFullError | None:
+    """A clear error when ``error`` (or what caused it) says the disk is full, else ``None``.
+
+    ``torch.save`` reports a full disk as ``[enforce fail at inline_container.cc] . unexpected pos N vs M`` (its
+    writer stopped short), and closing the file as ``OSError(ENOSPC)``.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            break
+        if isinstance(cause, RuntimeError) and any(text in str(cause) for text in _TORCH_SHORT_WRITE):
+            break
+        cause = cause.__cause__ or cause.__context__
+    else:
+        return None
+    directory = os.path.dirname(path) or "."
+    written = _size(tmp)
+    try:
+        free = f"{shutil.disk_usage(directory).free / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    if isinstance(cause, OSError) and cause.errno == errno.EDQUOT:
+        what, code = "is over its disk quota", errno.EDQUOT
+    else:
+        what, code = "is full", errno.ENOSPC
+    return CheckpointDiskFullError(
+        code,
+        f"Could not save the checkpoint {path!r}: the file system holding {directory!r} {what} ({cause}; {free},"
+        f" {written / 2**20:.0f} MiB of the checkpoint had been written). The partial file was removed and any"
+        " earlier checkpoint under this name is untouched. Free some space (old checkpoints, save_top_k) or save"
+        " to another file system.",
+    )
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

@@ -4,40 +4,62 @@ A job restarted by its launcher (``torchrun --max-restarts``, a SLURM requeue) r
 command itself has to find where training stopped. :func:`resolve_ckpt_path` turns a policy into the path to pass
 to ``Trainer.fit(ckpt_path=...)``:
 
-- ``"auto"``: the newest complete checkpoint in the directory, or ``None`` (start fresh) when there is none. This is
-  the policy for jobs that may be restarted: the first attempt starts fresh, every later one resumes.
+- ``"auto"``: the newest checkpoint in the directory that verifies, or ``None`` (start fresh) when there is none.
+  This is the policy for jobs that may be restarted: the first attempt starts fresh, every later one resumes.
+  Checkpoints that fail verification are skipped, and a warning names each with what is wrong.
 - ``"last"``: the ``last.ckpt`` that ``ModelCheckpoint(save_last=True)`` keeps (a copy or a link); it must exist and
-  be complete.
-- a path: that checkpoint; it must exist and be complete.
+  verify.
+- a path: that checkpoint; it must exist and verify.
 - ``None``: start fresh.
 
-"Complete" means the file is a whole ``torch.save`` archive: its zip central directory, written last, is present
-and lists the pickled object. Checking it reads only the file's end, never the tensors. With
-:class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (atomic saves) every ``*.ckpt`` is complete; the check
-guards against files written by other means (a copy interrupted half-way, a checkpoint from an older tool).
+"Newest" is the highest ``global_step`` (then ``epoch``) recorded in the checkpoint, with the modification time
+breaking ties, so copying or touching a file does not change the order. A run rewound to an earlier checkpoint
+and saving again beside later ones is therefore resumed from the later ones: give the rewound run its own folder.
 
-Every rank resolves the policy itself, so the checkpoint directory must be on a file system all ranks see (as for
-any Lightning resume), and nothing may be writing to it while a job starts (true after a launcher restart: every
-worker of the previous attempt is gone).
+A checkpoint verifies (:func:`verify_checkpoint`) when it is a whole ``torch.save`` archive, every member matches
+the CRC-32 recorded when it was written (``torch.save`` records one per member), the pickled object parses (it is
+read with a reader that imports and runs nothing), and every tensor storage it refers to is in the archive. That
+catches truncated files, zeroed or altered bytes (an interrupted copy, a disk error) and a damaged pickle, and
+costs one read of the file: 0.07 to 0.12 s for a 100 MB checkpoint from the page cache on a busy 2-core machine,
+no more than ``torch.load`` of the same file (0.09 to 0.24 s); from a disk, the time to read it once, after which
+``torch.load`` finds it in the page cache. Ordering reads only the zip index and the small pickle of each
+checkpoint, never the tensors (20 ms for a checkpoint of 1,000 tensors). Archives saved with
+``torch.utils.serialization.config.save.compute_crc32 = False`` record no CRC-32s: their structure and pickle are
+checked, not their tensor data, and a warning says so.
+
+Paths may be fsspec URLs (``s3://bucket/run/ckpts``, ``memory://run``) as in Lightning. Every rank resolves the
+policy itself, so the checkpoint directory must be one all ranks see (as for any Lightning resume), and nothing may
+be writing to it while a job starts (true after a launcher restart: every worker of the previous attempt is gone).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import pickle
+import posixpath
+import struct
 import zipfile
-from pathlib import Path
-from typing import TypeAlias
+from dataclasses import dataclass
+from typing import IO, Any, TypeAlias
 
+from fsspec import AbstractFileSystem
 from lightning.pytorch.callbacks import Checkpoint
+
+from lightning_gaudi.checkpoint_io import _filesystem
 
 __all__ = [
     "CHECKPOINT_SUFFIX",
     "POLICIES",
+    "CheckpointDamagedError",
+    "CheckpointInfo",
     "is_complete_checkpoint",
     "latest",
+    "read_checkpoint_info",
     "resolve_ckpt_path",
     "resolve_in_checkpoint_dir",
+    "verify_checkpoint",
 ]
 
 _PATH: TypeAlias = "str | os.PathLike[str]"
@@ -49,72 +71,119 @@ CHECKPOINT_SUFFIX = ".ckpt"
 #: The named policies :func:`resolve_ckpt_path` accepts besides a path and ``None``.
 POLICIES = ("auto", "last")
 _LAST_NAME = "last"
+_TRY_INSTEAD = " Resume from an earlier checkpoint, or use ckpt_path='auto' to pick the newest one that verifies."
+
+
+class CheckpointDamagedError(ValueError):
+    """A checkpoint that is incomplete or damaged; ``reason`` says what is wrong with it."""
+
+    def __init__(self, path: str, reason: str, hint: str = "") -> None:
+        super().__init__(f"The checkpoint {path!r} is {reason}.{hint}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the resume policy reads from a checkpoint without loading its tensors.
+
+    Attributes:
+        path: the checkpoint, as given (a local path or a URL).
+        global_step: the ``global_step`` Lightning recorded, or ``None`` (not a Lightning checkpoint).
+        epoch: the ``epoch`` Lightning recorded, or ``None``.
+        mtime_ns: its modification time (``-1`` when the file system does not tell).
+        crc_checked: whether the tensor data was checked against recorded CRC-32s (:func:`verify_checkpoint` only).
+    """
+
+    path: str
+    global_step: int | None
+    epoch: int | None
+    mtime_ns: int
+    crc_checked: bool = False
+
+
+def read_checkpoint_info(path: _PATH) -> CheckpointInfo:
+    """The step and epoch recorded in a checkpoint, reading only its zip index and its pickle (not the tensors).
+
+    Raises:
+        CheckpointDamagedError: the file is missing, not a whole ``torch.save`` archive, or its pickle is damaged.
+    """
+    return _inspect(os.fspath(path), verify_data=False)
+
+
+def verify_checkpoint(path: _PATH) -> CheckpointInfo:
+    """:func:`read_checkpoint_info`, after checking every byte of the checkpoint (see the module docstring).
+
+    Raises:
+        CheckpointDamagedError: the file is missing, incomplete, or damaged (named member, or the pickle).
+    """
+    return _inspect(os.fspath(path), verify_data=True)
 
 
 def is_complete_checkpoint(path: _PATH) -> bool:
-    """Whether ``path`` is a whole ``torch.save`` file (a truncated or half-copied file is not).
+    """Whether ``path`` verifies (:func:`verify_checkpoint`): whole, undamaged, with a readable pickle.
 
-    Follows symbolic links: a link whose target is missing or incomplete is not complete.
+    Follows symbolic links: a link whose target is missing or damaged is not complete.
     """
-    path = Path(path)
-    if not path.is_file():
-        return False
     try:
-        with zipfile.ZipFile(path) as archive:
-            return any(name.endswith("/data.pkl") or name == "data.pkl" for name in archive.namelist())
-    except (zipfile.BadZipFile, OSError, ValueError):
+        verify_checkpoint(path)
+    except (CheckpointDamagedError, OSError):
         return False
-
-
-def _candidates(dirpath: Path) -> list[Path]:
-    return [p for p in dirpath.iterdir() if p.suffix == CHECKPOINT_SUFFIX and not p.name.startswith(".")]
-
-
-def _mtime_ns(path: Path) -> int:
-    try:
-        return path.stat().st_mtime_ns  # follows links: a link is as new as what it points at
-    except OSError:
-        return -1
+    return True
 
 
 def latest(dirpath: _PATH) -> str | None:
-    """The newest complete checkpoint (``*.ckpt``, newest by modification time) in ``dirpath``, or ``None``.
+    """The newest checkpoint (``*.ckpt``) in ``dirpath`` that verifies, or ``None``.
 
-    ``None`` also when ``dirpath`` does not exist yet (a first run). Incomplete files are skipped with a warning.
+    Newest is the highest recorded ``global_step``, then ``epoch``, then modification time. ``None`` also when
+    ``dirpath`` does not exist yet (a first run). Checkpoints that fail verification are skipped, and one warning
+    names each of them with what is wrong.
 
     Example::
 
         trainer.fit(model, ckpt_path=lightning_gaudi.resume.latest("checkpoints/"))
     """
-    directory = Path(dirpath)
-    if not directory.exists():
+    text = os.fspath(dirpath)
+    fs, directory = _filesystem(text)
+    names = _checkpoint_names(fs, directory, text)
+    if names is None:
         return None
-    if not directory.is_dir():
-        raise NotADirectoryError(f"The checkpoint directory {str(directory)!r} is a file; pass the directory.")
-    for path in sorted(_candidates(directory), key=lambda p: (_mtime_ns(p), p.name), reverse=True):
-        if is_complete_checkpoint(path):
-            return str(path)
-        log.warning("lightning_gaudi: skipping incomplete checkpoint %s", path)
-    return None
-
-
-def _last(directory: Path) -> Path | None:
-    lasts = [p for p in _candidates(directory) if p.stem == _LAST_NAME or p.stem.startswith(f"{_LAST_NAME}-v")]
-    return max(lasts, key=lambda p: (_mtime_ns(p), p.name)) if lasts else None
+    infos, skipped = [], []
+    for name in names:
+        try:
+            infos.append(read_checkpoint_info(_join(text, name)))
+        except CheckpointDamagedError as error:
+            skipped.append(error)
+    chosen = None
+    for info in sorted(infos, key=_newest_first, reverse=True):
+        try:
+            chosen = verify_checkpoint(info.path)
+            break
+        except CheckpointDamagedError as error:
+            skipped.append(error)
+    if skipped:
+        log.warning(
+            "lightning_gaudi: %s; skipped %d checkpoint(s) that failed verification: %s",
+            f"resuming from {chosen.path}" if chosen else "no checkpoint verifies, starting fresh",
+            len(skipped),
+            "; ".join(f"{error.path} ({error.reason})" for error in skipped),
+        )
+    return chosen.path if chosen else None
 
 
 def resolve_ckpt_path(ckpt_path: _PATH | None, dirpath: _PATH | None = None) -> str | None:
     """The checkpoint to resume from under a resume policy (see the module docstring).
 
     Args:
-        ckpt_path: ``"auto"``, ``"last"``, a checkpoint path, or ``None`` (start fresh).
+        ckpt_path: ``"auto"``, ``"last"``, a checkpoint path or URL, or ``None`` (start fresh).
         dirpath: the checkpoint directory (``ModelCheckpoint(dirpath=...)``); needed by ``"auto"`` and ``"last"``.
 
     Returns:
         A path for ``Trainer.fit(ckpt_path=...)``, or ``None`` to start from scratch.
 
     Raises:
-        ValueError: a policy without ``dirpath``, or a checkpoint that is incomplete.
+        ValueError: a policy without ``dirpath``.
+        CheckpointDamagedError: the checkpoint (``"last"`` or the path) is incomplete or damaged (a ``ValueError``).
         FileNotFoundError: the named checkpoint (or ``last.ckpt``) does not exist.
     """
     if ckpt_path is None:
@@ -128,25 +197,17 @@ def resolve_ckpt_path(ckpt_path: _PATH | None, dirpath: _PATH | None = None) -> 
             )
         if text == "auto":
             return latest(dirpath)
-        directory = Path(dirpath)
-        last = _last(directory) if directory.is_dir() else None
-        if last is None:
-            raise FileNotFoundError(
-                f"ckpt_path='last': there is no last.ckpt in {str(directory)!r}. Save one with"
-                " ModelCheckpoint(save_last=True), or use ckpt_path='auto' to start fresh when nothing is saved yet."
-            )
-        text = str(last)
-    path = Path(text)
-    if not path.exists():
+        text = _last(os.fspath(dirpath))
+    fs, path = _filesystem(text)
+    if not (os.path.exists(path) if fs is None else fs.exists(path)):
         raise FileNotFoundError(
-            f"The checkpoint {text!r} does not exist. Pass an existing file, 'auto' (newest complete checkpoint in"
-            " the directory, or a fresh start) or 'last'."
+            f"The checkpoint {text!r} does not exist. Pass an existing file, 'auto' (newest checkpoint in the"
+            " directory that verifies, or a fresh start) or 'last'."
         )
-    if not is_complete_checkpoint(path):
-        raise ValueError(
-            f"The checkpoint {text!r} is incomplete (not a whole torch.save archive: a copy or save was interrupted)."
-            " Resume from an earlier checkpoint, or use ckpt_path='auto' to pick the newest complete one."
-        )
+    try:
+        verify_checkpoint(text)
+    except CheckpointDamagedError as error:
+        raise CheckpointDamagedError(text, error.reason, _TRY_INSTEAD) from None
     return text
 
 
@@ -160,3 +221,191 @@ def resolve_in_checkpoint_dir(ckpt_path: _PATH | None, checkpoint: Checkpoint | 
     if dirpath is None and ckpt_path is not None and os.fspath(ckpt_path) == "auto":
         return None
     return resolve_ckpt_path(ckpt_path, dirpath)
+
+
+def _join(dirpath: str, name: str) -> str:
+    fs, _ = _filesystem(dirpath)
+    return os.path.join(dirpath, name) if fs is None else f"{dirpath.rstrip('/')}/{name}"
+
+
+def _checkpoint_names(fs: AbstractFileSystem | None, directory: str, text: str) -> list[str] | None:
+    """The names of the ``*.ckpt`` files in ``directory``, or ``None`` when it does not exist."""
+    if fs is None:
+        if not os.path.exists(directory):
+            return None
+        if not os.path.isdir(directory):
+            raise NotADirectoryError(f"The checkpoint directory {text!r} is a file; pass the directory.")
+        names = os.listdir(directory)
+    else:
+        if fs.isfile(directory):
+            raise NotADirectoryError(f"The checkpoint directory {text!r} is a file; pass the directory.")
+        try:
+            names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(directory, detail=False)]
+        except FileNotFoundError:
+            return None
+    return sorted(n for n in names if n.endswith(CHECKPOINT_SUFFIX) and not n.startswith("."))
+
+
+def _newest_first(info: CheckpointInfo) -> tuple[bool, int, int, int, str]:
+    step = -1 if info.global_step is None else info.global_step
+    epoch = -1 if info.epoch is None else info.epoch
+    return info.global_step is not None, step, epoch, info.mtime_ns, info.path
+
+
+def _last(dirpath: str) -> str:
+    fs, directory = _filesystem(dirpath)
+    names = _checkpoint_names(fs, directory, dirpath) or []
+    lasts = [n for n in names if n[: -len(CHECKPOINT_SUFFIX)] == _LAST_NAME or n.startswith(f"{_LAST_NAME}-v")]
+    if not lasts:
+        raise FileNotFoundError(
+            f"ckpt_path='last': there is no last.ckpt in {dirpath!r}. Save one with"
+            " ModelCheckpoint(save_last=True), or use ckpt_path='auto' to start fresh when nothing is saved yet."
+        )
+    infos = []
+    for name in lasts:
+        try:
+            infos.append(read_checkpoint_info(_join(dirpath, name)))
+        except CheckpointDamagedError as error:
+            raise CheckpointDamagedError(error.path, error.reason, _TRY_INSTEAD) from None
+    return max(infos, key=_newest_first).path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading a torch.save archive without loading it
+# ---------------------------------------------------------------------------------------------------------------------
+
+_INCOMPLETE = "incomplete (not a whole torch.save archive: a copy or save was interrupted)"
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip member's local header (the "PK\x03\x04" record)
+
+
+def _inspect(text: str, verify_data: bool) -> CheckpointInfo:
+    fs, path = _filesystem(text)
+    try:
+        mtime_ns = os.stat(path).st_mtime_ns if fs is None else int(fs.modified(path).timestamp() * 1e9)
+    except FileNotFoundError:
+        raise CheckpointDamagedError(text, "missing (no such file, or a link to one)") from None
+    except (NotImplementedError, OSError, ValueError):
+        mtime_ns = -1
+    try:
+        with _open(fs, path) as raw:
+            return _inspect_archive(text, raw, mtime_ns, verify_data)
+    except CheckpointDamagedError:
+        raise
+    except (zipfile.BadZipFile, EOFError, ValueError, struct.error):
+        raise CheckpointDamagedError(text, _INCOMPLETE) from None
+    except FileNotFoundError:
+        raise CheckpointDamagedError(text, "missing (no such file, or a link to one)") from None
+    except IsADirectoryError:
+        raise CheckpointDamagedError(text, "a directory, not a checkpoint file") from None
+
+
+def _open(fs: AbstractFileSystem | None, path: str) -> IO[bytes]:
+    return open(path, "rb") if fs is None else fs.open(path, "rb")
+
+
+def _inspect_archive(text: str, raw: IO[bytes], mtime_ns: int, verify_data: bool) -> CheckpointInfo:
+    with zipfile.ZipFile(raw) as archive:
+        members = archive.infolist()
+        pickles = [m for m in members if m.filename.count("/") == 1 and m.filename.endswith("/data.pkl")]
+        if len(pickles) != 1:
+            raise CheckpointDamagedError(text, _INCOMPLETE)
+        pkl = pickles[0]
+        # torch.save with compute_crc32=False records 0 for every member; a real CRC-32 of 0 is a 1 in 2**32 chance
+        has_crcs = any(m.CRC != 0 for m in members if m.file_size > 0)
+        if verify_data and has_crcs:
+            bad = archive.testzip()
+            if bad is not None:
+                raise CheckpointDamagedError(
+                    text,
+                    f"damaged: its member {bad!r} does not match the CRC-32 recorded when it was written (its bytes"
+                    " changed afterwards: an interrupted copy or a disk error)",
+                )
+        if verify_data and not has_crcs:
+            log.warning(
+                "lightning_gaudi: %s records no CRC-32s (saved with torch.utils.serialization.config.save."
+                "compute_crc32=False): its structure and pickle are checked, its tensor data cannot be",
+                text,
+            )
+        payload = archive.read(pkl) if has_crcs else _read_unchecked(raw, pkl)
+        names = {m.filename for m in members}
+    prefix = pkl.filename[: -len("data.pkl")]
+    probe = _Probe(payload)
+    try:
+        obj = probe.load()
+    except Exception as error:  # a damaged pickle fails in many ways
+        raise CheckpointDamagedError(
+            text, f"damaged: its pickled object ({pkl.filename}) cannot be read ({type(error).__name__}: {error})"
+        ) from None
+    missing = sorted(key for key in probe.storages if f"{prefix}data/{key}" not in names)
+    if missing:
+        raise CheckpointDamagedError(
+            text, f"incomplete: its pickle refers to tensor data {missing[:3]} that the archive does not hold"
+        )
+    checkpoint: dict[Any, Any] = obj if isinstance(obj, dict) else {}
+    return CheckpointInfo(
+        path=text,
+        global_step=_int_or_none(checkpoint.get("global_step")),
+        epoch=_int_or_none(checkpoint.get("epoch")),
+        mtime_ns=mtime_ns,
+        crc_checked=verify_data and has_crcs,
+    )
+
+
+def _read_unchecked(raw: IO[bytes], member: zipfile.ZipInfo) -> bytes:
+    """A stored (uncompressed) member's bytes, without the CRC-32 check ``zipfile`` makes at its end."""
+    if member.compress_type != zipfile.ZIP_STORED:
+        raise zipfile.BadZipFile(f"{member.filename} is compressed")
+    raw.seek(member.header_offset)
+    header = _LOCAL_HEADER.unpack(raw.read(_LOCAL_HEADER.size))
+    if header[0] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"no local header for {member.filename}")
+    raw.seek(member.header_offset + _LOCAL_HEADER.size + header[10] + header[11])  # skip name and extra field
+    data = raw.read(member.compress_size)
+    if len(data) != member.compress_size:
+        raise EOFError(member.filename)
+    return data
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Opaque:
+    """Stands for every object a pickle names: nothing is imported and no code of the checkpoint runs."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> _Opaque:
+        return object.__new__(cls)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __call__(self, *args: object, **kwargs: object) -> _Opaque:
+        return _Opaque()
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def append(self, value: object) -> None:
+        pass
+
+    def extend(self, values: object) -> None:
+        pass
+
+
+class _Probe(pickle.Unpickler):
+    """Parses a ``torch.save`` pickle completely, keeping plain values and the storage keys it refers to."""
+
+    def __init__(self, payload: bytes) -> None:
+        super().__init__(io.BytesIO(payload))
+        self.storages: set[str] = set()
+
+    def find_class(self, module: str, name: str) -> Any:
+        return _Opaque
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage":
+            self.storages.add(str(pid[2]))
+        return _Opaque()

@@ -15,12 +15,19 @@ from types import ModuleType
 import pytest
 
 from lightning_gaudi import hpu
+from lightning_gaudi.hpu.runtime import COMPILE_BACKEND_ENV
 
 TESTS_DIR = Path(__file__).parent
 BRIDGE_DOUBLE_DIR = TESTS_DIR / "bridge_double"
 HELPERS_DIR = TESTS_DIR / "helpers"
 
 _ENV = (hpu.EMULATE_ENV, hpu.DEVICES_ENV, hpu.DEVICE_NAME_ENV)
+
+# torch.compile in eager emulation defaults to inductor, which generates and builds C++ for every graph (seconds
+# each). The tests check what dynamo captures, guards and recompiles, the same whatever the backend: aot_eager
+# traces the same graphs without building code. Subprocesses started with this environment inherit it; a value
+# exported before pytest starts wins.
+os.environ.setdefault(COMPILE_BACKEND_ENV, "aot_eager")
 
 
 @pytest.fixture(autouse=True)

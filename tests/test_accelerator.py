@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import DeviceStatsMonitor
 from lightning.pytorch.loggers import Logger
 
 from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, HPUPrecision, SingleHPUStrategy, hpu
+from lightning_gaudi.hpu.backend import MEMORY_BYTE_KEYS
 
 
 @pytest.mark.parametrize(
@@ -126,8 +127,26 @@ def test_auto_accelerator_picks_emulated_hpu(eager_hpu: hpu.Backend) -> None:
 
 def test_device_stats_in_the_bridge_form(eager_hpu: hpu.Backend) -> None:
     stats = HPUAccelerator().get_device_stats(torch.device("cpu"))
-    assert set(stats) == {f"hpu/{key} (GiB)" for key in hpu.MEMORY_STAT_KEYS}
+    assert set(stats) == {
+        f"hpu/{key} (GiB)" if key in MEMORY_BYTE_KEYS else f"hpu/{key}" for key in hpu.MEMORY_STAT_KEYS
+    }
     assert 0 < stats["hpu/InUse (GiB)"] <= stats["hpu/MaxInUse (GiB)"] <= stats["hpu/Limit (GiB)"]
+    assert stats["hpu/NumAllocs"] == 0, "emulation has no allocation counters"
+
+
+@pytest.mark.parametrize("backend", ["eager_hpu", "lazy_hpu"])
+def test_get_device_name_in_emulation(
+    backend: str, request: pytest.FixtureRequest, clean_hpu_env: pytest.MonkeyPatch
+) -> None:
+    request.getfixturevalue(backend)
+    assert HPUAccelerator.get_device_name() == "GAUDI2"
+    clean_hpu_env.setenv(hpu.DEVICE_NAME_ENV, "GAUDI3")
+    assert HPUAccelerator.get_device_name() == "GAUDI3"
+
+
+def test_get_device_name_without_hpu(no_hpu: None) -> None:
+    with pytest.raises(hpu.HPUUnavailableError, match="LIGHTNING_GAUDI_EMULATE=eager"):
+        HPUAccelerator.get_device_name()
 
 
 class _MetricsLogger(Logger):

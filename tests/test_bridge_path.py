@@ -19,6 +19,7 @@ from lightning.pytorch import Trainer
 
 import lightning_gaudi
 from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, HPUPrecision, SingleHPUStrategy, hpu
+from lightning_gaudi.hpu.backend import MEMORY_BYTE_KEYS
 from lightning_gaudi.hpu.bridge import HabanaBackend
 
 GIB = 1024**3
@@ -84,11 +85,79 @@ def test_memory_stats_keys_and_device_stats(bridge_double: ModuleType) -> None:
     assert device_stats["hpu/InUse (GiB)"] == 3.0
     assert device_stats["hpu/MaxInUse (GiB)"] == 5.0
     assert device_stats["hpu/Limit (GiB)"] == 96.0
+    assert device_stats["hpu/NumAllocs"] == 7
     assert len(device_stats) == len(hpu.MEMORY_STAT_KEYS)
-    assert all(isinstance(value, float) for value in device_stats.values())
     assert bridge_double.called("hpu.memory_stats")
     hpu.get_backend().reset_peak_memory_stats()
     assert bridge_double.called("hpu.reset_peak_memory_stats")
+
+
+def test_device_stats_keep_counters_as_counts(bridge_double: ModuleType) -> None:
+    """Byte values in GiB; allocation counters as plain counts, without a unit they do not have."""
+    bridge_double.configure(
+        memory={
+            "Limit": 96 * GIB,
+            "InUse": GIB // 2,
+            "MaxInUse": 3 * GIB // 4,
+            "MaxAllocSize": GIB // 4,
+            "NumAllocs": 12345,
+            "NumFrees": 12000,
+            "ActiveAllocs": 345,
+            "TotalSystemAllocs": 17,
+            "TotalSystemFrees": 3,
+            "TotalActiveAllocs": 14,
+        }
+    )
+    stats = HPUAccelerator().get_device_stats(torch.device("hpu"))
+    assert stats == {
+        "hpu/Limit (GiB)": 96.0,
+        "hpu/InUse (GiB)": 0.5,
+        "hpu/MaxInUse (GiB)": 0.75,
+        "hpu/MaxAllocSize (GiB)": 0.25,
+        "hpu/NumAllocs": 12345,
+        "hpu/NumFrees": 12000,
+        "hpu/ActiveAllocs": 345,
+        "hpu/TotalSystemAllocs": 17,
+        "hpu/TotalSystemFrees": 3,
+        "hpu/TotalActiveAllocs": 14,
+    }
+    assert all(type(stats[f"hpu/{key}"]) is int for key in hpu.MEMORY_STAT_KEYS if key not in MEMORY_BYTE_KEYS)
+
+
+def test_device_stats_name_a_key_the_bridge_adds_without_a_unit(
+    bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import habana_frameworks.torch.hpu as bridge_hpu
+
+    reported = {**bridge_double.memory(), "InUse": GIB, "PeakFragmentation": 3}
+    monkeypatch.setattr(bridge_hpu, "memory_stats", lambda device=None: reported)
+    stats = HPUAccelerator().get_device_stats(torch.device("hpu"))
+    assert stats["hpu/InUse (GiB)"] == 1.0
+    assert stats["hpu/PeakFragmentation"] == 3, "a key of unknown unit is passed on as it is, without a unit"
+
+
+def test_get_device_name_is_the_bridge_name(bridge_double: ModuleType) -> None:
+    bridge_double.configure(device_name="GAUDI3")
+    assert HPUAccelerator.get_device_name() == "GAUDI3"
+    assert bridge_double.called("hpu.get_device_name")
+
+
+def test_out_of_memory_is_recognised(bridge_double: ModuleType) -> None:
+    """The double runs out of memory when a graph launches; the seam says it is an HPU OOM, Lightning cannot."""
+    from lightning.pytorch.utilities.memory import is_oom_error
+
+    bridge_double.configure(lazy=True, memory={"Limit": 8 * GIB, "InUse": 6 * GIB})
+    backend = hpu.get_backend()
+    bridge_double.queue_graph_bytes(GIB)
+    backend.mark_step()  # fits
+    bridge_double.queue_graph_bytes(3 * GIB)
+    with pytest.raises(RuntimeError, match=bridge_double.OUT_OF_MEMORY) as error:
+        backend.mark_step()
+    assert backend.is_out_of_memory(error.value)
+    assert not is_oom_error(error.value), "Lightning recognises it now: the tuner patch may be unnecessary"
+    assert backend.is_out_of_memory(torch.OutOfMemoryError("HPU ran out"))
+    assert not backend.is_out_of_memory(RuntimeError("shape mismatch"))
+    assert not backend.is_out_of_memory(ValueError(f"not an {bridge_double.OUT_OF_MEMORY} error: wrong type"))
 
 
 def test_mode_and_mark_step(bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:

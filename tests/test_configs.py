@@ -3,6 +3,7 @@ types; the run-directory resolvers agree across ranks; the SLURM launcher recipe
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -211,22 +212,35 @@ def test_a_runtime_mistake_stops_the_job_before_it_starts(isolated_env: pytest.M
 # ---------------------------------------------------------------- emulation defaults
 
 
-def test_auto_emulation_switches_to_eager_and_says_so(
-    isolated_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def _emulation_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "emulat" in r.getMessage().lower()]
+
+
+def test_auto_emulation_switches_to_eager_and_says_so_once(
+    isolated_env: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """One line says what runs (emulation, mode, cards used, strategy), where Lightning lists the devices."""
     isolated_env.setattr(hpu.runtime, "bridge_installed", lambda: False)
-    lg_hydra.prepare(compose_train([], output_dir=Path(".")))
+    with caplog.at_level(logging.INFO):
+        build_all(compose_train(TINY, output_dir=tmp_path))
     assert os.environ[hpu.EMULATE_ENV] == "eager"
-    assert "emulating the HPU on the CPU in eager mode" in caplog.text
+    lines = _emulation_lines(caplog)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("HPU available: True (GAUDI2, EMULATED on the CPU in eager mode, ")
+    assert "using: 1 HPU, strategy SingleHPUStrategy." in lines[0]
+    assert "(LIGHTNING_GAUDI_EMULATE=eager; Intel's bridge is not installed)" in lines[0]
 
 
 def test_auto_emulation_keeps_the_users_choice(
-    isolated_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    isolated_env: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     isolated_env.setenv(hpu.EMULATE_ENV, "lazy")
-    lg_hydra.prepare(compose_train([], output_dir=Path(".")))
+    with caplog.at_level(logging.INFO):
+        build_all(compose_train(TINY, output_dir=tmp_path))
     assert os.environ[hpu.EMULATE_ENV] == "lazy"
-    assert "emulating the HPU" not in caplog.text
+    lines = _emulation_lines(caplog)
+    assert len(lines) == 1, lines
+    assert "EMULATED on the CPU in lazy mode" in lines[0]
 
 
 def test_explicit_runtime_settings(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -65,6 +65,15 @@ def test_two_process_hpu_parallel(
     ]
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    # Lightning's start-up lines: one per rank, then rank zero's summary, naming the backend and the device
+    for rank in (0, 1):
+        assert (
+            proc.stderr.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}") == 1
+        )
+    assert proc.stderr.count("distributed_backend=gloo\nAll distributed processes registered. Starting with 2") == 1
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
+        proc.stderr
+    )
 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank, facts in enumerate(ranks):
@@ -103,3 +112,51 @@ def test_two_process_hpu_parallel(
         assert torch.equal(final0[name], final1[name]), f"{name} differs between ranks"
         torch.testing.assert_close(final0[name], tensor, rtol=1e-5, atol=1e-6)
         assert not torch.equal(final0[name], torch.tensor(initial[name])), f"{name} never trained"
+
+
+def _bn_reference(initial: dict[str, list], batches: list[tuple[list, list]]) -> dict[str, torch.Tensor]:
+    """One process, plain batch norm and SGD, step k on the given rows: what synchronized batch norm over the ranks'
+    step-k batches must reproduce (running statistics and weights)."""
+    from helpers.syncbn_fit import make_bn_net
+
+    net = make_bn_net()
+    net.load_state_dict({name: torch.tensor(value) for name, value in initial.items()})
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for x, y in batches:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(torch.tensor(x)), torch.tensor(y)).backward()
+        optimizer.step()
+    return net.state_dict()
+
+
+@pytest.mark.subprocess
+def test_sync_batchnorm_in_eager_emulation(tmp_path: Path) -> None:
+    """Trainer(sync_batchnorm=True) with hpu_parallel: the running statistics of 2 ranks equal one process's over the
+    union of their batches (buffers are not broadcast, so only the synchronization can make them agree)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    command = [sys.executable, str(HELPERS_DIR / "syncbn_fit.py"), str(tmp_path), str(STEPS)]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for facts in ranks:
+        assert facts["steps"] == STEPS
+        assert facts["layer_sync"] == "HPUSyncBatchNorm"
+        assert facts["bn_class_in_fit"] == "EmulatedSyncBatchNorm"
+        assert facts["bn_class_after_fit"] == "BatchNorm1d"  # reverted after fit
+    initial = ranks[0]["initial"]
+    union = [(x0 + x1, y0 + y1) for (x0, y0), (x1, y1) in zip(ranks[0]["batches"], ranks[1]["batches"], strict=True)]
+    expected = _bn_reference(initial, union)
+    alone = _bn_reference(initial, [(x, y) for x, y in ranks[0]["batches"]])  # rank 0 without synchronization
+    final = [{name: torch.tensor(value) for name, value in facts["final"].items()} for facts in ranks]
+    assert final[0]["1.num_batches_tracked"].item() == STEPS
+    for name in ("1.running_mean", "1.running_var"):
+        assert torch.equal(final[0][name], final[1][name]), f"{name} differs between ranks"
+        torch.testing.assert_close(final[0][name], expected[name], rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(alone[name], expected[name], rtol=1e-3, atol=1e-4), "the check cannot tell"
+    for name, tensor in expected.items():  # gradients through the synchronized statistics, too
+        torch.testing.assert_close(final[0][name], tensor, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(final[1][name], tensor, rtol=1e-5, atol=1e-6)

@@ -4,12 +4,18 @@ runs with fast_dev_run (multi-card experiments as real rank processes started by
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from gpt_recipe import task
+from gpt_recipe import logs, task
 from gpt_recipe.data import StdlibTextDataModule, stdlib_source_files
 from gpt_recipe.model import GPTLanguageModel
 from helpers.configs import CONF_DIR, compose_train
@@ -18,7 +24,22 @@ import lightning_gaudi.hydra as lg_hydra
 from lightning_gaudi import hpu
 from lightning_gaudi.hydra import ranks
 
+ROOT = CONF_DIR.parent
 EXPERIMENTS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
+#: Two steps of a narrow model: enough to run every callback of the default set once.
+_TINY_FIT = [
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=1",
+    "trainer.log_every_n_steps=1",
+    "data.max_bytes=20000",
+    "data.seq_len=16",
+    "data.batch_size=4",
+    "model.n_layer=1",
+    "model.n_embd=16",
+    "model.n_head=2",
+    "throughput_warmup_steps=0",
+]
 
 
 def test_main_command_example_learns(
@@ -48,7 +69,10 @@ def test_main_command_example_learns(
     )
     objective = lg_hydra.run(cfg, task.train)
     out = capsys.readouterr().out
-    assert "emulating the HPU on the CPU in eager mode" in caplog.text
+    emulation = [r.getMessage() for r in caplog.records if "emulat" in r.getMessage().lower()]
+    assert len(emulation) == 1  # one line says what runs
+    assert "EMULATED on the CPU in eager mode" in emulation[0]
+    assert "using: 1 HPU, strategy SingleHPUStrategy" in emulation[0]
     assert "EMULATED on the CPU" in out
     assert "throughput:" in out
     assert "peak memory" in out
@@ -184,3 +208,114 @@ def test_gpt_is_causal() -> None:
     with torch.no_grad():
         assert torch.allclose(model(tokens)[0, :5], model(changed)[0, :5], atol=1e-6)
         assert not torch.allclose(model(tokens)[0, 5:], model(changed)[0, 5:])
+
+
+# ---------------------------------------------------------------- a first run as the README has it
+
+
+def test_logger_none_runs_without_the_learning_rate_monitor(
+    isolated_env: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`logger=none` is a documented option; the default callbacks' LearningRateMonitor needs a logger, so the task
+    leaves it out and says so once, instead of Lightning stopping the run."""
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    cfg = compose_train(["logger=none", *_TINY_FIT], output_dir=tmp_path)
+    assert "lr_monitor" in cfg.callbacks
+    with caplog.at_level(logging.INFO):
+        lg_hydra.run(cfg, task.train)
+    results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
+    assert results["global_step"] == 2
+    assert not (tmp_path / "csv").exists()
+    notices = [r.getMessage() for r in caplog.records if "LearningRateMonitor" in r.getMessage()]
+    assert len(notices) == 1
+    assert "logger=none" in notices[0]
+
+
+@pytest.mark.subprocess
+def test_first_screen_and_run_log(tmp_path: Path) -> None:
+    """`python examples/train.py` as a newcomer runs it (no settings): one line says what runs, no upstream notices
+    nobody asked for, and the run folder's train.log holds Lightning's and lightning_gaudi's lines."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "OMP_", "MKL_"))}
+    env["LIGHTNING_GAUDI_LOG_DIR"] = str(tmp_path / "logs")
+    command = [sys.executable, str(ROOT / "examples" / "train.py"), *_TINY_FIT, "trainer.max_steps=3"]
+    done = subprocess.run(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=tmp_path
+    )
+    output = done.stdout
+    assert done.returncode == 0, output[-4000:]
+    screen = output.split("=== lightning_gaudi run summary ===")[0]
+    if not hpu.bridge_installed():
+        emulation = [line for line in screen.splitlines() if "emulat" in line.lower()]
+        assert len(emulation) == 1, emulation
+        assert emulation[0].startswith("HPU available: True (GAUDI2, EMULATED on the CPU in eager mode, 1 torch thread)")
+        assert "using: 1 HPU, strategy SingleHPUStrategy." in emulation[0]
+    assert "LeafSpec" not in output
+    assert "Tip:" not in output
+    (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    run_log = (run / "train.log").read_text()
+    assert "[lightning.pytorch.utilities.rank_zero][INFO] - HPU available: True" in run_log
+    assert "`Trainer.fit` stopped: `max_steps=3` reached." in run_log
+    assert "[lightning.pytorch.utilities.rank_zero][INFO] - Throughput over" in run_log  # lightning_gaudi's callback
+
+
+@pytest.fixture
+def library_loggers() -> Iterator[None]:
+    """Lightning's and lightning_gaudi's loggers, the root logger and the warning filters restored afterwards."""
+    loggers = [logging.getLogger(name) for name in (*logs.LIBRARY_LOGGERS, logs.LIGHTNING_NOTICES, "")]
+    saved = [(logger, list(logger.handlers), list(logger.filters), logger.propagate) for logger in loggers]
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, logging.FileHandler)]  # pytest's own log file
+    with warnings.catch_warnings():
+        yield
+    for logger, handlers, filters, propagate in saved:
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:], logger.filters[:], logger.propagate = handlers, filters, propagate
+
+
+def test_library_lines_reach_hydras_log_file(
+    library_loggers: None, isolated_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    hydra_file = logging.FileHandler(tmp_path / "train.log")
+    hydra_file.setFormatter(logging.Formatter(logs.LOG_FORMAT))
+    logging.getLogger().addHandler(hydra_file)
+    for name in logs.LIBRARY_LOGGERS:  # as when the library is imported before Hydra configures logging
+        logging.getLogger(name).propagate = False
+    logs.setup()
+    logs.setup()  # idempotent: each line once
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").info("GPU available: False, used: False")
+    logging.getLogger("lightning_gaudi.callbacks.diagnostics").warning("3 graph compilations after warm-up")
+    logging.getLogger(logs.LIGHTNING_NOTICES).info("💡 Tip: For seamless cloud logging, install something")
+    hydra_file.flush()
+    lines = (tmp_path / "train.log").read_text().splitlines()
+    assert [line.split(" - ", 1)[1] for line in lines] == [
+        "GPU available: False, used: False",
+        "3 graph compilations after warm-up",
+    ]
+    assert os.environ[logs.LOG_FILE_ENV] == str(tmp_path / "train.log")
+
+
+def test_rank_processes_started_by_the_app_log_beside_the_run_log(
+    library_loggers: None, isolated_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    isolated_env.setenv(logs.LOG_FILE_ENV, str(tmp_path / "train.log"))
+    isolated_env.setenv("LOCAL_RANK", "1")
+    isolated_env.setenv("NODE_RANK", "0")
+    isolated_env.setenv("WORLD_SIZE", "2")
+    logging.getLogger("lightning_gaudi").propagate = False
+    logs.setup()
+    rank_log = tmp_path / "train_rank0.1.log"  # node 0, local rank 1: the label of lightning_gaudi's resolvers
+    assert not rank_log.exists()  # nothing logged yet, no empty file
+    logging.getLogger("lightning_gaudi.distributed").warning("peer 0 is late")
+    for handler in logging.getLogger("lightning_gaudi").handlers:
+        handler.flush()
+    assert rank_log.read_text().endswith("[WARNING] - peer 0 is late\n")
+
+
+def test_upstream_noise_is_left_off_the_console(library_loggers: None) -> None:
+    logs.quiet_upstream_noise()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
+        warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["another FutureWarning"]

@@ -181,6 +181,11 @@ def test_timeout_default_and_settable(eager_hpu: hpu.Backend) -> None:
         HPUParallelStrategy(timeout=0)
     with pytest.raises(TypeError, match=r"`timeout='10m'` must be a datetime.timedelta or a number of seconds"):
         HPUParallelStrategy(timeout="10m")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`timeout=-60.0` must be positive \(seconds, or a timedelta\)"):
+        HPUParallelStrategy(timeout=-60.0)  # what Hydra passes for strategy.timeout=-60
+    for not_finite in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"`timeout=(nan|inf)` must be a finite number of seconds"):
+            HPUParallelStrategy(timeout=not_finite)
 
 
 @pytest.mark.subprocess

@@ -8,9 +8,10 @@ import pytest
 import torch
 from helpers.models import RegressionModel, trainer_kwargs
 from lightning.pytorch import Trainer
-from lightning.pytorch.plugins.precision import HalfPrecision, Precision
+from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 
 from lightning_gaudi import HPUParallelStrategy, HPUPrecision, SingleHPUStrategy, hpu
+from lightning_gaudi.precision import check_precision_supported, supported_precisions
 
 
 def _fit(**trainer_args: Any) -> tuple[Trainer, dict[str, Any]]:
@@ -109,3 +110,69 @@ def test_bf16_true_under_lazy_emulation(lazy_hpu: hpu.Backend) -> None:
     _, seen = _fit(precision="bf16-true")
     assert seen["param_device"] == "lazy"
     assert seen["param_dtype"] == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("precision", "named"),
+    [
+        ("64", "64-true"),
+        (64, "64-true"),
+        ("64-true", "64-true"),
+        ("transformer-engine", "transformer-engine"),
+        ("transformer-engine-float16", "transformer-engine-float16"),
+    ],
+)
+def test_precisions_gaudi_cannot_run_are_refused_at_trainer(eager_hpu: hpu.Backend, precision: Any, named: str) -> None:
+    with pytest.raises(ValueError, match=rf"'{named}'.*cannot run on an HPU") as error:
+        Trainer(accelerator="hpu", devices=1, precision=precision)
+    assert "'32-true', 'bf16-mixed', 'bf16-true', '16-mixed', '16-true'" in str(error.value)
+
+
+def test_what_works_depends_on_the_hpu(clean_hpu_env: pytest.MonkeyPatch) -> None:
+    clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
+    assert supported_precisions() == ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+    clean_hpu_env.setenv(hpu.DEVICE_NAME_ENV, "GAUDI")
+    assert supported_precisions() == ("32-true", "bf16-mixed", "bf16-true")
+    with pytest.raises(ValueError, match=r"Use one of '32-true', 'bf16-mixed', 'bf16-true'\."):
+        Trainer(accelerator="hpu", devices=1, precision="64-true")
+    clean_hpu_env.setenv(hpu.EMULATE_ENV, "lazy")
+    clean_hpu_env.delenv(hpu.DEVICE_NAME_ENV)
+    assert supported_precisions() == ("32-true", "bf16-true", "16-true")
+
+
+@pytest.mark.parametrize(
+    ("plugin", "match"),
+    [
+        (lambda: DoublePrecision(), r"DoublePrecision \(precision '64-true'\) cannot run on an HPU"),
+        (lambda: MixedPrecision("bf16-mixed", device="cuda"), r"autocasts on 'cuda'.*HPUPrecision\('bf16-mixed'\)"),
+    ],
+)
+def test_precision_plugins_gaudi_cannot_run_are_refused(eager_hpu: hpu.Backend, plugin: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_precision_supported(plugin())
+
+
+@pytest.mark.parametrize(
+    "plugin",
+    [
+        lambda: Precision(),
+        lambda: HalfPrecision("bf16-true"),
+        lambda: HalfPrecision("16-true"),
+        lambda: HPUPrecision("16-mixed"),
+        lambda: MixedPrecision("bf16-mixed", device="cpu"),  # eager emulation autocasts on the CPU
+    ],
+)
+def test_precision_plugins_gaudi_runs_pass(eager_hpu: hpu.Backend, plugin: Any) -> None:
+    check_precision_supported(plugin())
+
+
+def test_fp16_plugin_refused_on_first_generation_gaudi(clean_hpu_env: pytest.MonkeyPatch) -> None:
+    clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
+    clean_hpu_env.setenv(hpu.DEVICE_NAME_ENV, "GAUDI")
+    with pytest.raises(ValueError, match="first-generation Gaudi"):
+        check_precision_supported(HalfPrecision("16-true"))
+
+
+def test_mixed_precision_plugin_under_lazy_emulation_says_why(lazy_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match="Lazy Tensor Core has no autocast"):
+        check_precision_supported(MixedPrecision("bf16-mixed", device="cpu"))

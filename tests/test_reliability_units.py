@@ -1,4 +1,4 @@
-"""Resume policy, in one process.
+"""Resume policy, in one process: which checkpoint each policy picks, and how damaged checkpoints are handled.
 
 The restart-proof process-group handshake and the collective errors are tested in ``tests/distributed/``.
 """
@@ -6,19 +6,44 @@ The restart-proof process-group handshake and the collective errors are tested i
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
+from torch.utils.serialization import config as serialization_config
 
 from lightning_gaudi import resume
 from lightning_gaudi.checkpoint_io import atomic_torch_save
 
 
-def _save(path: Path, step: int, mtime: float) -> Path:
-    atomic_torch_save({"global_step": step, "w": torch.arange(1000.0)}, path)
+def _save(path: Path, step: int, mtime: float, epoch: int = 0) -> Path:
+    atomic_torch_save({"global_step": step, "epoch": epoch, "w": torch.arange(100_000.0) + step}, path)
     os.utime(path, (mtime, mtime))
     return path
+
+
+def _zero_the_middle(source: Path, target: Path, mtime: float) -> Path:
+    """What an interrupted copy into a preallocated (or sparse) file leaves: the right size, zeros inside."""
+    data = bytearray(source.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes(4096)
+    target.write_bytes(bytes(data))
+    os.utime(target, (mtime, mtime))
+    return target
+
+
+def _break_the_pickle(source: Path, target: Path, mtime: float) -> Path:
+    """A valid zip (every CRC-32 right) whose data.pkl stops half-way: torch.load fails on it."""
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w") as dst:
+        for member in src.infolist():
+            payload = src.read(member)
+            if member.filename.endswith("/data.pkl"):
+                payload = payload[: len(payload) // 2]
+            dst.writestr(member, payload)
+    os.utime(target, (mtime, mtime))
+    return target
 
 
 def _truncate(source: Path, target: Path, mtime: float) -> Path:
@@ -43,16 +68,156 @@ def test_complete_and_truncated_checkpoints(tmp_path: Path) -> None:
 def test_auto_picks_the_newest_complete_checkpoint(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert resume.resolve_ckpt_path("auto", tmp_path / "not-yet") is None  # first run: start fresh
     assert resume.resolve_ckpt_path("auto", tmp_path) is None
-    old = _save(tmp_path / "step=5.ckpt", 5, 1000)
+    _save(tmp_path / "step=5.ckpt", 5, 1000)
     new = _save(tmp_path / "step=10.ckpt", 10, 2000)
     _truncate(new, tmp_path / "step=15.ckpt", 3000)  # newest, but cut short
     (tmp_path / ".step=20.ckpt.abc.tmp").write_bytes(b"partial")  # what an interrupted atomic save leaves
     with caplog.at_level("WARNING", logger="lightning_gaudi.resume"):
         assert resume.resolve_ckpt_path("auto", tmp_path) == str(new)
-    assert "skipping incomplete checkpoint" in caplog.text
+    assert "skipped 1 checkpoint(s) that failed verification" in caplog.text
+    assert f"{tmp_path / 'step=15.ckpt'} (incomplete" in caplog.text
     assert resume.latest(tmp_path) == str(new)
+
+
+def test_newest_is_the_highest_recorded_step_not_the_newest_file(tmp_path: Path) -> None:
+    """``touch`` (or a copy without -p) makes an old checkpoint the newest file; the recorded step still wins."""
+    old = _save(tmp_path / "a.ckpt", 5, 1000)
+    new = _save(tmp_path / "b.ckpt", 10, 2000)
     os.utime(old, (4000, 4000))
-    assert resume.latest(tmp_path) == str(old)
+    assert resume.latest(tmp_path) == str(new)
+    later_epoch = _save(tmp_path / "c.ckpt", 10, 1500, epoch=1)  # same step, later epoch
+    assert resume.latest(tmp_path) == str(later_epoch)
+    same = _save(tmp_path / "d.ckpt", 10, 5000, epoch=1)  # a tie: the modification time decides
+    assert resume.latest(tmp_path) == str(same)
+    info = resume.read_checkpoint_info(same)
+    assert (info.global_step, info.epoch, info.mtime_ns) == (10, 1, 5000 * 10**9)
+
+
+def test_auto_skips_a_newest_checkpoint_with_zeroed_bytes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Zeroed bytes keep the zip index intact and torch.load loads them as weights; their CRC-32 gives them away."""
+    good = _save(tmp_path / "step=5.ckpt", 5, 1000)
+    damaged = _zero_the_middle(_save(tmp_path / "src.ckpt", 10, 1), tmp_path / "step=10.ckpt", 2000)
+    (tmp_path / "src.ckpt").unlink()
+    torch.load(damaged, weights_only=True)  # loads silently, with wrong weights
+    with caplog.at_level("WARNING", logger="lightning_gaudi.resume"):
+        assert resume.resolve_ckpt_path("auto", tmp_path) == str(good)
+    assert f"resuming from {good}" in caplog.text
+    assert f"{damaged} (damaged: its member 'archive/data/0' does not match the CRC-32" in caplog.text
+    assert not resume.is_complete_checkpoint(damaged)
+    assert resume.read_checkpoint_info(damaged).global_step == 10  # its pickle is fine: only the data is damaged
+
+
+def test_auto_skips_a_newest_checkpoint_with_a_damaged_pickle(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = _save(tmp_path / "step=5.ckpt", 5, 1000)
+    broken = _break_the_pickle(_save(tmp_path / "src.ckpt", 10, 1), tmp_path / "step=10.ckpt", 2000)
+    (tmp_path / "src.ckpt").unlink()
+    with zipfile.ZipFile(broken) as archive:
+        assert archive.testzip() is None  # a valid zip: only the pickle is damaged
+    with pytest.raises(Exception, match=r"Weights only load failed|pickle data was truncated"):
+        torch.load(broken, weights_only=True)
+    with caplog.at_level("WARNING", logger="lightning_gaudi.resume"):
+        assert resume.resolve_ckpt_path("auto", tmp_path) == str(good)
+    assert f"{broken} (damaged: its pickled object (archive/data.pkl) cannot be read" in caplog.text
+    with pytest.raises(resume.CheckpointDamagedError, match="pickled object"):
+        resume.read_checkpoint_info(broken)
+
+
+def test_a_pickle_referring_to_missing_tensor_data_is_incomplete(tmp_path: Path) -> None:
+    whole = _save(tmp_path / "whole.ckpt", 1, 1000)
+    cut = tmp_path / "cut.ckpt"
+    with zipfile.ZipFile(whole) as src, zipfile.ZipFile(cut, "w") as dst:
+        for member in src.infolist():
+            if "/data/" not in member.filename:
+                dst.writestr(member, src.read(member))
+    with pytest.raises(resume.CheckpointDamagedError, match=r"refers to tensor data \['0'\]"):
+        resume.verify_checkpoint(cut)
+
+
+def test_auto_starts_fresh_when_nothing_verifies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _zero_the_middle(_save(tmp_path / "src.ckpt", 10, 1), tmp_path / "step=10.ckpt", 2000)
+    (tmp_path / "src.ckpt").unlink()
+    with caplog.at_level("WARNING", logger="lightning_gaudi.resume"):
+        assert resume.latest(tmp_path) is None
+    assert "no checkpoint verifies, starting fresh" in caplog.text
+
+
+def test_explicit_damaged_checkpoints_are_a_clear_error(tmp_path: Path) -> None:
+    whole = _save(tmp_path / "x.ckpt", 1, 1000)
+    zeroed = _zero_the_middle(whole, tmp_path / "zeroed.ckpt", 1)
+    with pytest.raises(resume.CheckpointDamagedError, match=r"zeroed.ckpt' is damaged: its member .* CRC-32.*'auto'"):
+        resume.resolve_ckpt_path(zeroed)
+    broken = _break_the_pickle(whole, tmp_path / "broken.ckpt", 1)
+    with pytest.raises(ValueError, match=r"broken.ckpt' is damaged: its pickled object .*'auto'"):
+        resume.resolve_ckpt_path(str(broken))
+    _break_the_pickle(whole, tmp_path / "last.ckpt", 1)
+    with pytest.raises(resume.CheckpointDamagedError, match=r"last.ckpt' is damaged: .*'auto' to pick the newest"):
+        resume.resolve_ckpt_path("last", tmp_path)
+
+
+def test_archives_without_crcs_are_checked_for_structure(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """torch.save with compute_crc32=False records no CRC-32s: such checkpoints still resume, with a warning."""
+    serialization_config.save.compute_crc32 = False
+    try:
+        path = _save(tmp_path / "step=3.ckpt", 3, 1000)
+        unchecked = _save(tmp_path / "step=4.ckpt", 4, 1)
+    finally:
+        serialization_config.save.compute_crc32 = True
+    with zipfile.ZipFile(path) as archive:
+        assert {member.CRC for member in archive.infolist()} == {0}
+    with caplog.at_level("WARNING", logger="lightning_gaudi.resume"):
+        info = resume.verify_checkpoint(path)
+    assert (info.global_step, info.crc_checked) == (3, False)
+    assert "records no CRC-32s" in caplog.text
+    assert resume.latest(tmp_path) == str(unchecked)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"global_step")  # inside data.pkl
+    data[at - 4 : at + 8] = bytes(12)
+    (tmp_path / "broken.ckpt").write_bytes(bytes(data))
+    with pytest.raises(resume.CheckpointDamagedError, match="pickled object"):
+        resume.verify_checkpoint(tmp_path / "broken.ckpt")  # without CRC-32s, the pickle is still checked
+
+
+def test_the_probe_runs_no_code_from_the_pickle(tmp_path: Path) -> None:
+    """The pickle is parsed with a reader that imports nothing: a checkpoint that would run code just verifies."""
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.mkdir, (str(marker),))
+
+    path = tmp_path / "evil.ckpt"
+    torch.save({"global_step": 1, "x": Payload()}, path)
+    assert resume.verify_checkpoint(path).global_step == 1
+    assert not marker.exists()
+
+
+def test_policies_on_fsspec_urls(tmp_path: Path) -> None:
+    root = f"memory://resume-units-{os.getpid()}"
+    fs = fsspec.filesystem("memory")
+    try:
+        assert resume.resolve_ckpt_path("auto", f"{root}/not-yet") is None
+        older = _save(tmp_path / "a.ckpt", 5, 1000)
+        newer = _save(tmp_path / "b.ckpt", 10, 2000)
+        fs.pipe_file(f"{root}/ckpts/step=5.ckpt", older.read_bytes())
+        fs.pipe_file(f"{root}/ckpts/step=10.ckpt", newer.read_bytes())
+        fs.pipe_file(f"{root}/ckpts/step=15.ckpt", _zero_the_middle(newer, tmp_path / "c.ckpt", 1).read_bytes())
+        fs.pipe_file(f"{root}/ckpts/last.ckpt", older.read_bytes())
+        assert resume.resolve_ckpt_path("auto", f"{root}/ckpts") == f"{root}/ckpts/step=10.ckpt"
+        assert resume.resolve_ckpt_path("last", f"{root}/ckpts") == f"{root}/ckpts/last.ckpt"
+        assert resume.resolve_ckpt_path(f"{root}/ckpts/step=5.ckpt") == f"{root}/ckpts/step=5.ckpt"
+        with pytest.raises(resume.CheckpointDamagedError, match="CRC-32"):
+            resume.resolve_ckpt_path(f"{root}/ckpts/step=15.ckpt")
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            resume.resolve_ckpt_path(f"{root}/ckpts/nope.ckpt")
+        with pytest.raises(NotADirectoryError, match="is a file"):
+            resume.latest(f"{root}/ckpts/last.ckpt")
+    finally:
+        fs.rm(f"/resume-units-{os.getpid()}", recursive=True)
+
+
+def test_unknown_url_protocols_are_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"'nosuchfs://bucket/ckpts'.*Install the fsspec implementation"):
+        resume.resolve_ckpt_path("auto", "nosuchfs://bucket/ckpts")
 
 
 def test_last_policy(tmp_path: Path) -> None:
@@ -66,6 +231,9 @@ def test_last_policy(tmp_path: Path) -> None:
     _truncate(target, tmp_path / "last-v1.ckpt", 3000)
     with pytest.raises(ValueError, match=r"last-v1.ckpt' is incomplete"):
         resume.resolve_ckpt_path("last", tmp_path)
+    os.utime(target, (5000, 5000))  # a touched last.ckpt (step 10) does not beat a later step
+    _save(tmp_path / "last-v1.ckpt", 12, 3000)
+    assert resume.resolve_ckpt_path("last", tmp_path) == str(tmp_path / "last-v1.ckpt")
 
 
 def test_explicit_paths_and_bad_input(tmp_path: Path) -> None:

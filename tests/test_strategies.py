@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,9 +13,13 @@ from helpers.models import RegressionModel, make_net, regression_data, regressio
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.plugins import TorchSyncBatchNorm
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
 
 from lightning_gaudi import HPUCheckpointIO, HPUParallelStrategy, SingleHPUStrategy, hpu
+from lightning_gaudi.patches.sync_batchnorm import EmulatedSyncBatchNorm
+from lightning_gaudi.strategies import HPUSyncBatchNorm, parallel
 
 
 @pytest.mark.parametrize(
@@ -211,3 +217,175 @@ def test_multi_node_under_torchrun(eager_hpu: hpu.Backend, monkeypatch: pytest.M
     assert type(strategy.cluster_environment) is TorchElasticEnvironment
     assert strategy.cluster_environment.creates_processes_externally
     assert (strategy.world_size, strategy.global_rank, strategy.local_rank, strategy.node_rank) == (4, 3, 1, 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# "hpu" devices in emulation
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", [torch.device("hpu"), torch.device("hpu", 1), "hpu"])
+def test_hpu_parallel_devices_mean_the_emulated_device(eager_hpu: hpu.Backend, given: Any) -> None:
+    strategy = HPUParallelStrategy(parallel_devices=[torch.device(given)] * 2)
+    trainer = Trainer(accelerator="hpu", strategy=strategy, devices=2, logger=False)
+    assert trainer.strategy is strategy
+    assert strategy.root_device == torch.device("cpu")
+    assert trainer.strategy.determine_ddp_device_ids() is None  # a CPU module for torch's DDP
+    trainer.strategy.accelerator.setup_device(strategy.root_device)  # what Strategy.setup_environment does
+
+
+@pytest.mark.parametrize("given", [torch.device("hpu"), "hpu", "hpu:0", 0])
+def test_single_hpu_device_means_the_emulated_device(lazy_hpu: hpu.Backend, given: Any) -> None:
+    trainer = Trainer(accelerator="hpu", strategy=SingleHPUStrategy(device=given), devices=1, logger=False)
+    assert trainer.strategy.root_device.type == "lazy"
+    trainer.strategy.accelerator.setup_device(trainer.strategy.root_device)
+
+
+def test_hpu_devices_stay_hpu_devices_on_a_gaudi(bridge_double: Any) -> None:
+    assert HPUParallelStrategy(parallel_devices=[torch.device("hpu")] * 2).root_device == torch.device("hpu")
+    assert SingleHPUStrategy(device="hpu").root_device == torch.device("hpu")
+
+
+@pytest.mark.parametrize("given", [torch.device("cuda"), "cuda:0", "meta"])
+def test_a_device_that_is_not_an_hpu_is_refused(eager_hpu: hpu.Backend, given: Any) -> None:
+    with pytest.raises(ValueError, match=r"SingleHPUStrategy got device .*; pass an HPU device"):
+        SingleHPUStrategy(device=given).root_device  # noqa: B018
+    with pytest.raises(ValueError, match=r"HPUParallelStrategy got device .*; pass an HPU device"):
+        HPUParallelStrategy(parallel_devices=[torch.device(given)]).root_device  # noqa: B018
+
+
+def test_a_device_that_is_not_an_hpu_fails_while_the_trainer_is_built(eager_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match=r"SingleHPUStrategy got device meta; pass an HPU device"):
+        Trainer(accelerator="hpu", strategy=SingleHPUStrategy(device="meta"), devices=1, logger=False)
+    with pytest.raises(ValueError, match=r"HPUParallelStrategy got device meta; pass an HPU device"):
+        Trainer(
+            accelerator="hpu",
+            strategy=HPUParallelStrategy(parallel_devices=[torch.device("meta")] * 2),
+            devices=2,
+            logger=False,
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reductions HCCL has
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reduce_op",
+    ["product", "PRODUCT", ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR, "band", "premul_sum"],
+)
+def test_reductions_hccl_lacks_are_refused(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, reduce_op: Any
+) -> None:
+    calls: list[Any] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_reduce", lambda *args, **kwargs: calls.append(args))
+    with pytest.raises(ValueError, match=r"`reduce_op=.*` is not supported on HPU: HCCL reduces with sum, min, max"):
+        HPUParallelStrategy().reduce(torch.tensor([2.0]), reduce_op=reduce_op)
+    assert calls == []  # refused before any collective, in emulation as on a Gaudi
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# DDP arguments checked when the strategy is built
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_a_misspelled_ddp_argument_is_refused_with_a_suggestion(eager_hpu: hpu.Backend) -> None:
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'bucket_cap_mbb'.*Did you mean 'bucket_cap_mb'"):
+        HPUParallelStrategy(bucket_cap_mbb=3)
+    with pytest.raises(TypeError, match=r"'find_unused_parameter'.*Did you mean 'find_unused_parameters'"):
+        HPUParallelStrategy(find_unused_parameter=True)
+    with pytest.raises(TypeError, match=r"'zzz'.*DistributedDataParallel takes: .*skip_all_reduce_unused_params"):
+        HPUParallelStrategy(zzz=1)
+
+
+@pytest.mark.parametrize("name", ["module", "device_ids"])
+def test_ddp_arguments_the_strategy_sets_are_refused(eager_hpu: hpu.Backend, name: str) -> None:
+    with pytest.raises(TypeError, match=rf"`{name}` is set by HPUParallelStrategy itself"):
+        HPUParallelStrategy(**{name: None})
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [float("inf"), float("nan"), -float("inf")])
+def test_bucket_cap_mb_must_be_finite(eager_hpu: hpu.Backend, bucket_cap_mb: float) -> None:
+    with pytest.raises(ValueError, match=r"`bucket_cap_mb=.*` must be a positive number of megabytes"):
+        HPUParallelStrategy(bucket_cap_mb=bucket_cap_mb)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Start-up lines
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lightning_log() -> Iterator[list[str]]:
+    """What Lightning's loggers write (they do not propagate to the root logger that caplog watches)."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("lightning.pytorch")
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)
+
+
+def _set_up_distributed(monkeypatch: pytest.MonkeyPatch) -> HPUParallelStrategy:
+    """Builds an hpu_parallel Trainer for 2 devices and runs its process-group set-up with torch's call recorded."""
+    formed: list[dict[str, Any]] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(formed))
+    monkeypatch.setattr(parallel, "init_process_group", lambda backend, **kwargs: formed.append(kwargs))
+    strategy = Trainer(accelerator="hpu", strategy="hpu_parallel", devices=2, logger=False).strategy
+    assert isinstance(strategy, HPUParallelStrategy)
+    strategy.setup_distributed()
+    assert len(formed) == 1
+    return strategy
+
+
+def test_start_up_lines_in_emulation(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, lightning_log: list[str]
+) -> None:
+    _set_up_distributed(monkeypatch)
+    text = "\n".join(lightning_log)
+    assert (
+        "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2 on HPU 0 of node 0"
+        " (GAUDI2 emulated on the CPU (eager mode), device cpu)" in text
+    )
+    assert "distributed_backend=gloo\nAll distributed processes registered. Starting with 2 processes\n" in text
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in text
+
+
+def test_start_up_lines_on_a_gaudi(
+    bridge_double: Any, monkeypatch: pytest.MonkeyPatch, lightning_log: list[str]
+) -> None:
+    _set_up_distributed(monkeypatch)
+    text = "\n".join(lightning_log)
+    assert "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2 on HPU 0 of node 0 (GAUDI2, device hpu)" in text
+    assert "distributed_backend=hccl\nAll distributed processes registered. Starting with 2 processes\n" in text
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2\n" in text
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# sync_batchnorm (the 2-process run is in tests/test_ddp_emulated.py)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_sync_batchnorm_layers_in_emulation(eager_hpu: hpu.Backend) -> None:
+    model = HPUSyncBatchNorm().apply(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)))
+    assert type(model[1]) is EmulatedSyncBatchNorm  # torch's SyncBatchNorm refuses CPU modules
+    assert type(HPUSyncBatchNorm().revert(model)[1]) is torch.nn.BatchNorm1d
+
+
+def test_sync_batchnorm_layers_on_a_gaudi(bridge_double: Any) -> None:
+    model = HPUSyncBatchNorm().apply(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3)))
+    assert type(model[1]) is torch.nn.SyncBatchNorm  # Intel's bridge runs torch's module on the HPU
+
+
+def test_sync_batchnorm_is_the_hpu_one_when_the_strategy_sets_up(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(DDPStrategy, "setup", lambda self, trainer: seen.append(self._layer_sync))
+    trainer = Trainer(accelerator="hpu", strategy="hpu_parallel", devices=2, sync_batchnorm=True, logger=False)
+    assert type(trainer.strategy._layer_sync) is TorchSyncBatchNorm  # what Lightning's connector hands over
+    trainer.strategy.setup(trainer)
+    assert [type(layer_sync) for layer_sync in seen] == [HPUSyncBatchNorm]

@@ -96,6 +96,12 @@ def test_multirun_ddp_gives_one_job_and_one_process_group_per_point(ddp_sweep: t
         assert (job / "rank_config.yaml").is_file()
         seen[bucket] = job.name
     assert set(seen) == {1.0, 8.0}
+    # what the ranks printed: no upstream notices nobody asked for, one line saying what runs per job
+    assert "LeafSpec" not in output
+    assert "Tip:" not in output
+    assert output.count("using: 2 HPUs, strategy HPUParallelStrategy") == 2
+    for job in jobs:  # rank zero's lines are in the job's log, beside the sweep process's own
+        assert "using: 2 HPUs, strategy HPUParallelStrategy" in (job / "train.log").read_text()
     # nothing else was created next to the jobs (no stray run folders from re-executed ranks)
     assert sorted(p.name for p in sweep_dir.iterdir()) == ["0", "1", "multirun.yaml"]
 

@@ -14,10 +14,12 @@ from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig
 
+from gpt_recipe import logs
 from lightning_gaudi import hpu, resume
 from lightning_gaudi.callbacks import HPUThroughputMonitor
 from lightning_gaudi.hydra import instantiate_group
@@ -34,6 +36,17 @@ def _throughput_monitor(callbacks: list[Any], warmup_steps: int) -> HPUThroughpu
     monitor = HPUThroughputMonitor(warmup_steps=warmup_steps)
     callbacks.append(monitor)
     return monitor
+
+
+def _without_lr_monitor(callbacks: list[Any]) -> list[Any]:
+    """``callbacks`` less any LearningRateMonitor, which stops a run that has no logger to write to."""
+    kept = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
+    if len(kept) < len(callbacks):
+        rank_zero_info(
+            "gpt_recipe: no logger (logger=none), so the LearningRateMonitor (callbacks.lr_monitor) is left out: it"
+            " would have nowhere to write the learning rate."
+        )
+    return kept
 
 
 def _loss_curve(trainer: L.Trainer, key: str = "train/loss", points: int = 6) -> list[tuple[int, float]]:
@@ -87,11 +100,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     Returns:
         The run's results: metrics, throughput, peak memory and what ran.
     """
+    logs.setup()
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     callbacks = instantiate_group(cfg.get("callbacks"))
     throughput = _throughput_monitor(callbacks, cfg.get("throughput_warmup_steps", 5))
     loggers = instantiate_group(cfg.get("logger"))
+    if not loggers:
+        callbacks = _without_lr_monitor(callbacks)
     datamodule = instantiate(cfg.data)
     model = instantiate(cfg.model)
     strategy = instantiate(cfg.strategy)

@@ -1,8 +1,10 @@
-"""Lazy-mode diagnostics: graph compilations, CPU fallbacks and host syncs per training step."""
+"""Graph diagnostics for lazy and compile mode: what compiled when, and why; host syncs and CPU fallbacks."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,13 +14,36 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.callbacks.inference import HPUCompile
 from lightning_gaudi.callbacks.memory_stats import check_interval
+from lightning_gaudi.hpu import runtime
+from lightning_gaudi.patches import dynamo
 
 #: How to see the bridge's own logs of CPU fallbacks (and compilations) on Gaudi.
 BRIDGE_LOG_HINT = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"
+#: Ops torch's Lazy Tensor Core runs on the CPU that Gaudi's bridge runs on the device (seen in lazy emulation).
+EMULATOR_FALLBACKS = ("lerp", "mse_loss", "linalg_vector_norm")
+#: The keys of :attr:`GraphDiagnostics.summary` that are logged, as ``graph_diagnostics/<key>``.
+LOGGED_KEYS = (
+    "optimizer_steps",
+    "graph_compilations",
+    "graph_compilations_after_warmup",
+    "validation_graph_compilations",
+    "distinct_input_shapes",
+    "host_syncs_per_step",
+    "recompile_limit_hit",
+)
+PADDING_ADVICE = (
+    "Pad batches to a few lengths (lightning_gaudi.data.BucketedPadCollate: one graph per bucket) or to one fixed"
+    " length, and drop the ragged last batch (`DataLoader(..., drop_last=True)`)"
+)
+
+_NUMBERS = re.compile(r"\d+")
+
+Shapes = tuple[tuple[int, ...], ...]
 
 
-def batch_shapes(batch: Any) -> tuple[tuple[int, ...], ...]:
+def batch_shapes(batch: Any) -> Shapes:
     """The shapes of the tensors in ``batch`` (host metadata: no device access)."""
     if isinstance(batch, Tensor):
         return (tuple(batch.shape),)
@@ -29,18 +54,49 @@ def batch_shapes(batch: Any) -> tuple[tuple[int, ...], ...]:
     return ()
 
 
-class LazyModeDiagnostics(Callback):
-    """Counts graph compilations, CPU fallbacks (by op) and host syncs in each training step of a lazy-mode run.
+@dataclass
+class _Batch:
+    """What one training batch compiled, from its start to the next one's (logging, callbacks, checkpoints too)."""
 
-    After ``warmup_steps`` training batches the graphs should be cached: the first later compilation is warned about
-    once, naming its likely cause (a batch of a new shape, such as a ragged last batch; a Python number that changes
-    every step baked into the graph; dynamic shapes). The first CPU fallback after warm-up is warned about once too.
-    A summary is printed at the end of fit and kept in :attr:`summary`. On Gaudi the counts come from the bridge's
-    ``metric_global`` (host syncs are not counted there); in lazy emulation from torch's Lazy Tensor Core counters.
-    Outside lazy mode it does nothing. Validation batches are not counted.
+    index: int
+    step: int
+    shapes: Shapes
+    new_shapes: bool
+    after_validation: bool
+    compilations: int = 0
+    compiled: list[dynamo.Compilation] = field(default_factory=list)
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+
+class GraphDiagnostics(Callback):
+    """Reports every graph compilation after warm-up with its cause, in lazy mode and in compile mode.
+
+    Warm-up is ``warmup_steps`` optimizer steps (with ``accumulate_grad_batches=k``, ``k * warmup_steps`` batches):
+    the graphs of the forward, backward and optimizer step compile then. Each kind of compilation after it is
+    warned about once, with its cause:
+
+    - compile mode (``torch.compile``, e.g. through :class:`~lightning_gaudi.callbacks.HPUCompile`): the guard dynamo
+      recorded as failing (``"tensor 'input_ids' size mismatch at index 1. expected 16, actual 17"``), a function
+      hitting the recompile limit (after which it silently runs uncompiled for new inputs; warned even during
+      warm-up), and every graph break with its reason and the user's source line;
+    - lazy mode: a batch with new input shapes, the first training step after validation, or, when neither, a
+      Python number baked into the graph or data-dependent shapes.
+
+    Host syncs (lazy emulation) are counted over the whole fit, logging, progress bar, schedulers and checkpoints
+    included, and divided by the optimizer steps. CPU fallbacks are counted by op; under lazy emulation they are torch
+    Lazy Tensor Core's (``lerp`` in every AdamW step, ``mse_loss``, ``linalg_vector_norm``), not Gaudi's, and are
+    labelled as such instead of being warned about. The end-of-fit summary is printed, logged through the trainer's
+    loggers (``graph_diagnostics/<key>``, numbers only) and kept in :attr:`summary`, a dict with the keys ``mode``
+    (``"lazy"``, ``"compile"`` or ``"eager"``), ``warmup_steps``, ``optimizer_steps``, ``graph_compilations`` (all,
+    during the fit), ``graph_compilations_after_warmup`` (training, after warm-up), ``validation_graph_compilations``,
+    ``recompile_reasons`` (list of str: dynamo's in compile mode, the inferred cause in lazy mode),
+    ``graph_breaks`` (``"reason (file:line)"`` -> count), ``distinct_input_shapes``, ``compilations_by_shape``,
+    ``host_syncs``, ``host_syncs_per_step``, ``host_syncs_by_phase`` (``None`` where they cannot be counted: compile
+    mode, the real bridge), ``cpu_fallbacks`` (op -> count), ``cpu_fallbacks_source``, ``recompile_limit_hit`` and
+    ``compiled_graphs`` (the graphs :class:`HPUCompile`'s modules hold at the end, ``None`` without it).
 
     Args:
-        warmup_steps: training batches allowed to compile graphs.
+        warmup_steps: optimizer steps allowed to compile graphs.
 
     Raises:
         ValueError: a negative ``warmup_steps``.
@@ -50,111 +106,385 @@ class LazyModeDiagnostics(Callback):
         check_interval("warmup_steps", warmup_steps, allow_zero=True)
         self.warmup_steps = warmup_steps
         self.summary: dict[str, Any] = {}
-        self._backend: hpu.Backend | None = None
+        self._mode: str | None = None
         self._reset()
 
     def _reset(self) -> None:
-        self._steps = 0
-        self._compilations = [0, 0]  # during warm-up, after it
+        self._backend: hpu.Backend | None = None
+        self._first_step = 0
+        self._phase = "other"
+        self._last: hpu.LazyCounters | None = None
+        self._start: hpu.LazyCounters | None = None
+        self._frames = 0
+        self._log: dynamo.CompilationLog | None = None
+        self._recorder: dynamo.GraphBreakRecorder | None = None
+        self._batch: _Batch | None = None
+        self._validated = False
+        self._validation_runs = 0
+        self._resume_phase = "other"
+        self._before_validation = 0
+        self._compilations: Counter[str] = Counter()  # by phase: training (warm-up / after), validation, other
+        self._syncs: Counter[str] = Counter()
         self._fallbacks: Counter[str] = Counter()
-        self._late_fallbacks: Counter[str] = Counter()
-        self._host_syncs: int | None = None
-        self._before: hpu.LazyCounters | None = None
-        self._shapes: set[tuple[tuple[int, ...], ...]] = set()
-        self._warned_compile = self._warned_fallback = False
+        self._shapes: Counter[Shapes] = Counter()
+        self._by_shape: Counter[Shapes] = Counter()
+        self._reasons: list[str] = []
+        self._breaks: Counter[str] = Counter()
+        self._warned: set[str] = set()
+        self._limit_hit = False
+        self._compile: HPUCompile | None = None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # where each count goes
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _flush(self, trainer: pl.Trainer) -> None:
+        """Adds what happened since the last flush to the current phase (and the current training batch)."""
+        if self._mode == "lazy":
+            self._flush_lazy()
+        elif self._mode is not None:
+            self._flush_compile(trainer)
+
+    def _flush_lazy(self) -> None:
+        assert self._backend is not None
+        now = self._backend.lazy_counters()
+        before, self._last = self._last, now
+        if now is None or before is None:
+            return
+        compiled = now.graph_compilations - before.graph_compilations
+        fallbacks = Counter(now.cpu_fallbacks)
+        fallbacks.subtract(before.cpu_fallbacks)
+        fallbacks = +fallbacks
+        self._fallbacks.update(fallbacks)
+        if now.host_syncs is not None and before.host_syncs is not None:
+            self._syncs[self._phase] += now.host_syncs - before.host_syncs
+        self._count(compiled)
+        if self._phase == "training" and self._batch is not None:
+            self._batch.fallbacks.update(fallbacks)
+
+    def _flush_compile(self, trainer: pl.Trainer) -> None:
+        frames = dynamo.frames_started()
+        if frames == self._frames or self._log is None:
+            self._flush_breaks()
+            return
+        self._frames = frames
+        found = self._log.read()
+        self._count(len(found))
+        for compilation in found:
+            if compilation.recompile_reason and compilation.recompile_reason not in self._reasons:
+                self._reasons.append(compilation.recompile_reason)
+            if compilation.recompile_limit_hit:
+                self._limit_hit = True
+                self._warn_limit(compilation, trainer)
+        if self._phase == "training" and self._batch is not None:
+            self._batch.compiled += found
+        self._flush_breaks()
+
+    def _flush_breaks(self) -> None:
+        if self._recorder is None or not self._recorder.breaks:
+            return
+        breaks, self._recorder.breaks[:] = list(self._recorder.breaks), []
+        for found in breaks:
+            key = f"{found.reason} ({found.location})"
+            self._breaks[key] += 1
+            if self._once(f"break:{key}"):
+                rank_zero_warn(
+                    f"torch.compile split a graph at {found.location}: {found.reason}. The code around a graph break"
+                    " runs as separate graphs with Python (and a host round trip) between them; move what breaks out"
+                    " of the compiled module, or pass HPUCompile(fullgraph=True) to make graph breaks errors."
+                )
+
+    def _count(self, compiled: int) -> None:
+        if not compiled:
+            return
+        if self._phase == "training" and self._batch is not None:
+            self._batch.compilations += compiled
+            self._by_shape[self._batch.shapes] += compiled
+            self._compilations["after_warmup" if self._warm(self._batch) else "warmup"] += compiled
+        else:
+            self._compilations[self._phase] += compiled
+
+    def _warm(self, batch: _Batch) -> bool:
+        return batch.step - self._first_step >= self.warmup_steps
+
+    def _once(self, key: str) -> bool:
+        if key in self._warned:
+            return False
+        self._warned.add(key)
+        return True
+
+    # ------------------------------------------------------------------------------------------------------------
+    # causes
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _close_batch(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch is None or not self._warm(batch):
+            return
+        if self._mode == "lazy":
+            self._explain_lazy(batch)
+        else:
+            self._explain_compile(batch)
+        if batch.fallbacks and self._fallbacks_are_real() and self._once("fallback"):
+            rank_zero_warn(
+                f"Training batch {batch.index} ran {', '.join(sorted(batch.fallbacks))} on the CPU (an op the device"
+                " lacks): every step pays a device-to-host round trip." + self._bridge_hint()
+            )
+
+    def _head(self, batch: _Batch, what: str) -> str:
+        return (
+            f"Training batch {batch.index} (optimizer step {batch.step}) {what} after the {self.warmup_steps} warm-up"
+            " optimizer steps; each compilation stalls training."
+        )
+
+    def _explain_lazy(self, batch: _Batch) -> None:
+        if not batch.compilations:
+            return
+        what = f"compiled {batch.compilations} new graph(s)"
+        if batch.new_shapes:
+            cause = f"new input shapes {list(batch.shapes)}"
+            message = f"Cause: this batch has {cause}. Every new shape compiles new graphs. {PADDING_ADVICE}."
+            kind = "shapes"
+        elif batch.after_validation:
+            cause = "the first training step after validation"
+            message = (
+                "Cause: it is the first training step after validation, which ran other graphs (eval mode, no"
+                " gradients); this happens once, when the training graphs are rebuilt around the evaluation state."
+                " If it repeats after every validation, something the step reads changed during validation."
+            )
+            kind = "after_validation"
+        else:
+            cause = "no new shapes: a Python number baked into the graph, or data-dependent shapes"
+            message = (
+                "Likely causes: a Python number that changes every step (a loop index, a step counter, a schedule"
+                " value) used in a tensor op, which bakes it into the graph as a constant (pass it as a tensor"
+                " instead); or dynamic shapes (boolean masks, `nonzero`, data-dependent sizes)."
+            )
+            kind = "unexplained"
+        if cause not in self._reasons:
+            self._reasons.append(cause)
+        if self._once(f"lazy:{kind}"):
+            rank_zero_warn(f"{self._head(batch, what)} {message}{self._bridge_hint()}")
+
+    def _explain_compile(self, batch: _Batch) -> None:
+        for compilation in batch.compiled:
+            if compilation.recompile_limit_hit:
+                continue  # warned when found
+            function = compilation.function or "a function"
+            if compilation.failure is not None:
+                if self._once(f"failure:{function}"):
+                    rank_zero_warn(
+                        f"{self._head(batch, f'tried to compile {function}')} Dynamo failed"
+                        f" ({compilation.failure}), so it runs uncompiled."
+                    )
+                continue
+            reason = compilation.recompile_reason
+            if reason is None:
+                kind = f"new:{function}"
+                message = f"It compiled {function} for the first time: a code path the warm-up steps did not take."
+            else:
+                kind = f"reason:{_NUMBERS.sub('N', reason)}"
+                message = f"Dynamo's reason: {reason}. {_advice(reason)}"
+            if self._once(kind):
+                rank_zero_warn(f"{self._head(batch, f'recompiled {function}')} {message}")
+
+    def _warn_limit(self, compilation: dynamo.Compilation, trainer: pl.Trainer) -> None:
+        function = compilation.function or "a compiled function"
+        if not self._once(f"limit:{function}"):
+            return
+        limit = dynamo.recompile_limit()
+        rank_zero_warn(
+            f"torch.compile hit its recompile limit ({limit} graphs, torch._dynamo.config.recompile_limit) for"
+            f" {function} at optimizer step {trainer.global_step}: from now on, inputs that match none of its graphs"
+            f" run UNCOMPILED (eager), silently. Last reason: {compilation.recompile_reason}."
+            f" {_advice(compilation.recompile_reason or '')}"
+        )
+
+    def _fallbacks_are_real(self) -> bool:
+        return self._backend is not None and not self._backend.emulated
+
+    def _bridge_hint(self) -> str:
+        if self._mode != "lazy" or self._backend is None or self._backend.emulated:
+            return ""
+        return f" Run with {BRIDGE_LOG_HINT} to see the bridge's own log."
+
+    # ------------------------------------------------------------------------------------------------------------
+    # hooks
+    # ------------------------------------------------------------------------------------------------------------
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        backend = hpu.get_backend()
-        self._backend = backend if backend.is_lazy() else None
         self._reset()
         self.summary = {}
+        backend = hpu.get_backend()
+        self._backend = backend
+        self._first_step = trainer.global_step
+        compilers = [c for c in trainer.callbacks if isinstance(c, HPUCompile)]  # type: ignore[attr-defined]
+        self._compile = compilers[0] if compilers else None
+        if backend.is_lazy():
+            self._mode = "lazy"
+            self._start = self._last = backend.lazy_counters()
+            return
+        compile_mode = self._compile is not None or runtime.Runtime.from_env().execution_mode == "compile"
+        self._mode = "compile" if compile_mode else "eager"
+        if not dynamo.available():
+            rank_zero_warn(f"GraphDiagnostics cannot read torch.compile's records: {dynamo.unavailable_reason()}.")
+            return
+        self._frames = dynamo.frames_started()
+        self._log = dynamo.CompilationLog()
+        self._recorder = dynamo.GraphBreakRecorder()
+        self._recorder.start()
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._backend is not None:
-            self._before = self._backend.lazy_counters()
+        if self._mode is None:
+            return
+        self._flush(trainer)
+        self._close_batch()
+        shapes = batch_shapes(batch)
+        new = bool(self._shapes) and shapes not in self._shapes
+        self._shapes[shapes] += 1
+        self._batch = _Batch(batch_idx, trainer.global_step, shapes, new, self._validated)
+        self._validated = False
+        self._phase = "training"
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self._backend is None or self._before is None:
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._mode is None:
             return
-        after = self._backend.lazy_counters()
-        before, self._before = self._before, None
-        if after is None:
-            return
-        warm = self._steps >= self.warmup_steps
-        self._steps += 1
-        compiled = after.graph_compilations - before.graph_compilations
-        self._compilations[warm] += compiled
-        fallbacks = Counter(after.cpu_fallbacks)
-        fallbacks.subtract(before.cpu_fallbacks)
-        fallbacks = +fallbacks
-        self._fallbacks.update(fallbacks)
-        if after.host_syncs is not None and before.host_syncs is not None:
-            self._host_syncs = (self._host_syncs or 0) + after.host_syncs - before.host_syncs
-        shapes = batch_shapes(batch)
-        new_shape = bool(self._shapes) and shapes not in self._shapes
-        self._shapes.add(shapes)
-        if not warm:
-            return
-        self._late_fallbacks.update(fallbacks)
-        if compiled and not self._warned_compile:
-            self._warned_compile = True
-            rank_zero_warn(self._compile_message(batch_idx, compiled, shapes if new_shape else None))
-        if fallbacks and not self._warned_fallback:
-            self._warned_fallback = True
-            rank_zero_warn(
-                f"Training batch {batch_idx} ran {', '.join(sorted(fallbacks))} on the CPU (an op the device lacks):"
-                " every step pays a device-to-host round trip." + self._bridge_hint()
-            )
+        self._flush(trainer)
+        self._resume_phase = self._phase
+        self._phase = "validation"
+        self._before_validation = self._compilations["validation"]
 
-    def _compile_message(self, batch_idx: int, compiled: int, new_shapes: tuple[tuple[int, ...], ...] | None) -> str:
-        head = (
-            f"Training batch {batch_idx} compiled {compiled} new graph(s) after the {self.warmup_steps} warm-up steps;"
-            " each compilation stalls training."
-        )
-        if new_shapes is not None:
-            return (
-                f"{head} Likely cause: this batch has new shapes {list(new_shapes)} (e.g. the ragged last batch of"
-                " an epoch). Use `DataLoader(..., drop_last=True)` or pad batches to a fixed size."
-                + self._bridge_hint()
-            )
-        return (
-            f"{head} Likely causes: a Python number that changes every step (a loop index, a step counter, a"
-            " schedule value) used in a tensor op, which bakes it into the graph as a constant (pass it as a tensor"
-            " instead); or dynamic shapes (boolean masks, `nonzero`, data-dependent sizes)." + self._bridge_hint()
-        )
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._mode is None or self._phase != "validation":
+            return
+        self._flush(trainer)
+        self._phase = self._resume_phase
+        compiled = self._compilations["validation"] - self._before_validation
+        if not trainer.sanity_checking:
+            self._validated = True
+            self._validation_runs += 1
+            if compiled and self._validation_runs > 1 and self._once("validation"):
+                rank_zero_warn(
+                    f"Validation run {self._validation_runs} compiled {compiled} new graph(s), although the first"
+                    " validation run compiled its graphs already: likely a validation batch of a new shape (a ragged"
+                    f" last batch). {PADDING_ADVICE}." + self._bridge_hint()
+                )
 
-    def _bridge_hint(self) -> str:
-        if self._backend is None or self._backend.emulated:
-            return ""
-        return f" Run with {BRIDGE_LOG_HINT} to see the bridge's own log."
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._mode is None:
+            return
+        self._flush(trainer)
+        self._close_batch()
+        self._phase = "other"
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._backend is None or not self._steps:
+        if self._mode is None:
             return
-        after_warmup = max(self._steps - self.warmup_steps, 0)
-        self.summary = {
-            "steps": self._steps,
-            "warmup_compilations": self._compilations[0],
-            "compilations_after_warmup": self._compilations[1],
-            "compilations_per_step_after_warmup": self._compilations[1] / after_warmup if after_warmup else 0.0,
+        self._flush(trainer)
+        self._close_batch()
+        if self._recorder is not None:
+            self._recorder.stop()
+        self.summary = self._summarize(trainer)
+        self._report(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._recorder is not None:
+            self._recorder.stop()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # the summary
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _summarize(self, trainer: pl.Trainer) -> dict[str, Any]:
+        steps = trainer.global_step - self._first_step
+        syncs: int | None = None
+        by_phase: dict[str, int] | None = None
+        if self._mode == "lazy" and self._start is not None and self._start.host_syncs is not None:
+            by_phase = {phase: self._syncs[phase] for phase in ("training", "validation", "other")}
+            syncs = sum(by_phase.values())
+        compiled_graphs = None
+        if self._compile is not None and self._compile.compiled:
+            compiled_graphs = sum(dynamo.cache_entries(c.code) for c in self._compile.compiled.values())
+        source = None
+        if self._fallbacks:
+            source = "device" if self._fallbacks_are_real() else "emulator"
+        return {
+            "mode": self._mode,
+            "warmup_steps": self.warmup_steps,
+            "optimizer_steps": steps,
+            "graph_compilations": sum(self._compilations.values()),
+            "graph_compilations_in_warmup": self._compilations["warmup"],
+            "graph_compilations_after_warmup": self._compilations["after_warmup"],
+            "validation_graph_compilations": self._compilations["validation"],
+            "recompile_reasons": list(self._reasons),
+            "graph_breaks": dict(self._breaks),
+            "distinct_input_shapes": len(self._shapes),
+            "compilations_by_shape": {str(list(shape)): n for shape, n in self._by_shape.items()},
+            "host_syncs": syncs,
+            "host_syncs_per_step": None if syncs is None else syncs / max(steps, 1),
+            "host_syncs_by_phase": by_phase,
             "cpu_fallbacks": dict(self._fallbacks),
-            "host_syncs": self._host_syncs,
-            "host_syncs_per_step": None if self._host_syncs is None else self._host_syncs / self._steps,
+            "cpu_fallbacks_source": source,
+            "recompile_limit_hit": self._limit_hit,
+            "compiled_graphs": compiled_graphs,
         }
-        fallbacks = ", ".join(f"{op} x{count}" for op, count in self._fallbacks.most_common()) or "none"
+
+    def _report(self, trainer: pl.Trainer) -> None:
+        s = self.summary
+        metrics = {f"graph_diagnostics/{key}": float(s[key]) for key in LOGGED_KEYS if s[key] is not None}
+        metrics["graph_diagnostics/graph_breaks"] = float(sum(s["graph_breaks"].values()))
+        metrics["graph_diagnostics/cpu_fallbacks"] = float(sum(s["cpu_fallbacks"].values()))
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
         syncs = (
-            "not counted by this backend" if self._host_syncs is None else f"{self._host_syncs / self._steps:.3f}/step"
+            "not counted here"
+            if s["host_syncs"] is None
+            else f"{s['host_syncs']} ({s['host_syncs_per_step']:.3f} per optimizer step; {s['host_syncs_by_phase']})"
         )
-        rank_zero_info(
-            f"Lazy-mode diagnostics over {self._steps} training steps: graph compilations {self._compilations[0]} in"
-            f" the {self.warmup_steps} warm-up steps, {self._compilations[1]} after; CPU fallbacks: {fallbacks};"
-            f" host syncs: {syncs}." + self._bridge_hint()
+        fallbacks = ", ".join(f"{op} x{n}" for op, n in Counter(s["cpu_fallbacks"]).most_common()) or "none"
+        if s["cpu_fallbacks_source"] == "emulator":
+            fallbacks += (
+                " (emulator artefacts: torch's Lazy Tensor Core runs these on the CPU; Gaudi runs"
+                f" {', '.join(EMULATOR_FALLBACKS)} on the device)"
+            )
+        lines = [
+            f"Graph diagnostics ({s['mode']} mode) over {s['optimizer_steps']} optimizer steps:"
+            f" {s['graph_compilations']} graph compilations ({s['graph_compilations_in_warmup']} in the"
+            f" {self.warmup_steps} warm-up steps, {s['graph_compilations_after_warmup']} after,"
+            f" {s['validation_graph_compilations']} in validation); {s['distinct_input_shapes']} distinct input"
+            f" shapes; compilations by shape {s['compilations_by_shape'] or 'none'}.",
+            f"  recompile reasons: {s['recompile_reasons'] or 'none'}; limit hit: {s['recompile_limit_hit']}.",
+            f"  graph breaks: {s['graph_breaks'] or 'none'}; host syncs: {syncs}; CPU fallbacks: {fallbacks}.",
+        ]
+        if s["compiled_graphs"] is not None:
+            lines.append(f"  graphs held by HPUCompile's modules: {s['compiled_graphs']}.")
+        rank_zero_info("\n".join(lines) + self._bridge_hint())
+
+
+def _advice(reason: str) -> str:
+    if "size mismatch" in reason:
+        return (
+            "A dimension changed size, and this function compiles a graph per size (up to"
+            f" torch._dynamo.config.recompile_limit, then runs uncompiled). {PADDING_ADVICE}; or compile with dynamic"
+            " shapes (HPUCompile(dynamic=None), torch's default, makes a dimension dynamic after its first change;"
+            " dynamic=True from the start)."
         )
+    if "training" in reason or "grad_mode" in reason or "is_inference" in reason:
+        return (
+            "The module switched between training and evaluation (or gradients on and off): each has its own graph,"
+            " compiled once."
+        )
+    return "Something the graph's guards check changed (a Python value, a dtype, a device, a module attribute)."
+
+
+#: The earlier name of :class:`GraphDiagnostics`, kept for existing configs and code.
+LazyModeDiagnostics = GraphDiagnostics

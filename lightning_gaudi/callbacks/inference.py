@@ -1,17 +1,22 @@
-"""Execution modes: HPU graphs for evaluation in lazy mode, ``torch.compile`` in eager mode."""
+"""Execution modes: HPU graphs for evaluation in lazy mode, ``torch.compile`` in eager (compile) mode."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import types
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.hpu import runtime
+from lightning_gaudi.patches import dynamo
 
 EVAL_STAGES = ("validate", "test", "predict")
 
@@ -93,28 +98,234 @@ class HPUGraphs(Callback):
         self._leave(pl_module)
 
 
-class HPUCompile(Callback):
-    """Runs the module's forward through ``torch.compile`` with the HPU backend (eager mode only).
+#: What ``HPUCompile`` passes to ``torch.compile`` besides the backend.
+COMPILE_OPTIONS = ("dynamic", "fullgraph", "mode", "options")
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict)
 
-    On Gaudi the backend is ``hpu_backend`` and needs eager mode (``lightning_gaudi.configure(execution_mode="eager")``
-    before the Trainer, which sets ``PT_HPU_LAZY_MODE=0``); under
-    eager emulation it is a CPU backend (``aot_eager``). The plain forward is restored at teardown.
 
-    Args:
-        **compile_kwargs: passed to ``torch.compile`` (``dynamic``, ``fullgraph``, ``mode``, ``options``).
+def _has_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
 
-    Raises:
-        ValueError: at setup, in lazy mode; or a ``backend`` in ``compile_kwargs`` (the HPU decides it).
+
+def _repeated(module: nn.Module) -> bool:
+    """A container of repeated blocks: an ``nn.ModuleList``, or an ``nn.Sequential`` of two or more of one class."""
+    if isinstance(module, nn.ModuleList):
+        return True
+    children = list(module.children())
+    return isinstance(module, nn.Sequential) and len(children) > 1 and len({type(c) for c in children}) == 1
+
+
+def _blocks(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    for name, child in module.named_children():
+        path = f"{prefix}.{name}"
+        if _repeated(child):
+            yield from ((f"{path}.{n}", block) for n, block in child.named_children() if _has_parameters(block))
+        else:
+            yield from _blocks(path, child)
+
+
+def compile_targets(pl_module: nn.Module, regional: bool = False) -> list[tuple[str, nn.Module]]:
+    """The modules :class:`HPUCompile` compiles in ``pl_module``, by qualified name.
+
+    Whole-model: every direct child with parameters (the elements of a child ``nn.ModuleList``/``nn.ModuleDict``,
+    which has no forward of its own). These are what ``training_step``, ``validation_step`` and ``predict_step``
+    call (``self.model(**batch)``, ``self.net(x)``, ``self(x)`` through ``forward``); children without parameters
+    (losses, torchmetrics metrics) are left alone: they hold no network, and metrics sync to the host. Regional:
+    inside each of those, every block of a repeated container (an ``nn.ModuleList``, or an ``nn.Sequential`` of
+    blocks of one class), instead of the whole child; a child without repeated blocks is compiled whole.
+    """
+    tops: list[tuple[str, nn.Module]] = []
+    for name, child in pl_module.named_children():
+        if isinstance(child, _CONTAINERS):
+            tops += [(f"{name}.{n}", m) for n, m in child.named_children() if _has_parameters(m)]
+        elif _has_parameters(child):
+            tops.append((name, child))
+    if not regional:
+        return tops
+    regions: list[tuple[str, nn.Module]] = []
+    for name, top in tops:
+        if _repeated(top):
+            blocks = [(f"{name}.{n}", block) for n, block in top.named_children() if _has_parameters(block)]
+        else:
+            blocks = list(_blocks(name, top))
+        regions += blocks or [(name, top)]
+    return regions
+
+
+def _call_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return type(module).forward(module, *args, **kwargs)
+
+
+_entries: dict[type[nn.Module], Callable[..., Any]] = {}
+
+
+def _entry(cls: type[nn.Module]) -> Callable[..., Any]:
+    """A frame dynamo traces for the forward of ``cls``, one code object per class.
+
+    Dynamo never starts tracing inside torch's own files, so compiling ``nn.Sequential.forward`` (what
+    ``nn.Sequential(...).compile()`` does) compiles nothing; a frame of lightning_gaudi's that calls it is traced,
+    and torch's modules are inlined into it. Dynamo caches graphs, and counts recompilations against its limit, per
+    code object: one per class keeps instances of a class sharing graphs and other classes out of their count.
+    """
+    if cls in _entries:
+        return _entries[cls]
+    name = f"{cls.__name__}_forward"
+    code = _call_forward.__code__.replace(co_name=name)  # a new code object, even with the same name
+    entry = _entries[cls] = types.FunctionType(code, _call_forward.__globals__, name)
+    return entry
+
+
+class CompiledForward:
+    """A module's forward run through ``torch.compile``, set as the module's ``forward`` attribute.
+
+    The module's parameters, buffers and ``state_dict`` names are untouched (no ``_orig_mod.``), and its hooks run
+    as before, around the compiled forward. A deep copy of the module (EMA, SWA) gets a compiled forward of its own;
+    a pickled module is restored uncompiled.
+
+    Attributes:
+        code: the code object dynamo caches the graphs under.
+        called: whether the compiled forward has run.
     """
 
-    def __init__(self, **compile_kwargs: Any) -> None:
+    def __init__(self, module: nn.Module, compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        self._module = module
+        self._compile_fn = compile_fn
+        plain = type(module).forward
+        if plain.__module__.startswith("torch."):
+            entry = _entry(type(module))
+            self._compiled: Callable[..., Any] = functools.partial(compile_fn(entry), module)
+            self.code = entry.__code__
+        else:
+            self._compiled = compile_fn(types.MethodType(plain, module))
+            self.code = plain.__code__
+        self.called = False
+        functools.update_wrapper(self, types.MethodType(plain, module))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.called = True
+        return self._compiled(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        copied = memo.get(id(self._module))
+        if copied is None:
+            return self
+        return CompiledForward(copied, self._compile_fn)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _plain_forward, (self._module,)
+
+
+def _plain_forward(module: nn.Module) -> Callable[..., Any]:
+    return types.MethodType(type(module).forward, module)
+
+
+def _compile_mode() -> bool:
+    return runtime.Runtime.from_env().execution_mode == "compile"
+
+
+class HPUCompile(Callback):
+    """Compiles the modules the training, validation and predict steps call with ``torch.compile`` (eager mode).
+
+    What is compiled (see :func:`compile_targets`): every direct child of the LightningModule that has parameters,
+    so ``self.model(**batch)`` in a Hugging Face style module is compiled; or, with ``regional=True``, each block of
+    their repeated layers (``nn.ModuleList``), compiled once and reused by every block of the same class, which cuts
+    the cold compile time (optimum-habana's ``use_regional_compilation``). Each module's ``forward`` is replaced in
+    place, so checkpoints keep the plain parameter names and load into an uncompiled model and back; the plain
+    forward is put back at teardown. The backend is the HPU's: ``hpu_backend`` on a Gaudi, and in eager emulation
+    ``LIGHTNING_GAUDI_COMPILE_BACKEND`` (``inductor`` when unset; it needs a C++ compiler).
+
+    In compile mode (``lightning_gaudi.configure(execution_mode="compile")``, Hydra ``runtime.execution_mode=compile``)
+    the HPU strategies add a default ``HPUCompile()`` when none is configured. When the first step ran without any
+    compiled graph, a warning says why. :class:`~lightning_gaudi.callbacks.GraphDiagnostics` reports recompilations
+    and graph breaks.
+
+    Args:
+        regional: compile the repeated blocks instead of the whole child modules.
+        dynamic: ``torch.compile``'s ``dynamic``: ``None`` (static first, then dynamic for a dimension whose size
+            changed), ``True`` (dynamic from the start), ``False`` (a new graph for every new shape, up to
+            ``torch._dynamo.config.recompile_limit``, then uncompiled).
+        fullgraph: make a graph break an error instead of a split graph.
+        mode: ``torch.compile``'s ``mode`` (e.g. ``"max-autotune"``; an inductor setting).
+        options: ``torch.compile``'s backend ``options``.
+
+    Raises:
+        ValueError: at construction, a ``backend`` (the HPU decides it), another unknown argument, or both ``mode``
+            and ``options``; at setup, lazy mode, an unknown emulation backend, or a DDP ``bucket_cap_mb`` that
+            dynamo's DDPOptimizer cannot split graphs for.
+        RuntimeError: at setup in emulation, ``inductor`` without a C++ compiler.
+    """
+
+    def __init__(
+        self,
+        regional: bool = False,
+        dynamic: bool | None = None,
+        fullgraph: bool = False,
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+        **compile_kwargs: Any,
+    ) -> None:
         if "backend" in compile_kwargs:
             raise ValueError(
-                f"HPUCompile picks the backend itself (the HPU's, e.g. 'hpu_backend'); got"
-                f" backend={compile_kwargs['backend']!r}. Leave it out."
+                f"HPUCompile picks the backend itself ('hpu_backend' on a Gaudi; in emulation"
+                f" {runtime.COMPILE_BACKEND_ENV}, 'inductor' when unset); got backend={compile_kwargs['backend']!r}."
+                f" Leave it out (in emulation, set {runtime.COMPILE_BACKEND_ENV} instead)."
             )
-        self.compile_kwargs = compile_kwargs
-        self._module: pl.LightningModule | None = None
+        if compile_kwargs:
+            raise ValueError(
+                f"HPUCompile got unknown argument(s) {sorted(compile_kwargs)}; it takes `regional` and torch.compile's"
+                f" {', '.join(f'`{name}`' for name in COMPILE_OPTIONS)}."
+            )
+        for name, value in (("regional", regional), ("fullgraph", fullgraph)):
+            if not isinstance(value, bool):
+                raise ValueError(f"HPUCompile `{name}={value!r}` must be true or false.")
+        if dynamic is not None and not isinstance(dynamic, bool):
+            raise ValueError(f"HPUCompile `dynamic={dynamic!r}` must be true, false or None (torch's automatic).")
+        if mode is not None and options is not None:
+            raise ValueError(
+                f"HPUCompile got both `mode={mode!r}` and `options`; torch.compile takes one of them. Put the mode's"
+                " settings into `options`, or drop `options`."
+            )
+        self.regional = regional
+        self.dynamic = dynamic
+        self.fullgraph = fullgraph
+        self.mode = mode
+        self.options = dict(options) if options is not None else None
+        self.compiled: dict[str, CompiledForward] = {}
+        self._saved: dict[str, tuple[nn.Module, Any]] = {}
+        self._log: dynamo.CompilationLog | None = None
+        self._check_pending = False
+
+    @property
+    def compile_kwargs(self) -> dict[str, Any]:
+        """What is passed to ``torch.compile`` besides the backend."""
+        return {"dynamic": self.dynamic, "fullgraph": self.fullgraph, "mode": self.mode, "options": self.options}
+
+    @staticmethod
+    def backend_name(backend: hpu.Backend) -> str:
+        """The ``torch.compile`` backend for ``backend``, checked where it is emulated.
+
+        Raises:
+            ValueError: in emulation, a ``LIGHTNING_GAUDI_COMPILE_BACKEND`` that torch does not know.
+            RuntimeError: in emulation, ``inductor`` without a C++ compiler.
+        """
+        name = backend.compile_backend
+        if not backend.emulated:
+            return name
+        known = torch.compiler.list_backends(exclude_tags=())
+        if name not in known:
+            raise ValueError(
+                f"{runtime.COMPILE_BACKEND_ENV}={name!r} is not a torch.compile backend; use one of {known}"
+                " ('inductor', the default, compiles for real; 'aot_eager' traces the same graphs without generating"
+                " code)."
+            )
+        if name == "inductor" and dynamo.cpp_compiler() is None:
+            raise RuntimeError(
+                "torch.compile's inductor backend (the default under eager emulation) needs a C++ compiler, and none"
+                " was found. Install one (e.g. `apt-get install g++`, or point the CXX variable at one before"
+                f" starting Python), or set {runtime.COMPILE_BACKEND_ENV}=aot_eager to trace the same graphs without"
+                " generating code."
+            )
+        return name
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -122,18 +333,124 @@ class HPUCompile(Callback):
         if backend.is_lazy():
             raise ValueError(
                 "HPUCompile needs eager mode, but the HPU runs in lazy mode. Call"
-                " lightning_gaudi.configure(execution_mode='eager') before building the Trainer (Hydra:"
-                " runtime.execution_mode=eager; CLI: --runtime.execution_mode eager), or export PT_HPU_LAZY_MODE=0"
-                " (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python."
+                " lightning_gaudi.configure(execution_mode='compile') before building the Trainer (Hydra:"
+                " runtime.execution_mode=compile; CLI: --runtime.execution_mode compile), or export"
+                " PT_HPU_LAZY_MODE=0 (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python."
                 " Or remove HPUCompile (lazy mode builds graphs itself; HPUGraphs helps evaluation)."
             )
-        if self._module is None:
-            compiled = torch.compile(pl_module.forward, backend=backend.compile_backend, **self.compile_kwargs)
-            pl_module.forward = compiled  # type: ignore[method-assign]
-            self._module = pl_module
+        name = self.backend_name(backend)
+        _check_ddp_buckets(trainer)
+        if self.compiled:
+            return
+        targets = compile_targets(pl_module, self.regional)
+        if not targets:
+            rank_zero_warn(
+                f"HPUCompile found nothing to compile: {type(pl_module).__name__} has no child module with parameters."
+                " It compiles the modules the steps call (e.g. `self.model = ...`); hold the network in one."
+            )
+            return
+        if self.regional and all("." not in path for path, _ in targets):
+            rank_zero_warn(
+                "HPUCompile(regional=True) found no repeated blocks (an nn.ModuleList of layers) under"
+                f" {[path for path, _ in targets]}; compiling them whole."
+            )
+        compile_fn = functools.partial(torch.compile, backend=name, **self.compile_kwargs)
+        for path, module in targets:
+            self._saved[path] = (module, vars(module).get("forward"))
+            compiled = CompiledForward(module, compile_fn)
+            module.forward = compiled  # type: ignore[method-assign]
+            self.compiled[path] = compiled
+        self._log = dynamo.CompilationLog()
+        self._check_pending = True
+
+    def _first_batch_done(self) -> None:
+        if not self._check_pending:
+            return
+        self._check_pending = False
+        log, self._log = self._log, None
+        if not dynamo.available() or log is None:
+            return
+        graphs = sum(dynamo.cache_entries(compiled.code) for compiled in self.compiled.values())
+        if graphs or any(c.failure is None and c.function for c in log.read()):
+            return
+        rank_zero_warn(self._nothing_compiled_message())
+
+    def _nothing_compiled_message(self) -> str:
+        called = [path for path, compiled in self.compiled.items() if compiled.called]
+        head = f"HPUCompile compiled no graph in the first step: it compiled {sorted(self.compiled)}, and"
+        if not called:
+            return (
+                f"{head} the step called none of their forwards. Compiled code runs only through the module call"
+                " (`self.model(...)`, `self.net(x)`); a step that calls another method (`self.model.generate(...)`)"
+                " or uses the parameters directly runs uncompiled. Call the module, or compile that method yourself."
+            )
+        return (
+            f"{head} their forwards ran ({sorted(called)}) but dynamo compiled no frame. Is torch.compile disabled"
+            " (TORCHDYNAMO_DISABLE=1, torch._dynamo.config.disable)? Did every frame fail to compile (see the log)?"
+            " Note that `nn.Module.compile()` on torch's own modules (nn.Sequential, nn.Linear) compiles nothing,"
+            " because dynamo skips code in torch's own files; HPUCompile calls them through a frame of its own."
+        )
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._first_batch_done()
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._first_batch_done()
+
+    on_test_batch_end = on_validation_batch_end
+    on_predict_batch_end = on_validation_batch_end
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._module is not None:
-            vars(self._module).pop("forward", None)
-            self._module = None
+        for module, previous in self._saved.values():
+            if previous is None:
+                vars(module).pop("forward", None)
+            else:
+                module.forward = previous  # type: ignore[method-assign]
+        self._saved.clear()
+        self.compiled.clear()
+        self._log = None
+        self._check_pending = False
+
+
+def _check_ddp_buckets(trainer: pl.Trainer) -> None:
+    """Raises before training when dynamo's DDPOptimizer would fail on the strategy's ``bucket_cap_mb``."""
+    ddp_kwargs = getattr(trainer.strategy, "ddp_kwargs", None)
+    if not isinstance(ddp_kwargs, dict) or ddp_kwargs.get("bucket_cap_mb") is None:
+        return
+    first = dynamo.ddp_first_bucket_bytes()
+    cap_mb = ddp_kwargs["bucket_cap_mb"]
+    if first is None or int(cap_mb * 1024 * 1024) >= first:
+        return
+    raise ValueError(
+        f"HPUCompile with `bucket_cap_mb={cap_mb}` would fail in the first step: torch.compile's DDPOptimizer splits"
+        " every compiled graph at DDP's bucket boundaries and requires its first bucket (fixed by torch at"
+        f' {first / 2**20:g} MB) to be no larger than the others ("First bucket should be smaller/equal to other'
+        f' buckets"). Set `bucket_cap_mb` to at least {first / 2**20:g} (Intel suggests 100 to 230 on Gaudi), or'
+        " train uncompiled (runtime.execution_mode=eager)."
+    )
+
+
+def add_default_compile(trainer: pl.Trainer) -> HPUCompile | None:
+    """In compile mode, puts a default :class:`HPUCompile` first in ``trainer.callbacks`` unless one is configured.
+
+    The HPU strategies call this when they set up. Returns the callback added, or ``None``.
+    """
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    if any(isinstance(c, HPUCompile) for c in callbacks) or not _compile_mode():
+        return None
+    callback = HPUCompile()
+    callbacks.insert(0, callback)
+    return callback

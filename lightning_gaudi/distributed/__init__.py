@@ -3,7 +3,8 @@
 - :mod:`~lightning_gaudi.distributed.environment`: :class:`LaunchEnvironment`, the launcher's variables parsed and
   validated once (which launcher, ranks, ``MASTER_ADDR``/``MASTER_PORT``, SLURM's layout, the shared run id);
 - :mod:`~lightning_gaudi.distributed.launcher`: :func:`launch_local_ranks`, one process per local card;
-- :mod:`~lightning_gaudi.distributed.rendezvous`: :func:`init_process_group`, restart-safe process-group formation;
+- :mod:`~lightning_gaudi.distributed.rendezvous`: :func:`init_process_group`, restart-safe process-group formation
+  (:class:`PortInUseError` when ``MASTER_PORT`` is taken);
 - :mod:`~lightning_gaudi.distributed.errors`: :class:`CollectiveTimeoutError` / :class:`PeerLostError` for a peer that
   hung or died; user errors pass through unchanged;
 - :mod:`~lightning_gaudi.distributed.consistency`: :func:`check_same_layout`, the same tensor layout on every rank.
@@ -32,6 +33,7 @@ from lightning_gaudi.distributed.errors import (
 from lightning_gaudi.distributed.launcher import free_port, launch_local_ranks, wait_all
 from lightning_gaudi.distributed.rendezvous import (
     DEFAULT_TIMEOUT,
+    PortInUseError,
     coerce_timeout,
     init_process_group,
     join_generation,
@@ -48,6 +50,7 @@ __all__ = [
     "LaunchEnvironment",
     "Launcher",
     "PeerLostError",
+    "PortInUseError",
     "SlurmLayout",
     "check_same_layout",
     "classify",

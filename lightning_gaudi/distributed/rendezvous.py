@@ -12,6 +12,7 @@ taken for a live one. Peers that start late are waited for up to ``timeout``; th
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,8 +23,16 @@ import torch.distributed as dist
 
 from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
 from lightning_gaudi.distributed.errors import CollectiveTimeoutError
+from lightning_gaudi.distributed.launcher import free_port
 
-__all__ = ["DEFAULT_TIMEOUT", "coerce_timeout", "init_process_group", "join_generation", "uses_agent_store"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "PortInUseError",
+    "coerce_timeout",
+    "init_process_group",
+    "join_generation",
+    "uses_agent_store",
+]
 
 #: The default for ``HPUParallelStrategy(timeout=...)``. See :func:`coerce_timeout`.
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -42,7 +51,7 @@ def coerce_timeout(timeout: timedelta | float | int | None) -> timedelta:
 
     Raises:
         TypeError: ``timeout`` is neither a ``timedelta`` nor a number.
-        ValueError: ``timeout`` is not positive.
+        ValueError: ``timeout`` is not positive, or not finite (NaN, infinity, more than a ``timedelta`` holds).
     """
     if timeout is None:
         return DEFAULT_TIMEOUT
@@ -51,12 +60,42 @@ def coerce_timeout(timeout: timedelta | float | int | None) -> timedelta:
             f"`timeout={timeout!r}` must be a datetime.timedelta or a number of seconds"
             " (e.g. 600 or timedelta(minutes=10))."
         )
-    value = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    if isinstance(timeout, timedelta):
+        value = timeout
+    else:
+        try:
+            value = timedelta(seconds=timeout)
+        except (ValueError, OverflowError):  # NaN, infinity, or beyond timedelta's 999999999 days
+            raise ValueError(
+                f"`timeout={timeout!r}` must be a finite number of seconds (e.g. 600): it bounds how long a collective"
+                " waits for its peers; a peer that hangs must end the job some time."
+            ) from None
     if value.total_seconds() <= 0:
         raise ValueError(
-            f"`timeout={timeout!r}` must be positive: it bounds how long a collective waits for its peers."
+            f"`timeout={timeout!r}` must be positive (seconds, or a timedelta): it bounds how long a collective waits"
+            " for its peers."
         )
     return value
+
+
+class PortInUseError(InvalidLaunchError):
+    """Rank 0 cannot open the rendezvous store: another process already listens on ``MASTER_PORT``."""
+
+
+def _port_in_use(err: BaseException) -> bool:
+    # torch 2.13: DistNetworkError('The server socket has failed to listen on any local network address. port: 29500,
+    # useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use')
+    text = str(err)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
+
+
+def _port_error(rank: int, addr: str | None, port: int | str | None) -> PortInUseError:
+    return PortInUseError(
+        f"Rank {rank}: MASTER_PORT={port} on {addr or 'this machine'} is already in use, so the process group's"
+        " rendezvous store cannot listen there: another job, or a process left over from an earlier run, holds it."
+        f" Pick another port: unset MASTER_PORT so that Lightning chooses a free one, or set one that is free, e.g."
+        f" MASTER_PORT={free_port()} (free on this machine now). `ss -ltnp 'sport = :{port}'` shows who holds it."
+    )
 
 
 def uses_agent_store(launch: LaunchEnvironment | None = None) -> bool:
@@ -157,6 +196,8 @@ def init_process_group(
 
     Raises:
         CollectiveTimeoutError: the group did not form in time; the message says which rank was missing.
+        PortInUseError: the store cannot listen on ``MASTER_PORT``: another process holds it (at once, not after
+            ``timeout``).
         InvalidLaunchError: the agent store's address is unknown.
     """
     launch = launch or LaunchEnvironment.from_env()
@@ -185,6 +226,9 @@ def init_process_group(
     except CollectiveTimeoutError:
         raise
     except RuntimeError as err:  # DistError subclasses it; gloo raises plain RuntimeErrors
+        if _port_in_use(err):
+            addr = master_addr or launch.master_addr or os.environ.get("MASTER_ADDR")
+            raise _port_error(rank, addr, master_port or launch.master_port or os.environ.get("MASTER_PORT")) from err
         raise _join_error(rank, world_size, timeout, f"{type(err).__name__}: {err}") from err
     if dist.get_world_size() != world_size:  # pragma: no cover - torch enforces it
         raise RuntimeError(f"Process group has {dist.get_world_size()} ranks, expected {world_size}.")

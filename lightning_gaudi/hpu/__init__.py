@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from lightning_gaudi.hpu import runtime
 from lightning_gaudi.hpu.backend import GAUDI_NAMES, MEMORY_STAT_KEYS, Backend, ClipNorm, LazyCounters
 from lightning_gaudi.hpu.runtime import (
@@ -46,7 +48,9 @@ __all__ = [
     "bridge_installed",
     "bridge_loaded",
     "configure",
+    "device_summary",
     "emulation_mode",
+    "explain_error",
     "get_backend",
     "is_available",
 ]
@@ -68,22 +72,52 @@ class HPUUnavailableError(RuntimeError):
 _backends: dict[tuple[str, int, str], Backend] = {}
 
 
-def _announce(backend: Backend) -> None:
-    from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
+def device_summary(used_devices: int, strategy: str | None = None, num_nodes: int = 1) -> str:
+    """What runs, in one line for the start of a run: a Gaudi or the emulator, the mode, the cards used, the strategy.
 
+    ``HPU available: True (GAUDI2, EMULATED on the CPU in eager mode, 1 torch thread), using: 1 HPU, strategy
+    SingleHPUStrategy.`` followed, under emulation, by the setting that chose it, whether Intel's bridge is installed,
+    and that the run's numbers are CPU numbers. The Trainer logs it
+    beside Lightning's GPU and TPU lines (see :mod:`lightning_gaudi.patches.device_info`).
+
+    Args:
+        used_devices: the cards this run uses on each node.
+        strategy: the strategy's name.
+        num_nodes: the nodes the run spans.
+
+    Raises:
+        ValueError: an emulation setting is malformed.
+        HPUUnavailableError: no emulation is asked for and Intel's bridge is not installed.
+    """
+    backend = get_backend()
     try:
-        global_zero = LaunchEnvironment.from_env().is_global_zero
-    except InvalidLaunchError:  # reported, naming the variable, when the strategy validates the launch
-        global_zero = True
-    if global_zero:
-        log.warning(
-            "lightning_gaudi: EMULATING %d %s HPU(s) on the CPU (%s=%s). Numbers from this run are CPU numbers,"
-            " not Gaudi numbers.",
-            backend.device_count(),
-            backend.device_name(),
-            EMULATE_ENV,
-            backend.name,
-        )
+        compiled = runtime.Runtime.from_env().execution_mode == "compile"
+    except ValueError:
+        compiled = False
+    mode = "compile" if compiled else ("lazy" if backend.is_lazy() else "eager")
+    name = backend.device_name()
+    what = f"{name}, {mode} mode"
+    if backend.emulated:
+        threads = torch.get_num_threads()
+        what = f"{name}, EMULATED on the CPU in {mode} mode, {threads} torch thread{'' if threads == 1 else 's'}"
+    line = f"HPU available: True ({what}), using: {used_devices} HPU{'' if used_devices == 1 else 's'}"
+    if num_nodes > 1:
+        line += f" on each of {num_nodes} nodes"
+    if strategy:
+        line += f", strategy {strategy}"
+    if backend.emulated:
+        why = "; Intel's bridge is not installed" if not runtime.bridge_installed() else ""
+        line += f". Emulation ({EMULATE_ENV}={backend.name}{why}): numbers from this run are CPU numbers."
+    return line
+
+
+def explain_error(error: BaseException) -> bool:
+    """Rewrites ``error``'s message in place when a backend in use recognizes it as one of its own limits (e.g. lazy
+    emulation on ``chunk`` pieces), naming the limit and the way out; returns whether it did. Never raises.
+
+    The HPU strategies call it from ``on_exception``; it costs nothing until something fails.
+    """
+    return any(backend.explain_error(error) for backend in list(_backends.values()))
 
 
 def get_backend() -> Backend:
@@ -112,8 +146,6 @@ def get_backend() -> Backend:
         from lightning_gaudi.hpu.lazy import LazyBackend
 
         backend = LazyBackend(key[2])
-    if backend.emulated:
-        _announce(backend)
     _backends[key] = backend
     return backend
 

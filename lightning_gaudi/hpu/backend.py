@@ -15,8 +15,10 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
+from torch.profiler import ProfilerActivity
 
-#: The keys of ``habana_frameworks.torch.hpu.memory_stats()`` (byte counts), which every backend returns.
+#: The keys of ``habana_frameworks.torch.hpu.memory_stats()``, which every backend returns: sizes in bytes
+#: (:data:`MEMORY_BYTE_KEYS`) and allocation counters.
 MEMORY_STAT_KEYS = (
     "Limit",
     "InUse",
@@ -29,6 +31,8 @@ MEMORY_STAT_KEYS = (
     "TotalSystemFrees",
     "TotalActiveAllocs",
 )
+#: The keys of :data:`MEMORY_STAT_KEYS` that are sizes in bytes; the others count allocations.
+MEMORY_BYTE_KEYS = ("Limit", "InUse", "MaxInUse", "MaxAllocSize")
 
 #: Device names the bridge reports, by Gaudi generation.
 GAUDI_NAMES = ("GAUDI", "GAUDI2", "GAUDI3")
@@ -108,11 +112,18 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def memory_stats(self) -> dict[str, int]:
-        """Byte counts under the keys of :data:`MEMORY_STAT_KEYS`."""
+        """The values under the keys of :data:`MEMORY_STAT_KEYS`: bytes (:data:`MEMORY_BYTE_KEYS`) and counts."""
 
     @abc.abstractmethod
     def reset_peak_memory_stats(self) -> None:
         """Resets ``MaxInUse`` where the backend can."""
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        """Whether ``error`` says this device ran out of memory (what a batch-size search backs off on).
+
+        Every backend recognises torch's ``torch.OutOfMemoryError``; each adds its device's own wording.
+        """
+        return isinstance(error, torch.OutOfMemoryError)
 
     @abc.abstractmethod
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
@@ -158,3 +169,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def reset_lazy_counters(self) -> None:
         """Zeroes the lazy-mode counters."""
+
+    def explain_error(self, error: BaseException) -> bool:
+        """Rewrites ``error``'s message in place when it comes from a known limit of this backend rather than from
+        the user's code, naming the limit and the way out; returns whether it did.
+
+        Meant for ``Strategy.on_exception``: Lightning re-raises the same exception object afterwards (its
+        ``DDPStrategy`` explains unused parameters the same way). Only runs when something has failed.
+        """
+        return False
+
+    def profiler_activities(self) -> list[ProfilerActivity]:
+        """The ``torch.profiler`` activities that record this device's work (the host's alone under emulation)."""
+        return [ProfilerActivity.CPU]

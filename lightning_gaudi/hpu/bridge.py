@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
+from torch.profiler import ProfilerActivity
 
 from lightning_gaudi.hpu.backend import Backend, ClipNorm, LazyCounters
 
@@ -25,6 +26,10 @@ class _BridgeClipNorm(ClipNorm):
 
     def clip_norm(self, parameters: Iterable[Tensor] | Tensor) -> Tensor:
         return self._fused.clip_norm(parameters)
+
+
+#: What an HPU out-of-memory error says, lower-cased (see :meth:`HabanaBackend.is_out_of_memory`).
+_OUT_OF_MEMORY = "out of memory"
 
 
 def _stat(metric: Any, tag: str, default: Any) -> Any:
@@ -84,6 +89,13 @@ class HabanaBackend(Backend):
     def reset_peak_memory_stats(self) -> None:
         self._hpu.reset_peak_memory_stats()
 
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        # Intel documents "out of memory (OOM)" on the device but not the bridge's exception text (see
+        # ../shared/habana-api.md): a RuntimeError that says so, case aside, is taken for one
+        return super().is_out_of_memory(error) or (
+            isinstance(error, RuntimeError) and _OUT_OF_MEMORY in str(error).lower()
+        )
+
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
         hccl = self._import(".distributed.hccl")  # registers the "hccl" process-group backend
         hccl.initialize_distributed_hpu(world_size=world_size, rank=rank, local_rank=local_rank)
@@ -133,3 +145,7 @@ class HabanaBackend(Backend):
             metric = metric_global(name)
             if metric is not None:
                 metric.reset()
+
+    def profiler_activities(self) -> list[ProfilerActivity]:
+        self._core  # noqa: B018 - the bridge registers its profiler plug-in when it loads
+        return [ProfilerActivity.CPU, ProfilerActivity.HPU]

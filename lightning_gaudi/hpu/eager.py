@@ -3,6 +3,13 @@
 Memory statistics are what the host can honestly measure: ``InUse`` is this process's resident set,
 ``MaxInUse`` its peak resident set (``getrusage``), ``Limit`` the machine's physical memory. The allocation
 counters a Gaudi reports have no CPU equivalent and read 0.
+
+Threads: a process stands for one card, so an emulator (eager or lazy) sets torch to :data:`EMULATED_THREADS` thread
+when it is created, unless the user chose a count: ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set, or
+``torch.set_num_threads`` called before (torch's count differs from its default, the physical cores). On a machine
+shared with other work torch's default makes its threads wait on each other: the README's job ran 2.8 to 3.9 times
+slower with a thread per core on 2 shared cores (``benchmarks/threads.py``). DDP ranks then get their share of the
+cores from Lightning.
 """
 
 from __future__ import annotations
@@ -19,6 +26,46 @@ from torch.nn import functional as F
 from torch.optim import Optimizer
 
 from lightning_gaudi.hpu.backend import MEMORY_STAT_KEYS, Backend, ClipNorm, LazyCounters
+from lightning_gaudi.hpu.runtime import emulated_compile_backend
+
+
+#: torch threads per emulator process when the user has not chosen a count (see the module docstring).
+EMULATED_THREADS = 1
+#: The variables by which a user sets torch's thread count before it starts.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def physical_cores(cpuinfo: str) -> int | None:
+    """The physical cores listed in ``/proc/cpuinfo`` text (distinct physical id and core id); ``None`` when the
+    text has no core ids."""
+    cores = set()
+    for block in cpuinfo.split("\n\n"):
+        fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in block.splitlines())}
+        if "core id" in fields:
+            cores.add((fields.get("physical id"), fields["core id"]))
+    return len(cores) or None
+
+
+def torch_default_threads() -> int:
+    """The thread count torch starts with when no variable sets it: the physical cores (as cpuinfo counts them),
+    else the logical CPUs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cores = physical_cores(f.read())
+    except OSError:
+        cores = None
+    return cores or os.cpu_count() or 1
+
+
+def _apply_thread_policy() -> None:
+    if any(os.environ.get(name) for name in THREAD_VARIABLES):
+        return
+    if torch.get_num_threads() == torch_default_threads():
+        torch.set_num_threads(EMULATED_THREADS)
+
+
+#: What torch's CPU allocator says when the host has no memory left.
+_HOST_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"
 
 
 class TorchClipNorm(ClipNorm):
@@ -56,11 +103,16 @@ class EagerBackend(Backend):
     device_type = "cpu"
     autocast_device_type: str | None = "cpu"
     collective_backend = "gloo"
-    compile_backend = "aot_eager"
 
     def __init__(self, devices: int, device_name: str) -> None:
         self._devices = devices
         self._device_name = device_name
+        _apply_thread_policy()
+
+    @property
+    def compile_backend(self) -> str:  # type: ignore[override]  # read from the environment at each use
+        """``LIGHTNING_GAUDI_COMPILE_BACKEND``, else ``inductor`` (see :func:`~.runtime.emulated_compile_backend`)."""
+        return emulated_compile_backend()
 
     def is_available(self) -> bool:
         return self._devices > 0
@@ -88,6 +140,12 @@ class EagerBackend(Backend):
 
     def reset_peak_memory_stats(self) -> None:
         return None  # the kernel's peak resident set cannot be reset
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        # the emulated card's memory is the host's: its allocator's refusal
+        return super().is_out_of_memory(error) or (
+            isinstance(error, RuntimeError) and _HOST_OUT_OF_MEMORY in str(error)
+        )
 
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
         return None  # gloo needs nothing beyond init_process_group

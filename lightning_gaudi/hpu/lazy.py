@@ -9,7 +9,11 @@ syncs and CPU fallbacks, as Gaudi's lazy mode does. What it cannot do, and what 
   single-tensor implementations (same numerics, no fusion) and say so once; clipping by norm uses the
   single-tensor ``clip_grad_norm_`` (the multi-tensor kernels fail on lazy tensors);
 - collectives: gloo refuses lazy tensors, so lazy emulation drives one device: it reports a device count of 1
-  whatever ``LIGHTNING_GAUDI_DEVICES`` says, and ``Trainer(accelerator="hpu")`` picks the single-device strategy.
+  whatever ``LIGHTNING_GAUDI_DEVICES`` says, and ``Trainer(accelerator="hpu")`` picks the single-device strategy;
+- pieces of ``split``/``chunk``/``unbind``: LTC hands them back as CPU tensors, so the next op that mixes one with a
+  lazy tensor (or autograd, in backward) fails with LTC's own message, and a few models meet LTC's internal asserts.
+  There is no way around it here; :meth:`LazyBackend.explain_error` rewrites those errors to say so and to name eager
+  emulation and compile mode, the ways out. Nothing is checked per op or per step.
 """
 
 from __future__ import annotations
@@ -28,6 +32,21 @@ from lightning_gaudi.hpu.eager import EagerBackend, TorchClipNorm
 _FALLBACK_PREFIX = "aten::"
 _HOST_SYNC_COUNTER = "aten::_local_scalar_dense"
 _ts_backend_ready = False
+#: Words that only torch's Lazy Tensor Core puts in its errors.
+_LTC_ERROR_MARKS = (
+    "is not a lazy tensor",  # an op was given one of the CPU tensors LTC hands back for split/chunk/unbind pieces
+    "expected device lazy",  # autograd got a CPU gradient for a lazy tensor: the same pieces, in backward
+    "torch/csrc/lazy/",  # an internal assert in LTC's own code
+)
+LIMIT_NOTE = (
+    "lightning_gaudi: this is a limit of lazy emulation (LIGHTNING_GAUDI_EMULATE=lazy, torch's Lazy Tensor Core), not"
+    " a bug in the model and not a limit of Gaudi's lazy mode, which is another implementation. Lazy Tensor Core hands"
+    " back CPU tensors for the pieces of split/chunk/unbind (as in nn.MultiheadAttention with its own keys and values"
+    " or Hugging Face GPT-2's fused QKV projection), and some of its internal checks fail (Hugging Face's KV cache)."
+    " Run this model in eager emulation, LIGHTNING_GAUDI_EMULATE=eager, or in compile mode on it, adding"
+    " LIGHTNING_GAUDI_COMPILE=1 (lightning_gaudi.configure(execution_mode='eager' or 'compile'); in the Hydra app"
+    " runtime.execution_mode=eager or compile)."
+)
 
 
 class LazyBackend(EagerBackend):
@@ -101,3 +120,12 @@ class LazyBackend(EagerBackend):
 
     def reset_lazy_counters(self) -> None:
         self._metrics.reset()
+
+    def explain_error(self, error: BaseException) -> bool:
+        if not isinstance(error, RuntimeError) or len(error.args) != 1 or not isinstance(error.args[0], str):
+            return False
+        message = error.args[0]
+        if LIMIT_NOTE in message or not any(mark in message for mark in _LTC_ERROR_MARKS):
+            return False
+        error.args = (f"{message}\n\n{LIMIT_NOTE}",)
+        return True

@@ -1,7 +1,8 @@
 """The HPU runtime: every setting read once when the bridge (or the emulator) starts, as one typed value.
 
-:class:`Runtime` holds them: where the HPU comes from (a Gaudi or the CPU emulator), the execution mode (lazy or
-eager), the emulated cards, and the bridge's own settings (int64 support, the recipe cache, the autocast op lists).
+:class:`Runtime` holds them: where the HPU comes from (a Gaudi or the CPU emulator), the execution mode (compile,
+eager or lazy), the emulated cards, and the bridge's own settings (int64 support, the recipe cache, the autocast op
+lists).
 :func:`configure` applies one, once, before anything loads Intel's bridge; the Hydra app (group ``runtime``) and the
 ``lightning-gaudi`` CLI (``--runtime.*``) call it for you. The settings travel in environment variables, so processes
 started later (Lightning's launcher, torchrun, the Hydra rank launcher) inherit them; :meth:`Runtime.from_env` reads
@@ -28,6 +29,9 @@ from lightning_gaudi.hpu.autocast_lists import write_list as _write_list
 from lightning_gaudi.hpu.backend import GAUDI_NAMES
 
 __all__ = [
+    "COMPILE_BACKEND_ENV",
+    "COMPILE_ENV",
+    "DEFAULT_EMULATED_COMPILE_BACKEND",
     "DEVICES_ENV",
     "DEVICE_NAME_ENV",
     "EMULATE_ENV",
@@ -41,6 +45,7 @@ __all__ = [
     "bridge_installed",
     "bridge_loaded",
     "configure",
+    "emulated_compile_backend",
     "emulated_device_name",
     "emulated_devices",
     "emulation_mode",
@@ -52,18 +57,23 @@ DEVICE_NAME_ENV = "LIGHTNING_GAUDI_DEVICE_NAME"
 LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
 INT64_ENV = "PT_ENABLE_INT64_SUPPORT"
 RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
+#: ``1`` in compile mode (eager + ``torch.compile``): the HPU strategies then add a default ``HPUCompile``.
+COMPILE_ENV = "LIGHTNING_GAUDI_COMPILE"
+#: The ``torch.compile`` backend of eager emulation (``inductor`` when unset); a Gaudi always uses ``hpu_backend``.
+COMPILE_BACKEND_ENV = "LIGHTNING_GAUDI_COMPILE_BACKEND"
+DEFAULT_EMULATED_COMPILE_BACKEND = "inductor"
 #: Variables the bridge reads once, when it loads.
 BRIDGE_ENV = (LAZY_MODE_ENV, INT64_ENV, RECIPE_CACHE_ENV, BF16_LIST_ENV, FP32_LIST_ENV)
 
 EMULATION_MODES = ("eager", "lazy")
-EXECUTION_MODES = ("lazy", "eager")
+EXECUTION_MODES = ("lazy", "eager", "compile")
 DEFAULT_EMULATED_DEVICES = 8
 DEFAULT_DEVICE_NAME = "GAUDI2"
 _FLAGS = {"true": True, "1": True, "false": False, "0": False}
 
 log = logging.getLogger("lightning_gaudi")
 
-ExecutionMode = Literal["lazy", "eager"]
+ExecutionMode = Literal["lazy", "eager", "compile"]
 GaudiName = Literal["GAUDI", "GAUDI2", "GAUDI3"]
 
 
@@ -127,6 +137,16 @@ def emulated_device_name(environ: Mapping[str, str] | None = None) -> str:
             f"{DEVICE_NAME_ENV}={name!r} is not a Gaudi generation; choose one of {', '.join(GAUDI_NAMES)}."
         )
     return name
+
+
+def emulated_compile_backend(environ: Mapping[str, str] | None = None) -> str:
+    """The ``torch.compile`` backend of eager emulation: ``LIGHTNING_GAUDI_COMPILE_BACKEND``, else ``inductor``.
+
+    ``inductor`` is the compiler a real run would use on a CPU (it needs a C++ compiler); ``aot_eager`` traces the
+    same graphs (dynamo's capture, guards, graph breaks and recompilations are identical) without generating code,
+    which keeps tests fast. The name is checked against torch's backends when ``HPUCompile`` uses it.
+    """
+    return _environ(environ).get(COMPILE_BACKEND_ENV, "").strip() or DEFAULT_EMULATED_COMPILE_BACKEND
 
 
 def _flag(name: str, value: Any) -> bool | None:
@@ -206,11 +226,16 @@ class Runtime:
     Args:
         emulate: ``True`` runs the HPU code paths on the CPU emulator, ``False`` requires a Gaudi, ``None`` (auto)
             keeps ``LIGHTNING_GAUDI_EMULATE`` when it is set, else uses a Gaudi when Intel's bridge is installed,
-            else emulates (and says so).
-        execution_mode: ``"lazy"`` (ops gather into graphs cut at ``mark_step``) or ``"eager"`` (op by op; what
-            ``torch.compile`` needs). On a Gaudi it sets ``PT_HPU_LAZY_MODE``; under emulation it picks the
-            emulator (``"eager"``: CPU tensors; ``"lazy"``: torch's Lazy Tensor Core). ``None``: the bridge's own
-            default on a Gaudi, ``LIGHTNING_GAUDI_EMULATE`` or eager under emulation.
+            else emulates (the Trainer's "HPU available" line says so, and why).
+        execution_mode: ``"compile"`` (eager mode with ``torch.compile``: Intel's recommended path on current
+            Gaudi software; the HPU strategies add a default :class:`~lightning_gaudi.callbacks.HPUCompile`),
+            ``"eager"`` (op by op, uncompiled) or ``"lazy"`` (ops gather into graphs cut at ``mark_step``; Intel's
+            legacy mode). On a Gaudi it sets ``PT_HPU_LAZY_MODE`` (``0`` for eager and compile); under emulation it
+            picks the emulator (``LIGHTNING_GAUDI_EMULATE=eager`` for eager and compile, where ``torch.compile``
+            uses ``LIGHTNING_GAUDI_COMPILE_BACKEND``, ``inductor`` by default; ``lazy``: torch's Lazy Tensor Core).
+            Compile mode travels in ``LIGHTNING_GAUDI_COMPILE=1``. ``None``: the bridge's own default on a Gaudi
+            (``PT_HPU_LAZY_MODE``, ``0`` on current releases: eager), ``LIGHTNING_GAUDI_EMULATE`` or eager under
+            emulation; a ``LIGHTNING_GAUDI_COMPILE=1`` already set is kept.
         emulated_devices: emulated cards per node (``LIGHTNING_GAUDI_DEVICES``; 8, one Gaudi server, when unset).
         emulated_device_name: the emulated generation, ``"GAUDI"``, ``"GAUDI2"`` (when unset) or ``"GAUDI3"``.
         int64_support: ``PT_ENABLE_INT64_SUPPORT``: keep int64 tensors instead of casting them to int32.
@@ -244,8 +269,8 @@ class Runtime:
         put("int64_support", _flag("int64_support", self.int64_support))
         if self.execution_mode is not None and self.execution_mode not in EXECUTION_MODES:
             raise ValueError(
-                f"`execution_mode={self.execution_mode!r}` is not an execution mode; use 'lazy' or 'eager'"
-                " (or leave it unset for the default)."
+                f"`execution_mode={self.execution_mode!r}` is not an execution mode; use 'compile' (eager +"
+                " torch.compile), 'eager' or 'lazy' (or leave it unset for the default)."
             )
         devices = self.emulated_devices
         if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
@@ -284,6 +309,15 @@ class Runtime:
             if parsed is None:
                 raise ValueError(f"{LAZY_MODE_ENV}={lazy!r} must be 1 (lazy mode) or 0 (eager mode).")
             execution_mode = "lazy" if parsed else "eager"
+        if _compile_flag(env):
+            if execution_mode == "lazy":
+                source = f"{EMULATE_ENV}=lazy" if mode else f"{LAZY_MODE_ENV}={lazy}"
+                raise ValueError(
+                    f"{COMPILE_ENV}=1 asks for compile mode (eager + torch.compile), but {source} asks for lazy mode."
+                    f" Unset {COMPILE_ENV} for lazy mode, or use eager mode ({EMULATE_ENV}=eager in emulation,"
+                    f" {LAZY_MODE_ENV}=0 on a Gaudi); lightning_gaudi.configure(execution_mode=...) sets both."
+                )
+            execution_mode = "compile"
         int64 = env.get(INT64_ENV)
         lists = {key: read_list(env.get(key)) for key in (BF16_LIST_ENV, FP32_LIST_ENV)}
         list_file = env.get(BF16_LIST_ENV) or env.get(FP32_LIST_ENV)
@@ -302,6 +336,21 @@ class Runtime:
     def replace(self, **changes: Any) -> Runtime:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+
+def _compile_flag(env: Mapping[str, str]) -> bool:
+    value = env.get(COMPILE_ENV)
+    if value is None or not value.strip():
+        return False
+    parsed = _FLAGS.get(value.strip().lower())
+    if parsed is None:
+        raise ValueError(f"{COMPILE_ENV}={value!r} must be 1 (compile mode: eager + torch.compile) or 0.")
+    return parsed
+
+
+def _emulator(execution_mode: str | None) -> str | None:
+    """The emulation mode (``LIGHTNING_GAUDI_EMULATE``) that runs ``execution_mode``: compile mode runs on eager."""
+    return "eager" if execution_mode == "compile" else execution_mode
 
 
 def _autocast_changes(settings: Runtime, env: Mapping[str, str]) -> dict[str, str]:
@@ -346,24 +395,18 @@ def configure(runtime: Runtime | None = None, /, **settings: Any) -> Runtime:
     env: MutableMapping[str, str] = os.environ
     current_mode = emulation_mode(env)
     emulate = wanted.emulate
-    notice = None
-    if emulate is None:
+    if emulate is None:  # the Trainer's "HPU available" line says when this chose emulation, and why
         emulate = current_mode is not None or not bridge_installed()
-        if emulate and current_mode is None:
-            notice = (
-                f"lightning_gaudi: no Gaudi here (Intel's bridge is not installed) and {EMULATE_ENV} is unset:"
-                " emulating the HPU on the CPU in {mode} mode ({env}={mode}). Its numbers are CPU numbers."
-            )
     changes: dict[str, str | None] = {}
     if emulate:
-        mode = wanted.execution_mode or current_mode or "eager"
+        mode = _emulator(wanted.execution_mode) or current_mode or "eager"
         changes[EMULATE_ENV] = mode
-        if notice is not None:
-            notice = notice.format(mode=mode, env=EMULATE_ENV)
     else:
         changes[EMULATE_ENV] = None
         if wanted.execution_mode is not None:
             changes[LAZY_MODE_ENV] = "1" if wanted.execution_mode == "lazy" else "0"
+    if wanted.execution_mode is not None:
+        changes[COMPILE_ENV] = "1" if wanted.execution_mode == "compile" else None
     if wanted.emulated_devices is not None:
         changes[DEVICES_ENV] = str(wanted.emulated_devices)
     if wanted.emulated_device_name is not None:
@@ -382,17 +425,11 @@ def configure(runtime: Runtime | None = None, /, **settings: Any) -> Runtime:
             " lightning_gaudi.configure(...) before building the Trainer and before anything imports"
             " habana_frameworks, or export the variables before starting Python."
         )
+    after = {key: value for key, value in {**env, **changed}.items() if value is not None}
+    Runtime.from_env(after)  # a contradiction with a variable already set (compile flag + lazy) changes nothing
     for key, value in changed.items():
         if value is None:
             env.pop(key, None)
         else:
             env[key] = value
-    if notice is not None and _is_global_zero():
-        log.warning(notice)
     return Runtime.from_env(env)
-
-
-def _is_global_zero() -> bool:
-    from lightning_gaudi.distributed.environment import LaunchEnvironment
-
-    return LaunchEnvironment.from_env().is_global_zero

@@ -7,7 +7,16 @@ Each module patches (or relies on) one upstream target and describes itself with
 - ``sync_free_logging``: progress-bar values kept on the device until the bar refreshes;
 - ``loops``: evaluation under ``torch.no_grad`` for one trainer (:func:`~.loops.disable_inference_mode`);
 - ``lr_scheduler``: a torch LR scheduler moved to a replacement optimizer (:func:`~.lr_scheduler.rebind_scheduler`);
-- ``precision_plugin``: a method overridden on one live precision plugin (:func:`~.precision_plugin.override_method`).
+- ``precision_plugin``: a method overridden on one live precision plugin (:func:`~.precision_plugin.override_method`);
+- ``amp_unscaling``: which optimizers Lightning's fp16 plugin leaves scaled until their step
+  (:func:`~.amp_unscaling.unscales_in_step`);
+- ``sync_batchnorm``: synchronized batch norm under eager emulation, built on torch's batch norm base class
+  (:func:`~.sync_batchnorm.convert`);
+- ``device_info``: an "HPU available" line (what runs, the cards used, the strategy) beside Lightning's GPU and TPU
+  lines when a Trainer is built;
+- ``logging_cadence``: when Lightning writes a training batch's logged metrics, and at which step
+  (:func:`~.logging_cadence.train_log_step`);
+- ``tuner_oom``: HPU out-of-memory errors recognised by Lightning's batch-size search.
 
 ``import lightning_gaudi`` calls :func:`install_all`. On a Lightning (or torch) outside the checked range nothing is
 patched and a warning says what still works; ``tests/patches/`` holds one canary per module that fails, naming the
@@ -19,7 +28,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from lightning_gaudi.patches import connector, loops, lr_scheduler, precision_plugin, sync_free_logging
+from lightning_gaudi.patches import (
+    amp_unscaling,
+    connector,
+    device_info,
+    logging_cadence,
+    loops,
+    lr_scheduler,
+    precision_plugin,
+    sync_batchnorm,
+    sync_free_logging,
+    tuner_oom,
+)
 from lightning_gaudi.patches.registry import SUPPORTED_LIGHTNING, SUPPORTED_TORCH, Patch
 
 __all__ = ["PATCHES", "SUPPORTED_LIGHTNING", "SUPPORTED_TORCH", "Patch", "install_all", "installed"]
@@ -34,6 +54,11 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             loops.PATCH,
             lr_scheduler.PATCH,
             precision_plugin.PATCH,
+            amp_unscaling.PATCH,
+            sync_batchnorm.PATCH,
+            device_info.PATCH,
+            logging_cadence.PATCH,
+            tuner_oom.PATCH,
         )
     }
 )

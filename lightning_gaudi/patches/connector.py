@@ -1,11 +1,18 @@
 """HPU choices in Lightning's accelerator connector (``_AcceleratorConnector``).
 
-Lightning 2.6's accelerator connector refuses ``accelerator="hpu"`` with ``strategy="auto"`` and turns
-``precision="bf16-mixed"`` into CUDA autocast for any accelerator but cpu/mps. Three of its methods are wrapped
+Lightning 2.6's accelerator connector refuses ``accelerator="hpu"`` with ``strategy="auto"``, builds its own
+``DDPStrategy`` (gloo, no HCCL, no HPU checkpointing) for ``strategy="ddp"`` and its variants, and turns
+``precision="bf16-mixed"`` into CUDA autocast for any accelerator but cpu/mps. Five of its methods are wrapped
 so that, for the HPU accelerator only:
 
 - ``_choose_auto_accelerator`` picks "hpu" when an HPU (real or emulated) is available;
+- ``_set_devices_flag_if_auto_passed`` makes ``devices="auto"`` one device for a single-device strategy;
 - ``_choose_strategy`` picks "hpu_single" for one device and "hpu_parallel" for more (or several nodes);
+- ``_check_strategy_and_fallback`` maps Lightning's strategy names onto the HPU strategies (``"ddp"``,
+  ``"ddp_spawn"``, ``"ddp_find_unused_parameters_true"``... become :class:`HPUParallelStrategy` with the same
+  settings, ``"single_device"`` becomes :class:`SingleHPUStrategy`), refuses the ones without an HPU equivalent
+  (forking DDP, DeepSpeed, FSDP, XLA) and Lightning's strategy instances, naming the HPU strategy to use, and
+  refuses a single-HPU strategy given several devices;
 - ``_check_and_init_precision`` checks the precision against the device and makes mixed precision autocast
   on the HPU device type.
 
@@ -21,6 +28,9 @@ import importlib
 import warnings
 from typing import Any
 
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy, StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_info
+
 from lightning_gaudi import hpu
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.patches import registry
@@ -31,19 +41,29 @@ _MODULE = "lightning.pytorch.trainer.connectors.accelerator_connector"
 #: The connector attributes the wrappers read; checked before installing.
 CONNECTOR_ATTRIBUTES = (
     "_choose_auto_accelerator",
+    "_set_devices_flag_if_auto_passed",
     "_choose_strategy",
+    "_check_strategy_and_fallback",
     "_check_and_init_precision",
     "_validate_precision_choice",
 )
 #: The connector methods replaced by wrappers.
-WRAPPED = ("_choose_auto_accelerator", "_choose_strategy", "_check_and_init_precision")
-#: Connector instance attributes the wrappers read.
+WRAPPED = (
+    "_choose_auto_accelerator",
+    "_set_devices_flag_if_auto_passed",
+    "_choose_strategy",
+    "_check_strategy_and_fallback",
+    "_check_and_init_precision",
+)
+#: Connector instance attributes the wrappers read (or, for the strategy and devices flags, set).
 INSTANCE_ATTRIBUTES = (
     "_accelerator_flag",
+    "_devices_flag",
     "_num_nodes_flag",
     "_parallel_devices",
     "_precision_flag",
     "_precision_plugin_flag",
+    "_strategy_flag",
     "accelerator",
 )
 _MARK = "__lightning_gaudi_hook__"
@@ -79,6 +99,134 @@ def _choose_strategy(original: Any) -> Any:
     return wrapper
 
 
+def _registered_class(flag: object) -> type | None:
+    if isinstance(flag, str) and flag in StrategyRegistry:
+        found = StrategyRegistry[flag]["strategy"]
+        return found if isinstance(found, type) else None
+    return None
+
+
+def _is_lightnings(cls: type) -> bool:
+    return cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+
+
+def _is_single_device(flag: object) -> bool:
+    from lightning_gaudi.strategies import SingleHPUStrategy
+
+    cls = flag if isinstance(flag, type) else type(flag) if isinstance(flag, Strategy) else _registered_class(flag)
+    return cls is not None and issubclass(cls, (SingleHPUStrategy, SingleDeviceStrategy))
+
+
+def _set_devices_flag_if_auto_passed(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self: Any) -> None:
+        # Lightning makes "auto" every device, which a single-device strategy would silently narrow to one later
+        if (
+            self._devices_flag == "auto"
+            and _is_hpu_flag(self._accelerator_flag)
+            and _is_single_device(self._strategy_flag)
+        ):
+            self._devices_flag = 1
+            return
+        original(self)
+
+    return wrapper
+
+
+_USE_HPU_STRATEGIES = "strategy='hpu_parallel' (DDP over HCCL, one process per card) or 'hpu_single'"
+
+
+def _check_instance(strategy: Strategy) -> None:
+    from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
+
+    cls = type(strategy)
+    if isinstance(strategy, (HPUParallelStrategy, SingleHPUStrategy)):
+        return
+    if isinstance(strategy, (DDPStrategy, SingleDeviceStrategy)):
+        base, hpu_cls = (
+            (DDPStrategy, HPUParallelStrategy)
+            if isinstance(strategy, DDPStrategy)
+            else (SingleDeviceStrategy, SingleHPUStrategy)
+        )
+        if _is_lightnings(cls):
+            fix = f"pass lightning_gaudi's `{hpu_cls.__name__}(...)` instead, which takes the same arguments"
+        else:
+            fix = f"subclass lightning_gaudi's {hpu_cls.__name__} instead of {base.__name__}"
+    elif _is_lightnings(cls):
+        fix = f"use {_USE_HPU_STRATEGIES}"
+    else:
+        return  # a user's own strategy: it may well know the HPU
+    raise ValueError(
+        f"`strategy={cls.__name__}(...)` does not run on HPUs: it sets up neither the HPU, nor HCCL collectives, nor"
+        f" HPU checkpointing. With accelerator='hpu', {fix}."
+    )
+
+
+def _from_name(name: str, parallel_devices: list[Any]) -> str | Strategy:
+    from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
+
+    cls = _registered_class(name)
+    if cls is None or issubclass(cls, (HPUParallelStrategy, SingleHPUStrategy)) or not _is_lightnings(cls):
+        return name
+    if cls is SingleDeviceStrategy:
+        return SingleHPUStrategy(device=parallel_devices[0] if parallel_devices else None)
+    if cls is not DDPStrategy:
+        raise ValueError(f"`strategy={name!r}` ({cls.__name__}) does not run on HPUs. Use {_USE_HPU_STRATEGIES}.")
+    init_params = dict(StrategyRegistry[name]["init_params"])
+    start_method = init_params.pop("start_method", "popen")
+    if start_method not in ("popen", "spawn"):
+        raise ValueError(
+            f"`strategy={name!r}` forks its rank processes; HPUParallelStrategy starts them with 'popen' or 'spawn'"
+            " only (a forked child cannot take over its parent's HPU). Use strategy='hpu_parallel' (each rank re-runs"
+            " the script) or 'hpu_parallel_spawn'; in a notebook, run the training as a script."
+        )
+    settings = ", ".join(f"{key}={value!r}" for key, value in {"start_method": start_method, **init_params}.items())
+    rank_zero_info(f"`strategy={name!r}` with accelerator='hpu': training with HPUParallelStrategy({settings}).")
+    return HPUParallelStrategy(start_method=start_method, **init_params)
+
+
+def hpu_strategy(flag: str | Strategy, parallel_devices: list[Any], num_nodes: int) -> str | Strategy:
+    """The strategy (name or instance) that runs the Trainer's ``strategy=flag`` on HPUs.
+
+    Lightning's DDP names become :class:`~lightning_gaudi.strategies.HPUParallelStrategy` with the same settings
+    (``"ddp_find_unused_parameters_true"``: ``HPUParallelStrategy(find_unused_parameters=True)``), ``"single_device"``
+    becomes :class:`~lightning_gaudi.strategies.SingleHPUStrategy`. HPU strategies, and strategies that are neither
+    Lightning's nor derived from its DDP or single-device strategy (a user's own), are returned unchanged.
+
+    Args:
+        flag: the Trainer's ``strategy`` (a name lower-cased, as Lightning does).
+        parallel_devices: the devices the Trainer selected.
+        num_nodes: the Trainer's ``num_nodes``.
+
+    Raises:
+        ValueError: ``flag`` forks its rank processes, is another Lightning strategy without an HPU version, or is an
+            instance of Lightning's DDP or single-device strategy (or of a subclass); or it trains on one HPU while
+            the Trainer asks for several.
+    """
+    strategy: str | Strategy = flag
+    if isinstance(flag, Strategy):
+        _check_instance(flag)
+    else:
+        strategy = _from_name(flag, parallel_devices)
+    if _is_single_device(strategy) and (len(parallel_devices) > 1 or num_nodes > 1):
+        given = f"{type(flag).__name__}(...)" if isinstance(flag, Strategy) else repr(flag)
+        raise ValueError(
+            f"`strategy={given}` trains on one HPU, but the Trainer asks for {len(parallel_devices)} device(s) on"
+            f" num_nodes={num_nodes} node(s). Use strategy='hpu_parallel' to train on all of them, or devices=1."
+        )
+    return strategy
+
+
+def _check_strategy_and_fallback(original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self: Any) -> None:
+        if _is_hpu_flag(self._accelerator_flag):
+            self._strategy_flag = hpu_strategy(self._strategy_flag, self._parallel_devices, self._num_nodes_flag)
+        original(self)
+
+    return wrapper
+
+
 def _check_and_init_precision(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> Any:
@@ -95,7 +243,9 @@ def _check_and_init_precision(original: Any) -> Any:
 
 _WRAPPERS = {
     "_choose_auto_accelerator": _choose_auto_accelerator,
+    "_set_devices_flag_if_auto_passed": _set_devices_flag_if_auto_passed,
     "_choose_strategy": _choose_strategy,
+    "_check_strategy_and_fallback": _check_strategy_and_fallback,
     "_check_and_init_precision": _check_and_init_precision,
 }
 

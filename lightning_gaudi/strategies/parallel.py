@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import logging
+import math
 import os
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -14,8 +18,10 @@ from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.plugins import TorchSyncBatchNorm
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
@@ -31,31 +37,85 @@ from lightning_gaudi.distributed import (
     init_process_group,
     validate_launch,
 )
-from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
+from lightning_gaudi.strategies._common import check_hpu_accelerator, hpu_device, prepare_trainer
+from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
 
-_MEAN_OPS = ("mean", "avg")
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+# Lightning's handler and level apply to it, so the start-up lines appear where Lightning's own DDP lines would
+_log = logging.getLogger("lightning.pytorch.strategies.hpu_parallel")
+
+#: The reductions HCCL has, by name; a mean is a sum divided by the world size.
+_HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
+    "sum": ReduceOp.SUM,
+    "min": ReduceOp.MIN,
+    "max": ReduceOp.MAX,
+    "mean": ReduceOp.AVG,
+    "avg": ReduceOp.AVG,
+}
+#: ``DistributedDataParallel`` arguments the strategy passes itself.
+_SET_BY_STRATEGY = ("module", "device_ids")
 
 
-def _as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp | ReduceOp.RedOpType:
-    if reduce_op is None or (isinstance(reduce_op, str) and reduce_op.lower() in _MEAN_OPS):
+def _as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
+    if reduce_op is None:
         return ReduceOp.AVG
-    if not isinstance(reduce_op, str):
-        return reduce_op
-    op = getattr(ReduceOp, reduce_op.upper(), None)
-    if not isinstance(op, ReduceOp.RedOpType):
-        raise ValueError(
-            f"`reduce_op={reduce_op!r}` is not a reduction; use 'mean', 'sum', 'min', 'max' or a ReduceOp."
-        )
-    return op
+    if isinstance(reduce_op, str):
+        op = _HCCL_OPS.get(reduce_op.lower())
+        if op is not None:
+            return op
+        if not isinstance(getattr(ReduceOp, reduce_op.upper(), None), ReduceOp.RedOpType):
+            raise ValueError(
+                f"`reduce_op={reduce_op!r}` is not a reduction; use 'mean', 'sum', 'min', 'max' or a ReduceOp."
+            )
+    else:
+        # a ReduceOp object equals its RedOpType but does not hash like it
+        op = next((known for known in _HCCL_OPS.values() if reduce_op == known), None)
+        if op is not None:
+            return op
+    raise ValueError(
+        f"`reduce_op={reduce_op!r}` is not supported on HPU: HCCL reduces with sum, min, max (and mean, as a sum"
+        " divided by the world size), in emulation as on a Gaudi. Use 'sum', 'mean', 'min' or 'max'; for a product,"
+        " all_gather the values and multiply them."
+    )
 
 
 def _check_bucket_cap_mb(value: Any) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
         raise ValueError(
             f"`bucket_cap_mb={value!r}` must be a positive number of megabytes (Intel suggests 100 to 230 on Gaudi)."
         )
+
+
+def _check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuses what ``DistributedDataParallel`` (or Lightning's ``DDPStrategy``) would not take, naming the likely
+    intended argument, before any process starts."""
+    ddp = inspect.signature(DistributedDataParallel.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ddp.values()):
+        return
+    accepted = (set(ddp) | set(inspect.signature(DDPStrategy.__init__).parameters)) - {"self", "kwargs"}
+    accepted -= set(_SET_BY_STRATEGY)
+    own = set(inspect.signature(HPUParallelStrategy.__init__).parameters) - {"self", "kwargs"}
+    for name in kwargs:
+        if name in _SET_BY_STRATEGY:
+            raise TypeError(
+                f"`{name}` is set by HPUParallelStrategy itself when it wraps the model in DistributedDataParallel;"
+                " remove it."
+            )
+        if name not in accepted:
+            close = difflib.get_close_matches(name, sorted(accepted | own), n=1)
+            hint = (
+                f" Did you mean {close[0]!r}?"
+                if close
+                else f" DistributedDataParallel takes: {', '.join(sorted(accepted - own))}."
+            )
+            raise TypeError(
+                f"HPUParallelStrategy got an unexpected keyword argument {name!r}: it is neither one of its own"
+                f" arguments nor one of torch.nn.parallel.DistributedDataParallel's.{hint}"
+            )
 
 
 class HPUParallelStrategy(DDPStrategy):
@@ -118,6 +178,7 @@ class HPUParallelStrategy(DDPStrategy):
         **kwargs: Any,
     ) -> None:
         _check_bucket_cap_mb(bucket_cap_mb)
+        _check_ddp_kwargs(kwargs)
         if start_method not in ("popen", "spawn"):
             raise ValueError(f"`start_method={start_method!r}` is not supported on HPU; use 'popen' or 'spawn'.")
         check_hpu_accelerator(self.strategy_name, accelerator)
@@ -144,6 +205,8 @@ class HPUParallelStrategy(DDPStrategy):
         self._release_first_gradients = False
         # one guard for every backward: entering and leaving it costs well under a microsecond
         self._backward_errors = collective_errors("backward (gradient all-reduce)", self.timeout)
+        # root_device is read for every batch: each device the user named is resolved once
+        self._backend_devices: dict[torch.device, torch.device] = {}
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -169,12 +232,23 @@ class HPUParallelStrategy(DDPStrategy):
                 )
         self._accelerator = accelerator
 
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        """This process's device; in emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
+        device = super().root_device
+        resolved = self._backend_devices.get(device)
+        if resolved is None:
+            resolved = self._backend_devices[device] = hpu_device(device, type(self).__name__)
+        return resolved
+
     @override
     def setup_distributed(self) -> None:
         reset_seed()
         self.set_world_ranks()
         self._process_group_backend = self._get_process_group_backend()
-        hpu.get_backend().init_distributed(self.world_size, self.global_rank, self.local_rank)
+        backend = hpu.get_backend()
+        backend.init_distributed(self.world_size, self.global_rank, self.local_rank)
         if not dist.is_initialized():
             env = self.cluster_environment
             assert env is not None
@@ -182,6 +256,12 @@ class HPUParallelStrategy(DDPStrategy):
             # as arguments
             os.environ["MASTER_ADDR"] = env.main_address
             os.environ["MASTER_PORT"] = str(env.main_port)
+            emulated = f" emulated on the CPU ({backend.name} mode)" if backend.emulated else ""
+            _log.info(
+                f"Initializing distributed: GLOBAL_RANK: {self.global_rank}, MEMBER: {self.global_rank + 1}/"
+                f"{self.world_size} on HPU {self.local_rank} of node {self.node_rank}"
+                f" ({backend.device_name()}{emulated}, device {self.root_device})"
+            )
             init_process_group(
                 self._process_group_backend,
                 rank=self.global_rank,
@@ -189,6 +269,15 @@ class HPUParallelStrategy(DDPStrategy):
                 timeout=self.timeout,
                 master_addr=env.main_address,
                 master_port=env.main_port,
+            )
+            stand_in = f", {self._process_group_backend} standing in for HCCL" if backend.emulated else ""
+            rank_zero_info(
+                f"{'-' * 100}\n"
+                f"distributed_backend={self._process_group_backend}\n"
+                f"All distributed processes registered. Starting with {self.world_size} processes\n"
+                f"HPUs: {self.num_processes} per node x {self.num_nodes} node(s), {backend.device_name()}{emulated}"
+                f"{stand_in}\n"
+                f"{'-' * 100}\n"
             )
 
     @property
@@ -213,6 +302,8 @@ class HPUParallelStrategy(DDPStrategy):
                 devices_on_node=hpu.get_backend().device_count(),
             )
         super().set_world_ranks()
+        for device in self.parallel_devices or ():
+            hpu_device(device, type(self).__name__)  # a device that is no HPU fails here, while the Trainer is built
 
     @override
     def barrier(self, name: str | None = None) -> None:
@@ -302,6 +393,12 @@ class HPUParallelStrategy(DDPStrategy):
         super().setup_environment()
         if self.lightning_module is not None:
             prepare_trainer(self.lightning_module.trainer)
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        if type(self._layer_sync) is TorchSyncBatchNorm:  # Trainer(sync_batchnorm=True)
+            self._layer_sync = HPUSyncBatchNorm()
+        super().setup(trainer)
 
     @classmethod
     @override

@@ -10,16 +10,16 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from typing_extensions import override
 
-from lightning_gaudi import hpu
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
-from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
+from lightning_gaudi.strategies._common import check_hpu_accelerator, hpu_device, prepare_trainer
 
 
 class SingleHPUStrategy(SingleDeviceStrategy):
     """Trains on one HPU (real or emulated).
 
     Args:
-        device: the device to train on; by default the card this process drives.
+        device: the device to train on; by default the card this process drives. In emulation an ``"hpu"`` device
+            means the emulated one.
         accelerator: normally left to the Trainer (``accelerator="hpu"``).
         checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (CPU tensors, atomic).
         precision_plugin: e.g. :class:`~lightning_gaudi.precision.HPUPrecision`.
@@ -49,12 +49,7 @@ class SingleHPUStrategy(SingleDeviceStrategy):
     def root_device(self) -> torch.device:
         # read for every batch moved to the device: ask the backend once, when the environment is final
         if self._hpu_device is None:
-            backend = hpu.get_backend()
-            device = self._requested_device
-            if isinstance(device, torch.device) and device.type == backend.device_type:
-                self._hpu_device = device
-            else:
-                self._hpu_device = backend.device(device if isinstance(device, int) else None)
+            self._hpu_device = hpu_device(self._requested_device, type(self).__name__)
         return self._hpu_device
 
     @property  # type: ignore[override]
@@ -67,6 +62,8 @@ class SingleHPUStrategy(SingleDeviceStrategy):
     def accelerator(self, accelerator: Accelerator | None) -> None:
         check_hpu_accelerator(self.strategy_name, accelerator)
         self._accelerator = accelerator
+        if accelerator is not None:
+            self.root_device  # noqa: B018 - a device that is no HPU fails here, while the Trainer is built
 
     @override
     def setup_environment(self) -> None:

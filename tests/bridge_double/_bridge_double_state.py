@@ -2,7 +2,9 @@
 
 The double's modules (``habana_frameworks.torch.*`` under ``tests/bridge_double``) record every call here as a
 :class:`Call` and read the device they pretend to be from :data:`config`. Use it through the ``bridge_double``
-fixture in ``tests/conftest.py``, which resets it around each test.
+fixture in ``tests/conftest.py``, which resets it around each test. A test makes the device run out of memory with
+:func:`queue_graph_bytes` (what the current lazy graph would allocate) and ``memory={"Limit": ...}``: the next
+``core.mark_step`` then raises :func:`out_of_memory_error`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class Config:
 
 calls: list[Call] = []
 config = Config()
+#: Device memory the ops recorded into the current lazy graph need (see :func:`queue_graph_bytes`).
+pending_graph_bytes = 0
+
+#: The phrase of the double's out-of-memory error. Intel's documentation (../shared/habana-api.md and the seeds)
+#: speaks of "out of memory (OOM)" but does not show the bridge's exception text; the double carries that phrase.
+OUT_OF_MEMORY = "out of memory"
 
 
 def record(name: str, *args: Any, **kwargs: Any) -> None:
@@ -79,9 +87,10 @@ def reset() -> None:
 
 def restore_defaults() -> None:
     """Empties the call log and restores the default device (see :class:`Config`)."""
-    global config
+    global config, pending_graph_bytes
     calls.clear()
     config = Config()
+    pending_graph_bytes = 0
 
 
 def configure(**settings: Any) -> None:
@@ -100,3 +109,29 @@ def is_lazy() -> bool:
 
 def memory() -> dict[str, int]:
     return {key: int(config.memory.get(key, 0)) for key in MEMORY_STAT_KEYS}
+
+
+def queue_graph_bytes(nbytes: int) -> None:
+    """Records that ops added to the current lazy graph need ``nbytes`` of device memory when it runs.
+
+    The double cannot run ops, so a test says what its graph would allocate; the next ``core.mark_step`` launches
+    the graph and raises :func:`out_of_memory_error` when ``InUse`` plus the pending bytes exceed ``Limit``.
+    """
+    global pending_graph_bytes
+    pending_graph_bytes += int(nbytes)
+
+
+def launch_graph() -> None:
+    """What ``core.mark_step`` does with the pending graph: runs it (frees it) or fails for want of memory."""
+    global pending_graph_bytes
+    needed, pending_graph_bytes = pending_graph_bytes, 0
+    stats = memory()
+    if stats["Limit"] and stats["InUse"] + needed > stats["Limit"]:
+        raise out_of_memory_error(needed)
+
+
+def out_of_memory_error(nbytes: int) -> RuntimeError:
+    """The error the double raises when a graph needs more device memory than is free (see :data:`OUT_OF_MEMORY`)."""
+    stats = memory()
+    free = stats["Limit"] - stats["InUse"]
+    return RuntimeError(f"HPU {OUT_OF_MEMORY}: a graph needs {nbytes} bytes, {free} of {stats['Limit']} are free")

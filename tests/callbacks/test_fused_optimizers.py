@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -12,7 +13,7 @@ import torch
 from helpers.workload import Workload, loader, quiet_trainer
 from torch import nn
 
-from lightning_gaudi import hpu
+from lightning_gaudi import HPUPrecision, hpu
 from lightning_gaudi.callbacks import FusedOptimizers
 from lightning_gaudi.callbacks.fused_optimizers import fuse_optimizer
 
@@ -148,3 +149,91 @@ def test_other_optimizers_left_alone(eager_hpu: hpu.Backend) -> None:
     with pytest.warns(UserWarning, match="leaves RMSprop as it is"):
         trainer = _fit(Rms(), fused=True)
     assert isinstance(trainer.optimizers[0], torch.optim.RMSprop)
+
+
+class ClipProbe(Workload):
+    """AdamW regression that records the gradients' total norm right after clipping, and can poison one step's
+    gradients with inf (which the fp16 gradient scaler must catch: that step is skipped)."""
+
+    def __init__(self, poison_step: int | None = None) -> None:
+        super().__init__("adamw", eps=1e-8)
+        self.poison_step = poison_step
+        self.clipped_norms: list[float] = []
+
+    def on_after_backward(self) -> None:
+        if self.trainer.global_step == self.poison_step:
+            self.net[0].weight.grad[0, 0] = float("inf")
+
+    def configure_gradient_clipping(
+        self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        norms = [p.grad.float().norm() for p in self.parameters() if p.grad is not None]
+        self.clipped_norms.append(torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0)
+
+
+def _fp16_clip_run(fused: bool, poison_step: int | None = None) -> tuple[ClipProbe, Any]:
+    torch.manual_seed(0)
+    model = ClipProbe(poison_step)
+    # a small initial scale, so that only the poisoned step overflows
+    plugin = HPUPrecision("16-mixed", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8))
+    trainer = _fit(model, fused=fused, gradient_clip_val=0.05, plugins=[plugin])
+    return model, trainer
+
+
+@pytest.mark.parametrize("poison_step", [None, 1])
+def test_16_mixed_clips_a_fused_optimizer_like_an_unfused_one(eager_hpu: hpu.Backend, poison_step: int | None) -> None:
+    """fp16 + fused + clipping: gradients are unscaled before they are clipped, and inf steps are still skipped."""
+    reference, reference_trainer = _fp16_clip_run(fused=False, poison_step=poison_step)
+    candidate, trainer = _fp16_clip_run(fused=True, poison_step=poison_step)
+    assert trainer.optimizers[0].defaults["fused"] is True
+    assert len(candidate.clipped_norms) == 4
+    skipped = [] if poison_step is None else [poison_step]
+    assert [i for i, n in enumerate(reference.clipped_norms) if not math.isfinite(n)] == skipped
+    finite = [n for n in reference.clipped_norms if math.isfinite(n)]
+    assert all(n == pytest.approx(0.05, rel=1e-3) for n in finite), "clipped to the bound, in unscaled units"
+    torch.testing.assert_close(
+        torch.tensor(candidate.clipped_norms), torch.tensor(reference.clipped_norms), equal_nan=True
+    )
+    scale, reference_scale = (t.precision_plugin.scaler.get_scale() for t in (trainer, reference_trainer))
+    assert scale == reference_scale == (2.0**7 if poison_step is not None else 2.0**8)
+    for expected, actual in zip(reference.parameters(), candidate.parameters(), strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_16_mixed_string_skips_the_overflowing_first_step_of_a_fused_optimizer(eager_hpu: hpu.Backend) -> None:
+    """The default scale (2**16) overflows this model's first gradients: the fused step must be skipped."""
+    torch.manual_seed(0)
+    model = ClipProbe()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = quiet_trainer(max_steps=1, callbacks=[FusedOptimizers()], gradient_clip_val=0.05, precision="16-mixed")
+    trainer.fit(model, loader(1))
+    assert trainer.optimizers[0].defaults["fused"] is True
+    assert trainer.precision_plugin.scaler.get_scale() == 2.0**15, "the inf step lowered the scale"
+    for old, new in zip(before, model.parameters(), strict=True):
+        torch.testing.assert_close(new, old, rtol=0, atol=0)
+
+
+class ClipTwice(ClipProbe):
+    def configure_gradient_clipping(
+        self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+
+class SkipsABatch(ClipProbe):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        return None if batch_idx == 1 else loss  # Lightning skips backward and the step
+
+
+@pytest.mark.parametrize("model_class", [ClipTwice, SkipsABatch])
+def test_16_mixed_fused_clipping_unscales_once_per_step(eager_hpu: hpu.Backend, model_class: type) -> None:
+    """Clipping twice in a step, or a batch whose backward is skipped, must not unscale twice before one update."""
+    torch.manual_seed(0)
+    model = model_class()
+    plugin = HPUPrecision("16-mixed", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8))
+    trainer = _fit(model, fused=True, gradient_clip_val=0.05, plugins=[plugin])
+    assert trainer.global_step == 4
+    assert all(n == pytest.approx(0.05, rel=1e-3) for n in model.clipped_norms if n > 0.0)

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from helpers.hf_style import (
+    HFStyleClassifier,
+    TinyForSequenceClassification,
+    TinyLayer,
+    token_loader,
+    token_samples,
+)
 from helpers.workload import FEATURES, Workload, loader, quiet_trainer
+from lightning.pytorch import LightningModule, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
-from lightning_gaudi import hpu
-from lightning_gaudi.callbacks import HPUCompile, HPUGraphs
+from lightning_gaudi import HPUParallelStrategy, hpu
+from lightning_gaudi.callbacks import FusedOptimizers, HPUCompile, HPUGraphs
+from lightning_gaudi.callbacks.inference import CompiledForward, compile_targets
+from lightning_gaudi.patches import dynamo
 
 
 def _spy_wrap(backend: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
@@ -75,23 +91,183 @@ def test_bad_stage() -> None:
         HPUGraphs(stages=["fit"])
 
 
-class CompileProbe(Workload):
-    compiled = False
+# ----------------------------------------------------------------------------------------------------------------------
+# HPUCompile (the suite compiles with aot_eager: tests/conftest.py)
+# ----------------------------------------------------------------------------------------------------------------------
 
-    def forward(self, x: Tensor) -> Tensor:
-        CompileProbe.compiled |= torch.compiler.is_compiling()
-        return self.net(x)
-
-
-def test_eager_compile(eager_hpu: hpu.Backend) -> None:
-    model = CompileProbe()
-    quiet_trainer(max_steps=2, callbacks=[HPUCompile()]).fit(model, loader(2))
-    assert CompileProbe.compiled
-    assert "forward" not in vars(model), "the plain forward is back after fit"
+SAMPLES = token_samples(16, 8, 8)
 
 
-def test_compile_refuses_lazy_mode_and_a_backend(lazy_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="needs eager mode"):
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Empty compile caches: dynamo keeps graphs per code object for the life of the process."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+def _fit(callbacks: list[Any], steps: int = 3, **trainer_kwargs: Any) -> HFStyleClassifier:
+    seed_everything(0, verbose=False)
+    model = HFStyleClassifier()
+    quiet_trainer(max_steps=steps, callbacks=callbacks, **trainer_kwargs).fit(model, token_loader(SAMPLES))
+    return model
+
+
+def test_hf_style_module_compiles_and_matches_uncompiled(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:
+    """``self.model(**batch)`` in training_step: the model's forward is compiled (the LightningModule has none)."""
+    plain = _fit([])
+    assert dynamo.cache_entries(TinyForSequenceClassification.forward) == 0
+    compiled = _fit([HPUCompile()])
+    assert dynamo.cache_entries(TinyForSequenceClassification.forward) >= 1, "no graph was compiled"
+    torch.testing.assert_close(torch.stack(compiled.losses), torch.stack(plain.losses))
+    torch.testing.assert_close(compiled.state_dict(), plain.state_dict())
+    assert "forward" not in vars(compiled.model), "the plain forward is back after fit"
+
+
+def test_regional_compiles_each_repeated_layer_once(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:
+    model = _fit([HPUCompile(regional=True)])
+    assert [name for name, _ in compile_targets(model, regional=True)] == [
+        "model.encoder.layer.0",
+        "model.encoder.layer.1",
+    ]
+    assert dynamo.cache_entries(TinyLayer.forward) == 1, "both layers run the one graph"
+    assert dynamo.cache_entries(TinyForSequenceClassification.forward) == 0, "only the layers are compiled"
+
+
+class Containers(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(*(nn.Linear(4, 4) for _ in range(3)))
+        self.heads = nn.ModuleList([nn.Linear(4, 1), nn.Linear(4, 2)])
+        self.loss_fn = nn.MSELoss()  # no parameters: not a network
+        self.mixed = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+
+
+def test_compile_targets() -> None:
+    module = Containers()
+    assert [name for name, _ in compile_targets(module)] == ["backbone", "heads.0", "heads.1", "mixed"]
+    regional = ["backbone.0", "backbone.1", "backbone.2", "heads.0", "heads.1", "mixed"]
+    assert [name for name, _ in compile_targets(module, regional=True)] == regional
+
+
+def test_torch_builtin_modules_compile(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:
+    """``nn.Sequential(...).compile()`` compiles nothing (dynamo skips torch's files); HPUCompile's frame does."""
+    probe = nn.Sequential(nn.Linear(FEATURES, 2))
+    probe.compile(backend="aot_eager")
+    probe(torch.ones(1, FEATURES))
+    assert dynamo.frames_started() == 0
+    callback = HPUCompile()
+    model = Workload()
+    trainer = quiet_trainer(max_steps=2, callbacks=[callback])
+    callback.setup(trainer, model, "fit")
+    entry = callback.compiled["net"]
+    callback.teardown(trainer, model, "fit")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, loader(2))
+    assert not [w for w in caught if "HPUCompile" in str(w.message)]
+    assert dynamo.cache_entries(entry.code) >= 1
+
+
+def test_checkpoints_hold_plain_names_and_load_both_ways(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
+    saver = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1)
+    _fit([HPUCompile(), saver], steps=2, enable_checkpointing=True)
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["state_dict"]
+    assert sorted(state) == sorted(HFStyleClassifier().state_dict())
+    assert not [name for name in state if "_orig_mod" in name]
+    HFStyleClassifier().load_state_dict(state)  # strict, uncompiled
+    resumed = HFStyleClassifier()
+    trainer = quiet_trainer(max_steps=3, callbacks=[HPUCompile()])
+    trainer.fit(resumed, token_loader(SAMPLES), ckpt_path=tmp_path / "last.ckpt")
+    assert trainer.global_step == 3
+    assert dynamo.cache_entries(TinyForSequenceClassification.forward) >= 1
+
+
+def test_copies_of_a_compiled_module(eager_hpu: hpu.Backend) -> None:
+    callback = HPUCompile()
+    model = HFStyleClassifier()
+    trainer = quiet_trainer()
+    callback.setup(trainer, model, "fit")
+    batch = next(iter(token_loader(SAMPLES)))
+    twin = copy.deepcopy(model)  # what EMA and SWA do
+    with torch.no_grad():
+        twin.model.classifier.bias.add_(1.0)
+    forward = vars(twin.model)["forward"]
+    assert isinstance(forward, CompiledForward)
+    assert forward is not vars(model.model)["forward"]
+    assert not torch.equal(twin.model(**batch).logits, model.model(**batch).logits), "the copy runs its own weights"
+    restored = pickle.loads(pickle.dumps(model))
+    assert not isinstance(vars(restored.model).get("forward"), CompiledForward), "restored uncompiled"
+    torch.testing.assert_close(restored.model(**batch).logits, model.model(**batch).logits)
+    callback.teardown(trainer, model, "fit")
+
+
+class CallsAnotherMethod(HFStyleClassifier):
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        hidden = self.model.embeddings(batch["input_ids"])  # the compiled model's forward never runs
+        return hidden.pow(2).mean()
+
+
+def test_nothing_compiled_in_the_first_step_is_explained(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:
+    with pytest.warns(UserWarning, match=r"compiled no graph in the first step.*called none of their forwards"):
+        quiet_trainer(max_steps=2, callbacks=[HPUCompile()]).fit(CallsAnotherMethod(), token_loader(SAMPLES))
+    with torch._dynamo.config.patch(disable=True), pytest.warns(UserWarning, match=r"dynamo compiled no frame"):
+        _fit([HPUCompile()], steps=1)
+
+
+def test_ddp_bucket_dynamo_cannot_split_is_an_error_before_training(eager_hpu: hpu.Backend) -> None:
+    trainer = quiet_trainer(strategy=HPUParallelStrategy(bucket_cap_mb=0.5), devices=2)
+    with pytest.raises(ValueError, match=r"bucket_cap_mb=0.5.*First bucket should be smaller.*at least 1"):
+        HPUCompile().setup(trainer, Workload(), "fit")
+    trainer = quiet_trainer(strategy=HPUParallelStrategy(bucket_cap_mb=1), devices=2)
+    callback = HPUCompile()
+    model = Workload()
+    callback.setup(trainer, model, "fit")
+    callback.teardown(trainer, model, "fit")
+
+
+def test_compile_with_bf16_fused_optimizers_accumulation_validation_and_predict(
+    eager_hpu: hpu.Backend, fresh_dynamo: None
+) -> None:
+    settings: dict[str, Any] = {"precision": "bf16-mixed", "accumulate_grad_batches": 2, "limit_val_batches": 1}
+
+    def run(callbacks: list[Any]) -> tuple[HFStyleClassifier, Tensor]:
+        seed_everything(0, verbose=False)
+        model = HFStyleClassifier()
+        trainer = quiet_trainer(max_steps=2, callbacks=[FusedOptimizers(), *callbacks], **settings)
+        trainer.fit(model, token_loader(SAMPLES), token_loader(SAMPLES[:4]))
+        predictions = trainer.predict(model, token_loader(SAMPLES[:4]))
+        assert predictions is not None
+        return model, torch.cat(predictions)  # type: ignore[arg-type]
+
+    plain, plain_predictions = run([])
+    compiled, predictions = run([HPUCompile()])
+    torch.testing.assert_close(torch.stack(compiled.losses), torch.stack(plain.losses), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(predictions, plain_predictions, atol=2e-2, rtol=2e-2)
+    # training, validation (eval, no grad) and predict graphs
+    assert dynamo.cache_entries(TinyForSequenceClassification.forward) >= 2
+
+
+def test_compile_refuses_lazy_mode(lazy_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match=r"needs eager mode.*execution_mode='compile'"):
         quiet_trainer(callbacks=[HPUCompile()]).fit(Workload(), loader(1))
-    with pytest.raises(ValueError, match="picks the backend"):
-        HPUCompile(backend="inductor")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"backend": "inductor"}, r"picks the backend itself.*LIGHTNING_GAUDI_COMPILE_BACKEND"),
+        ({"disable": True}, r"unknown argument\(s\) \['disable'\].*`dynamic`, `fullgraph`, `mode`, `options`"),
+        ({"mode": "max-autotune", "options": {"epilogue_fusion": True}}, "both `mode='max-autotune'` and `options`"),
+        ({"regional": "yes"}, "`regional='yes'` must be true or false"),
+        ({"dynamic": "auto"}, "`dynamic='auto'` must be true, false or None"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        HPUCompile(**kwargs)
+
+
+def test_compile_kwargs_style_callers_still_work() -> None:
+    callback = HPUCompile(**{"dynamic": False, "fullgraph": True, "mode": "reduce-overhead"})
+    assert callback.compile_kwargs == {"dynamic": False, "fullgraph": True, "mode": "reduce-overhead", "options": None}

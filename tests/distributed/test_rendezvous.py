@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from lightning_gaudi.distributed import (
     CollectiveTimeoutError,
     InvalidLaunchError,
     LaunchEnvironment,
+    PortInUseError,
     coerce_timeout,
     free_port,
     init_process_group,
@@ -35,6 +37,18 @@ def test_coerce_timeout() -> None:
         coerce_timeout("10m")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"`timeout=True`"):
         coerce_timeout(True)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -float("inf"), 1e20])
+def test_coerce_timeout_refuses_what_is_not_finite(seconds: float) -> None:
+    with pytest.raises(ValueError, match=r"`timeout=.*` must be a finite number of seconds"):
+        coerce_timeout(seconds)
+
+
+@pytest.mark.parametrize("seconds", [-60, -60.0, 0.0])
+def test_coerce_timeout_refuses_what_is_not_positive(seconds: float) -> None:
+    with pytest.raises(ValueError, match=r"` must be positive \(seconds, or a timedelta\): it bounds how long"):
+        coerce_timeout(seconds)
 
 
 def test_uses_agent_store() -> None:
@@ -124,3 +138,28 @@ def test_a_missing_peer_ends_the_set_up_within_the_timeout(monkeypatch: pytest.M
     with pytest.raises(CollectiveTimeoutError, match=r"^Rank 1/2: the process group did not form within timeout="):
         init_process_group("gloo", 1, 2, timedelta(seconds=1), launch=LaunchEnvironment())
     assert time.monotonic() - started < 30
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that another process (here: a socket of this one) listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def test_a_taken_port_is_named_at_once(monkeypatch: pytest.MonkeyPatch, no_group: None, taken_port: int) -> None:
+    """Rank 0 cannot open the rendezvous store on a port that is in use: say so now, not as a timeout later."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(taken_port))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    started = time.monotonic()
+    with pytest.raises(PortInUseError, match=rf"MASTER_PORT={taken_port} .* is already in use") as caught:
+        init_process_group("gloo", 0, 2, timedelta(seconds=20), launch=LaunchEnvironment())
+    assert time.monotonic() - started < 5
+    message = str(caught.value)
+    assert "unset MASTER_PORT" in message
+    assert "MASTER_PORT=" in message.split("already in use", 1)[1]  # a free port to pick
+    assert not isinstance(caught.value, CollectiveTimeoutError)
+    assert "timeout" not in message

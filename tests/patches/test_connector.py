@@ -7,6 +7,7 @@ HPU strategy on its own again, which would make a wrapper unnecessary).
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -18,7 +19,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning_utilities.core.imports import RequirementCache
 
-from lightning_gaudi import HPUParallelStrategy, HPUPrecision, SingleHPUStrategy, hpu
+from lightning_gaudi import HPUAccelerator, HPUCheckpointIO, HPUParallelStrategy, HPUPrecision, SingleHPUStrategy, hpu
 from lightning_gaudi.patches import connector, registry
 
 UPSTREAM = "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector"
@@ -135,3 +136,153 @@ def test_hooks_reinstall_after_uninstall(monkeypatch: pytest.MonkeyPatch) -> Non
         warnings.simplefilter("error")
         assert connector.install() is True
     assert connector.installed()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Lightning's strategy names and instances under accelerator="hpu"
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_stock_connector_keeps_lightnings_ddp_under_hpu(eager_hpu: hpu.Backend) -> None:
+    """Canary: Lightning itself still maps nothing; `strategy="ddp"` with HPUs builds its own CPU/GPU DDPStrategy."""
+    built = Trainer(accelerator="hpu", strategy="hpu_parallel", devices=2, logger=False)._accelerator_connector
+    built._strategy_flag = "ddp"
+    _stock("_check_strategy_and_fallback")(built)
+    assert built._strategy_flag == "ddp", f"{UPSTREAM}._check_strategy_and_fallback now changes 'ddp' under HPU"
+    built._init_strategy()
+    assert type(built.strategy) is DDPStrategy
+
+
+def test_stock_auto_devices_are_every_device(eager_hpu: hpu.Backend) -> None:
+    """Canary: 'auto' devices become the accelerator's device count (what the hpu_single hook narrows to one)."""
+    built = Trainer(accelerator="hpu", strategy="hpu_single", devices=1, logger=False)._accelerator_connector
+    built._devices_flag = "auto"
+    _stock("_set_devices_flag_if_auto_passed")(built)
+    assert built._devices_flag == eager_hpu.device_count()
+
+
+def test_connector_runs_the_hooked_steps_in_the_order_the_hooks_rely_on() -> None:
+    """Canary: devices resolve before the strategy flag is checked, and the flag is checked before it is built."""
+    source = inspect.getsource(_AcceleratorConnector.__init__)
+    steps = [
+        "_set_parallel_devices_and_init_accelerator",
+        "_choose_strategy",
+        "_check_strategy_and_fallback",
+        "_init_strategy",
+        "_check_and_init_precision",
+        "_lazy_init_strategy",
+    ]
+    positions = [source.find(f"self.{step}(") for step in steps]
+    assert -1 not in positions, f"{UPSTREAM}.__init__ no longer calls {steps[positions.index(-1)]}"
+    assert positions == sorted(positions), f"{UPSTREAM}.__init__ calls {steps} in another order now"
+    source = inspect.getsource(_AcceleratorConnector._set_parallel_devices_and_init_accelerator)
+    assert source.find("self._set_devices_flag_if_auto_passed()") < source.find("parse_devices"), (
+        f"{UPSTREAM}._set_parallel_devices_and_init_accelerator no longer resolves 'auto' devices before parsing"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("ddp", {"start_method": "popen", "find_unused_parameters": False}),
+        ("ddp_spawn", {"start_method": "spawn", "find_unused_parameters": False}),
+        ("ddp_find_unused_parameters_true", {"start_method": "popen", "find_unused_parameters": True}),
+        ("ddp_find_unused_parameters_false", {"start_method": "popen", "find_unused_parameters": False}),
+        ("ddp_spawn_find_unused_parameters_true", {"start_method": "spawn", "find_unused_parameters": True}),
+        ("DDP", {"start_method": "popen", "find_unused_parameters": False}),  # Lightning lower-cases names
+    ],
+)
+def test_lightning_ddp_names_run_the_hpu_strategy(eager_hpu: hpu.Backend, name: str, expected: dict[str, Any]) -> None:
+    trainer = Trainer(accelerator="hpu", strategy=name, devices=2, logger=False)
+    strategy = trainer.strategy
+    assert type(strategy) is HPUParallelStrategy
+    assert strategy._start_method == expected["start_method"]
+    assert strategy.ddp_kwargs["find_unused_parameters"] is expected["find_unused_parameters"]
+    assert strategy.ddp_kwargs["gradient_as_bucket_view"] is True  # the HPU strategy's defaults, not Lightning's
+    assert strategy._get_process_group_backend() == "gloo"
+    assert isinstance(strategy.checkpoint_io, HPUCheckpointIO)
+
+
+def test_lightning_ddp_name_under_auto_accelerator(eager_hpu: hpu.Backend) -> None:
+    assert type(Trainer(strategy="ddp", devices=2, logger=False).strategy) is HPUParallelStrategy
+
+
+def test_lightning_single_device_name_runs_the_hpu_strategy(eager_hpu: hpu.Backend) -> None:
+    assert type(Trainer(accelerator="hpu", strategy="single_device", devices=1, logger=False).strategy) is (
+        SingleHPUStrategy
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ddp_fork", "ddp_notebook", "ddp_fork_find_unused_parameters_true", "ddp_notebook_find_unused_parameters_false"],
+)
+def test_forking_ddp_names_are_refused_naming_the_hpu_ones(eager_hpu: hpu.Backend, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"`strategy='{name}'` forks.*'hpu_parallel'.*'hpu_parallel_spawn'"):
+        Trainer(accelerator="hpu", strategy=name, devices=2, logger=False)
+
+
+@pytest.mark.parametrize("name", ["deepspeed", "fsdp", "xla"])
+def test_other_lightning_strategies_are_refused_naming_the_hpu_ones(eager_hpu: hpu.Backend, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"`strategy='{name}'` .* does not run on HPUs.*'hpu_parallel'"):
+        Trainer(accelerator="hpu", strategy=name, devices=2, logger=False)
+
+
+def test_lightning_ddp_name_in_lazy_emulation_is_refused_as_hpu_parallel(lazy_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match="'hpu_parallel' cannot run under LIGHTNING_GAUDI_EMULATE=lazy"):
+        Trainer(accelerator="hpu", strategy="ddp", devices=1, logger=False)
+
+
+def test_lightning_ddp_instance_is_refused(eager_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match=r"DDPStrategy.*does not run on HPUs.*HPUParallelStrategy\(\.\.\.\)"):
+        Trainer(accelerator="hpu", strategy=DDPStrategy(find_unused_parameters=True), devices=2, logger=False)
+    with pytest.raises(ValueError, match=r"DDPStrategy.*does not run on HPUs.*HPUParallelStrategy"):
+        Trainer(strategy=DDPStrategy(accelerator=HPUAccelerator()), devices=2, logger=False)
+
+
+def test_a_ddp_subclass_instance_is_refused(eager_hpu: hpu.Backend) -> None:
+    class MyDDP(DDPStrategy):
+        pass
+
+    with pytest.raises(
+        ValueError,
+        match=r"MyDDP.*does not run on HPUs.*subclass lightning_gaudi's HPUParallelStrategy instead of DDPStrategy",
+    ):
+        Trainer(accelerator="hpu", strategy=MyDDP(), devices=2, logger=False)
+
+
+def test_lightning_single_device_instance_is_refused(eager_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match=r"SingleDeviceStrategy.*does not run on HPUs.*SingleHPUStrategy"):
+        Trainer(accelerator="hpu", strategy=SingleDeviceStrategy(device="cpu"), devices=1, logger=False)
+
+
+def test_lightning_ddp_is_left_alone_on_other_accelerators(eager_hpu: hpu.Backend) -> None:
+    assert type(Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False).strategy) is DDPStrategy
+    assert type(Trainer(accelerator="cpu", strategy=DDPStrategy(), devices=2, logger=False).strategy) is DDPStrategy
+
+
+@pytest.mark.parametrize(
+    ("strategy", "devices", "num_nodes"),
+    [("hpu_single", 2, 1), ("hpu_single", "0,1", 1), ("single_device", 2, 1), ("hpu_single", 1, 2), (None, 2, 1)],
+)
+def test_single_hpu_strategy_with_several_devices_is_refused(
+    eager_hpu: hpu.Backend, strategy: str | None, devices: Any, num_nodes: int
+) -> None:
+    with pytest.raises(ValueError, match=r"trains on one HPU, but the Trainer asks for .*strategy='hpu_parallel'"):
+        Trainer(
+            accelerator="hpu",
+            strategy=SingleHPUStrategy() if strategy is None else strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            logger=False,
+        )
+
+
+def test_single_hpu_strategy_with_auto_devices_takes_one(eager_hpu: hpu.Backend) -> None:
+    assert eager_hpu.device_count() > 1
+    trainer = Trainer(accelerator="hpu", strategy="hpu_single", logger=False)  # devices="auto"
+    assert type(trainer.strategy) is SingleHPUStrategy
+    assert trainer.num_devices == 1
+    trainer = Trainer(accelerator="hpu", logger=False)  # strategy and devices "auto": every card, in parallel
+    assert type(trainer.strategy) is HPUParallelStrategy
+    assert trainer.num_devices == eager_hpu.device_count()

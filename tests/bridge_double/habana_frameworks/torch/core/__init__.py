@@ -5,6 +5,7 @@ import _bridge_double_state as _state
 
 def mark_step(device_str="", sync=False):
     _state.record("core.mark_step", device_str=device_str, sync=sync)
+    _state.launch_graph()
 
 
 def is_lazy():

@@ -1,0 +1,106 @@
+"""HPU out-of-memory errors in Lightning's batch-size search (``Tuner.scale_batch_size``).
+
+``lightning.pytorch.tuner.batch_size_scaling`` imports ``is_oom_error`` by name from
+``lightning.pytorch.utilities.memory`` and its scaling loops (``_run_power_scaling``, ``_run_binsearch_scaling``)
+call it on every ``RuntimeError`` to decide between backing off and re-raising; it knows CUDA, cuDNN and CPU messages
+only. :func:`install` replaces that module's name with a function that keeps Lightning's answer and adds the HPU
+backend's (:meth:`~lightning_gaudi.hpu.Backend.is_out_of_memory`). ``tests/patches/test_tuner_oom.py`` fails when
+the loops stop reading the name.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+
+from lightning_gaudi import hpu
+from lightning_gaudi.patches import registry
+
+_MODULE = "lightning.pytorch.tuner.batch_size_scaling"
+_NAME = "is_oom_error"
+#: The scaling loops that look up :data:`_NAME` in :data:`_MODULE` when an error comes.
+READERS = ("_run_power_scaling", "_run_binsearch_scaling")
+_MARK = "__lightning_gaudi_hook__"
+
+
+def _module() -> ModuleType | None:
+    try:  # looked up when called: a Lightning that moved it must still import lightning_gaudi
+        return importlib.import_module(_MODULE)
+    except ImportError:
+        return None
+
+
+def missing_targets() -> list[str]:
+    """What the patch relies on and this Lightning lacks; empty when everything is as checked."""
+    module = _module()
+    if module is None or not callable(getattr(module, _NAME, None)):
+        return [f"{_MODULE}.{_NAME}"]
+    missing = []
+    for reader in READERS:
+        code = getattr(getattr(module, reader, None), "__code__", None)
+        if code is None or _NAME not in code.co_names:
+            missing.append(f"{_MODULE}.{reader} using {_NAME}")
+    return missing
+
+
+def is_hpu_out_of_memory(error: BaseException) -> bool:
+    """Whether the HPU backend of this process's settings takes ``error`` for running out of device memory.
+
+    ``False`` when there is no HPU (nor emulation) or its settings are malformed: then only Lightning's cases apply.
+    """
+    try:
+        backend = hpu.get_backend()
+    except (hpu.HPUUnavailableError, ValueError):
+        return False
+    return backend.is_out_of_memory(error)
+
+
+def _wrap(original: Callable[[BaseException], bool]) -> Callable[[BaseException], bool]:
+    @functools.wraps(original)
+    def is_oom_error(exception: BaseException) -> bool:
+        return original(exception) or is_hpu_out_of_memory(exception)
+
+    setattr(is_oom_error, _MARK, True)
+    return is_oom_error
+
+
+def installed() -> bool:
+    """Whether the batch-size search recognises HPU out-of-memory errors."""
+    module = _module()
+    return module is not None and getattr(getattr(module, _NAME, None), _MARK, False)
+
+
+def install() -> bool:
+    """Makes the batch-size search recognise HPU out-of-memory errors (idempotent). Returns whether it does.
+
+    On a Lightning version outside :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or whose search
+    no longer reads the name, nothing is patched and a warning says what still works.
+    """
+    if installed():
+        return True
+    supported = registry.LIGHTNING_SUPPORTED
+    missing = missing_targets()
+    if not supported or missing:
+        warnings.warn(
+            f"lightning_gaudi was checked against {registry.SUPPORTED_LIGHTNING} ({supported.message or 'ok'};"
+            f" missing: {missing or 'nothing'}). The batch-size search (`Tuner.scale_batch_size`) stops at an HPU"
+            " out-of-memory error instead of backing off: pass the batch size yourself; everything else works.",
+            stacklevel=2,
+        )
+        return False
+    module = _module()
+    assert module is not None
+    setattr(module, _NAME, _wrap(getattr(module, _NAME)))
+    return True
+
+
+PATCH = registry.Patch(
+    name="tuner_oom",
+    targets=(f"{_MODULE}.{_NAME}", *(f"{_MODULE}.{reader}" for reader in READERS)),
+    requirement=registry.SUPPORTED_LIGHTNING,
+    install=install,
+    installed=installed,
+)

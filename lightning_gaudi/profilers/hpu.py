@@ -1,0 +1,196 @@
+"""``HPUProfiler``: Lightning's PyTorch profiler with HPU activity, a schedule past the warm-up, and a report."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.profilers import PyTorchProfiler
+from torch.profiler import ProfilerActivity
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+
+#: Spans Lightning records around the model's own work in a training step (forward and backward).
+_MODEL_SPANS = re.compile(r"\[Strategy\]\w+\.(training_step|backward)$")
+#: Spans of work on the host that is not the model, by what a user can change about it.
+_HOST_SPANS = {
+    "data loading": re.compile(r"train_dataloader_next$|\.batch_to_device$"),
+    "callbacks": re.compile(r"\[Callback\]"),
+    "optimizer": re.compile(r"^Optimizer\.step#|\.optimizer_zero_grad$"),
+}
+_STEP_SPAN = re.compile(r"^ProfilerStep#?\d*\*?$")
+#: The op every device-to-host read goes through (``.item()``, ``bool(tensor)``, ``.tolist()`` of a scalar).
+_HOST_SYNC_OP = "aten::_local_scalar_dense"
+
+
+@dataclass
+class ProfileReport:
+    """What the profiled training steps spent their time on.
+
+    Attributes:
+        steps: profiled training steps.
+        step_ms: mean wall time of a step, in milliseconds.
+        model_share: the share of step time in the model's forward and backward.
+        host_shares: the share of step time spent, outside the model, on data loading, callbacks and the optimizer.
+        top_operators: ``(op name, self time in ms over the profiled steps)``, the most expensive first.
+        host_syncs: device-to-host reads seen in the profiled steps.
+    """
+
+    steps: int = 0
+    step_ms: float = 0.0
+    model_share: float = 0.0
+    host_shares: dict[str, float] = field(default_factory=dict)
+    top_operators: list[tuple[str, float]] = field(default_factory=list)
+    host_syncs: int = 0
+
+    def lines(self) -> list[str]:
+        """The report as text a user can act on."""
+        if not self.steps:
+            return ["HPUProfiler: no training step was profiled (fewer steps than `wait_steps` + 1 + `active_steps`?)."]
+        outside = 1.0 - self.model_share
+        lines = [
+            f"HPUProfiler: {self.steps} profiled training steps, {self.step_ms:.2f} ms each on average;"
+            f" {self.model_share:.0%} in the model (forward + backward), {outside:.0%} outside it.",
+            "  outside the model: "
+            + ", ".join(f"{name} {share:.0%}" for name, share in self.host_shares.items())
+            + f", other (Lightning's loop, logging) {max(outside - sum(self.host_shares.values()), 0.0):.0%}",
+            "  top operators by self time: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in self.top_operators),
+            f"  host syncs: {self.host_syncs} ({self.host_syncs / self.steps:.2f} per step)"
+            + ("; each one stalls the host until the device catches up" if self.host_syncs else ""),
+        ]
+        return lines
+
+
+def _intervals(events: Iterable[Any], pattern: re.Pattern[str]) -> list[tuple[float, float]]:
+    return [(e.time_range.start, e.time_range.end) for e in events if pattern.search(e.name)]
+
+
+def _union_length(intervals: list[tuple[float, float]], within: tuple[float, float]) -> float:
+    """The length of the union of ``intervals`` clipped to ``within``."""
+    clipped = sorted((max(a, within[0]), min(b, within[1])) for a, b in intervals if b > within[0] and a < within[1])
+    total, end = 0.0, within[0]
+    for start, stop in clipped:
+        start = max(start, end)
+        if stop > start:
+            total += stop - start
+            end = stop
+    return total
+
+
+def _subtract(intervals: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``intervals`` with the parts covered by ``holes`` cut out."""
+    result = []
+    for start, stop in intervals:
+        pieces = [(start, stop)]
+        for hole_start, hole_stop in holes:
+            pieces = [
+                piece
+                for a, b in pieces
+                for piece in ((a, min(b, hole_start)), (max(a, hole_stop), b))
+                if piece[1] > piece[0]
+            ]
+        result.extend(pieces)
+    return result
+
+
+def build_report(events: Any, top: int = 5) -> ProfileReport:
+    """A :class:`ProfileReport` from the profiler's function events (``torch.autograd.profiler_util.EventList``)."""
+    events = list(events or [])
+    steps = [(e.time_range.start, e.time_range.end) for e in events if _STEP_SPAN.match(e.name)]
+    if not steps:
+        return ProfileReport()
+    model = _intervals(events, _MODEL_SPANS)
+    step_total = sum(end - start for start, end in steps)
+    model_total = sum(_union_length(model, step) for step in steps)
+    shares = {}
+    counted = list(model)  # each moment of a step is counted once: nested spans go to the first category
+    for name, pattern in _HOST_SPANS.items():
+        spans = _subtract(_intervals(events, pattern), counted)
+        shares[name] = sum(_union_length(spans, step) for step in steps) / step_total
+        counted.extend(spans)
+    in_steps = [e for e in events if any(s <= e.time_range.start < t for s, t in steps)]
+    operators: dict[str, float] = {}
+    for event in in_steps:
+        if event.name.startswith("aten::"):
+            own = event.self_cpu_time_total + getattr(event, "self_device_time_total", 0.0)
+            operators[event.name] = operators.get(event.name, 0.0) + own
+    ranked = sorted(operators.items(), key=lambda item: -item[1])[:top]
+    return ProfileReport(
+        steps=len(steps),
+        step_ms=step_total / len(steps) / 1000.0,
+        model_share=model_total / step_total,
+        host_shares=shares,
+        top_operators=[(name, us / 1000.0) for name, us in ranked],
+        host_syncs=sum(1 for e in in_steps if e.name == _HOST_SYNC_OP),
+    )
+
+
+class HPUProfiler(PyTorchProfiler):
+    """Profiles training on the HPU and says where a step's time goes.
+
+    Lightning's :class:`~lightning.pytorch.profilers.PyTorchProfiler` with HPU activity on Gaudi (the bridge's
+    profiler plug-in; CPU activity under emulation), a schedule that waits out the warm-up steps that compile graphs,
+    one Chrome/Perfetto trace per rank (``*.pt.trace.json`` under ``dirpath``, viewable in TensorBoard's profiler
+    plug-in or https://ui.perfetto.dev), and at the end a report (also :attr:`report`): the share of step time in
+    the model and, outside it, in data loading, callbacks and the optimizer; the top operators by self time; and the
+    host syncs it saw.
+
+    Args:
+        dirpath: where traces and the text summary go (the Trainer's log directory when ``None``).
+        filename: the summary's file name (printed when ``None``).
+        wait_steps: steps skipped before recording (graph compilation happens in the first steps on Gaudi).
+        active_steps: steps recorded.
+        row_limit: rows of the operator table in the summary.
+        **profiler_kwargs: passed to :class:`~lightning.pytorch.profilers.PyTorchProfiler` and
+            ``torch.profiler.profile`` (``record_shapes``, ``profile_memory``, ``with_stack``, a ``schedule`` of
+            your own...).
+
+    Raises:
+        ValueError: ``wait_steps`` below 0 or ``active_steps`` below 1.
+    """
+
+    def __new__(cls, *args: Any, wait_steps: int = 3, active_steps: int = 5, **kwargs: Any) -> HPUProfiler:
+        # checked before the object exists: Lightning's Profiler.__del__ would trip over a half-built one
+        if isinstance(wait_steps, bool) or not isinstance(wait_steps, int) or wait_steps < 0:
+            raise ValueError(f"`wait_steps={wait_steps!r}` must be a whole number >= 0 of steps to skip.")
+        if isinstance(active_steps, bool) or not isinstance(active_steps, int) or active_steps < 1:
+            raise ValueError(f"`active_steps={active_steps!r}` must be a whole number >= 1 of steps to record.")
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        wait_steps: int = 3,
+        active_steps: int = 5,
+        row_limit: int = 20,
+        **profiler_kwargs: Any,
+    ) -> None:
+        self.wait_steps = wait_steps
+        self.active_steps = active_steps
+        profiler_kwargs.setdefault(
+            "schedule", torch.profiler.schedule(wait=wait_steps, warmup=1, active=active_steps, repeat=1)
+        )
+        profiler_kwargs.setdefault("sort_by_key", "cpu_time_total")
+        #: what torch's profiler records: the host, and the HPU on a Gaudi (asks the seam, so build it after
+        #: ``lightning_gaudi.configure(...)``)
+        self.activities: list[ProfilerActivity] = list(
+            profiler_kwargs.setdefault("activities", hpu.get_backend().profiler_activities())
+        )
+        super().__init__(dirpath=dirpath, filename=filename, row_limit=row_limit, **profiler_kwargs)
+        self.report = ProfileReport()
+
+    @override
+    def summary(self) -> str:
+        if self.profiler is not None and getattr(self.profiler, "profiler", True) is None:
+            # the schedule never reached its recording steps: torch has no events to give (it would assert)
+            self.profiler.__exit__(None, None, None)
+            self.profiler = None
+        table = super().summary()
+        self.report = build_report(self.function_events)
+        return "\n".join([*self.report.lines(), table]) if table else "\n".join(self.report.lines())

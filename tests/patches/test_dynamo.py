@@ -1,0 +1,103 @@
+"""The readers of torch.compile's private records (``lightning_gaudi/patches/dynamo.py``).
+
+The canaries fail when torch moves or reshapes what the readers rely on: dynamo's frame counter, its compilation
+records (recompile reason, recompile-limit failure), the graph-break log with the user's source line, the cache
+entries of a code object, DDPOptimizer's first bucket and inductor's C++ compiler lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import torch
+from lightning_utilities.core.imports import RequirementCache
+from torch import Tensor, nn
+
+from lightning_gaudi.patches import dynamo
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Iterator[None]:
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x) * 2
+
+
+class Breaks(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        y = x * 2
+        print("a graph break")  # dynamo cannot trace print: the graph splits here
+        return y + 1
+
+
+def test_available_on_the_installed_torch() -> None:
+    assert dynamo.missing_targets() == []
+    assert dynamo.available(), dynamo.unavailable_reason()
+    assert RequirementCache(dynamo.SUPPORTED_TORCH), (
+        f"torch {torch.__version__} is outside {dynamo.SUPPORTED_TORCH}: run these canaries, re-check"
+        " lightning_gaudi/patches/dynamo.py, then widen the range."
+    )
+
+
+@torch._dynamo.config.patch(recompile_limit=2)
+def test_compilations_with_recompile_reasons_and_the_limit() -> None:
+    module = Scale()
+    log = dynamo.CompilationLog()
+    frames = dynamo.frames_started()
+    compiled = torch.compile(module.forward, backend="eager", dynamic=False)
+    for length in (3, 4, 5, 6):
+        compiled(torch.ones(length, 4))
+    found = log.read()
+    assert dynamo.frames_started() - frames == 3, "two graphs, then the limit"
+    assert [c.recompile_limit_hit for c in found] == [False, False, True]
+    assert found[0].recompile_reason is None
+    assert found[0].function is not None and found[0].function.startswith("forward (")
+    assert "test_dynamo.py" in found[0].function
+    assert found[1].recompile_reason == "tensor 'x' size mismatch at index 0. expected 3, actual 4"
+    assert found[2].failure is not None and found[2].failure.startswith("Unsupported: Dynamo recompile limit")
+    assert dynamo.cache_entries(Scale.forward) == 2
+    assert dynamo.recompile_limit() == 2
+    assert log.read() == [], "each compilation is read once"
+
+
+def test_graph_breaks_with_the_users_line() -> None:
+    logger = logging.getLogger(torch._dynamo.symbolic_convert.graph_break_log.name)
+    level, propagate = logger.level, logger.propagate
+    recorder = dynamo.GraphBreakRecorder()
+    recorder.start()
+    try:
+        torch.compile(Breaks().forward, backend="eager")(torch.ones(2))
+    finally:
+        recorder.stop()
+    (found,) = recorder.breaks
+    assert found.location.endswith(f"test_dynamo.py:{Breaks.forward.__code__.co_firstlineno + 2}")
+    assert "print" in found.reason
+    assert (logger.level, logger.propagate) == (level, propagate), "the logger is restored"
+    assert not any(isinstance(h, dynamo._Handler) for h in logger.handlers)
+
+
+def test_ddp_optimizer_first_bucket() -> None:
+    assert dynamo.ddp_first_bucket_bytes() == torch.distributed._DEFAULT_FIRST_BUCKET_BYTES == 1024 * 1024
+    from torch._dynamo.backends.distributed import DDPOptimizer
+
+    with pytest.raises(AssertionError, match="First bucket should be smaller/equal to other buckets"):
+        DDPOptimizer(bucket_bytes_cap=int(0.5 * 1024 * 1024), backend_compile_fn=lambda gm, inputs: gm)
+    DDPOptimizer(bucket_bytes_cap=1024 * 1024, backend_compile_fn=lambda gm, inputs: gm)
+    with torch._dynamo.config.patch(optimize_ddp=False):
+        assert dynamo.ddp_first_bucket_bytes() is None
+
+
+def test_cpp_compiler_found_here() -> None:
+    found = dynamo.cpp_compiler()
+    assert found, "inductor found no C++ compiler on this machine (the benchmarks need one)"
