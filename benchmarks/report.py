@@ -12,14 +12,23 @@ def _spread(summary: dict[str, Any], fmt: str = ".3f") -> str:
     return f"{summary['median']:{fmt}} ({summary['min']:{fmt}}-{summary['max']:{fmt}})"
 
 
-def _met(flag: bool | None) -> str:
-    return "n/a" if flag is None else ("yes" if flag else "**no**")
+#: What the "met" column says under ``--quick``: a smoke run's numbers mean nothing, so no target is judged.
+NOT_JUDGED = "not judged (--quick)"
 
 
 def table(results: dict[str, Any]) -> str:
-    """A Markdown table of every figure, medians with (min-max) over repetitions, and the machine line."""
+    """A Markdown table of every figure, medians with (min-max) over repetitions, and the machine line.
+
+    Under ``--quick`` the targets are listed but not judged.
+    """
     m = results["machine"]
     s = results["sections"]
+
+    def _met(flag: bool | None) -> str:
+        if results["quick"]:
+            return NOT_JUDGED
+        return "n/a" if flag is None else ("yes" if flag else "**no**")
+
     rows: list[tuple[str, str, str, str]] = []
     if "overhead" in s:
         o = s["overhead"]
@@ -171,6 +180,21 @@ def table(results: dict[str, Any]) -> str:
             rows.append(
                 (f"scaling: CPU time / wall time per process, {procs} process(es)", _spread(summary, ".2f"), "", "")
             )
+    if "threads" in s:
+        th = s["threads"]
+        for count, row in th["per_threads"].items():
+            rows.append(
+                (
+                    f"threads: the example GPT in eager emulation, {count} torch thread(s): steps/s; steps per"
+                    " CPU-second; cores busy; load average at start",
+                    f"{_spread(row['steps_per_s'], '.2f')}; {_spread(row['steps_per_cpu_s'], '.2f')};"
+                    f" {row['cpu_utilization']['median']:.2f}; {row['load_before']['median']:.1f}",
+                    "",
+                    "",
+                )
+            )
+        for count, speed in th["speed_vs_one_thread"].items():
+            rows.append((f"threads: speed with {count} thread(s) / with 1", f"{speed:.2f}", "", ""))
     lines = ["| measurement | result: median (min-max) | target | met |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     lines.append("")
@@ -180,83 +204,111 @@ def table(results: dict[str, Any]) -> str:
         f" {m['load_average_1min']:.1f}; mode: {results['mode']}; suite took {results['duration_s']:.0f} s"
         f" ({'quick' if results['quick'] else 'full'} run, {results['started_utc']})."
     )
+    if results["quick"]:
+        lines.append("")
+        lines.append("A quick run is a smoke test: its numbers mean nothing, so no target is judged.")
     return "\n".join(lines)
 
 
-def figure(results: dict[str, Any], path: Path) -> bool:
-    """Writes a PNG of the main figures to ``path``. Returns False (and writes nothing) without matplotlib."""
-    try:
-        import matplotlib
+def draw(results: dict[str, Any]) -> Any:
+    """A matplotlib figure of the main figures; every bar is labelled with its value (some are too small to see).
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     s = results["sections"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     m = results["machine"]
+    run = "quick run: the numbers mean nothing" if results["quick"] else "full run"
     fig.suptitle(
-        f"lightning_gaudi benchmarks ({results['mode']}): {m['cores']} cores, torch {m['torch']},"
-        f" Lightning {m['lightning']}"
+        f"lightning_gaudi benchmarks, {results['mode']}; {m['cores']} cores, torch {m['torch']},"
+        f" Lightning {m['lightning']}; {run}"
     )
 
-    def bars(ax: Any, summaries: dict[str, dict[str, Any]], title: str, ylabel: str) -> None:
+    def headroom(ax: Any, factor: float = 1.3) -> None:
+        """Room above the tallest bar for the value labels and the legend."""
+        ax.set_ylim(0, ax.get_ylim()[1] * factor)
+
+    def bars(ax: Any, summaries: dict[str, dict[str, Any]], title: str, ylabel: str, fmt: str) -> None:
         names = list(summaries)
         medians = [summaries[n]["median"] for n in names]
         low = [summaries[n]["median"] - summaries[n]["min"] for n in names]
         high = [summaries[n]["max"] - summaries[n]["median"] for n in names]
-        ax.bar(names, medians, yerr=[low, high], capsize=4, color="tab:blue")
+        drawn = ax.bar(names, medians, yerr=[low, high], capsize=4, color="tab:blue")
+        ax.bar_label(drawn, fmt=fmt, label_type="center", color="white", fontsize=8)
         ax.set_title(title)
         ax.set_ylabel(ylabel)
         ax.tick_params(axis="x", labelrotation=20)
 
     if "overhead" in s:
-        bars(axes[0][0], s["overhead"]["steps_per_cpu_s"], "Overhead (eager): steps per CPU-second", "steps/CPU-s")
+        bars(
+            axes[0][0],
+            s["overhead"]["steps_per_cpu_s"],
+            "Overhead (eager): steps per CPU-second",
+            "steps/CPU-s",
+            "%.1f",
+        )
     if "lazy" in s:
         v = s["lazy"]["variants"]
         ax = axes[0][1]
-        ax.bar(list(v), [v[n]["host_syncs_per_step"] or 0.0 for n in v], color="tab:orange")
+        drawn = ax.bar(list(v), [v[n]["host_syncs_per_step"] or 0.0 for n in v], color="tab:orange")
+        ax.bar_label(drawn, fmt="%.2f", padding=2)
         ax.axhline(0.05, color="k", linestyle="--", label="target 0.05")
         ax.set_title("Lazy: host syncs per step")
-        ax.legend()
+        headroom(ax)
+        ax.legend(loc="upper right")
     if "ddp" in s:
         runs = s["ddp"]["bucket_cap"]["runs"]
         ax = axes[0][2]
         labels = ["default" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:g}" for r in runs]
         x = range(len(runs))
-        ax.bar([i - 0.2 for i in x], [r["allreduce_calls_per_step"] for r in runs], width=0.4, label="measured")
-        ax.bar([i + 0.2 for i in x], [r["expected"] for r in runs], width=0.4, label="expected")
+        measured = ax.bar(
+            [i - 0.2 for i in x], [r["allreduce_calls_per_step"] for r in runs], width=0.4, label="measured"
+        )
+        expected = ax.bar([i + 0.2 for i in x], [r["expected"] for r in runs], width=0.4, label="expected")
+        for drawn in (measured, expected):
+            ax.bar_label(drawn, fmt="%g", padding=2, fontsize=8)
         ax.set_xticks(list(x), labels)
         ax.set_xlabel("bucket_cap_mb")
         ax.set_title("DDP: all-reduce calls per step")
-        ax.legend()
+        headroom(ax)
+        ax.legend(loc="upper right", ncols=2)
         g = s["ddp"]["gradient_as_bucket_view"]["settings"]
         ax = axes[1][0]
-        names = list(g)
-        ax.bar(
-            [n.replace("_", "\n", 2) for n in names],
-            [g[n]["in_use_after_backward_bytes"] / _MB for n in names],
-            width=0.4,
-            label="in use after backward",
-            align="edge",
-        )
-        ax.bar(
-            [n.replace("_", "\n", 2) for n in names],
-            [g[n]["process_peak_rss_bytes"] / _MB for n in names],
-            width=-0.4,
-            label="process peak RSS",
-            align="edge",
-        )
+        names = [n.replace("_", "\n", 2) for n in g]
+        for key, label, width in (
+            ("in_use_after_backward_bytes", "in use after backward", 0.4),
+            ("process_peak_rss_bytes", "process peak RSS", -0.4),
+        ):
+            drawn = ax.bar(names, [g[n][key] / _MB for n in g], width=width, label=label, align="edge")
+            ax.bar_label(drawn, fmt="%.0f", padding=2, fontsize=8)
         ax.set_ylabel("MiB per rank")
         ax.set_title(
             f"DDP: gradient_as_bucket_view ({s['ddp']['gradient_as_bucket_view']['parameters'] / 1e6:.1f}M params)"
         )
-        ax.legend(loc="lower center", fontsize=8, framealpha=0.9)
+        headroom(ax)
+        ax.legend(loc="upper left", ncols=2, fontsize=8)
     if "fused" in s:
-        bars(axes[1][1], s["fused"]["ms_per_step"], "AdamW step time", "ms/step")
+        bars(axes[1][1], s["fused"]["ms_per_step"], "AdamW step time", "ms/step", "%.2f")
     if "scaling" in s:
-        bars(axes[1][2], s["scaling"]["samples_per_s"], "Scaling: samples/s by processes", "samples/s")
+        bars(axes[1][2], s["scaling"]["samples_per_s"], "Scaling: samples/s by processes", "samples/s", "%.0f")
     fig.tight_layout()
+    return fig
+
+
+def figure(results: dict[str, Any], path: Path) -> bool:
+    """Writes :func:`draw`'s PNG to ``path``. Returns False (and writes nothing) without matplotlib."""
+    try:
+        fig = draw(results)
+    except ImportError:
+        return False
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return True

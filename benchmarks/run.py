@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("overhead", "fused", "ddp", "scaling", "lazy")
+SECTIONS = ("overhead", "fused", "ddp", "scaling", "lazy", "threads")
 SCHEMA_VERSION = 1
 HERE = Path(__file__).resolve().parent
 
@@ -94,6 +94,10 @@ def run_suite(args: argparse.Namespace, gaudi: bool = False) -> dict[str, Any]:
             from benchmarks import lazy_mode
 
             sections[name] = lazy_mode.run(args.quick, lazy)
+        elif name == "threads":
+            from benchmarks import threads
+
+            sections[name] = threads.run(args.quick, eager)
         results["section_seconds"][name] = time.perf_counter() - begin
     results["duration_s"] = time.perf_counter() - started
     results["machine_at_end"] = {"load_average_1min": common.machine()["load_average_1min"]}

@@ -27,7 +27,7 @@ import torch
 from benchmarks.common import StepTimer, emulation, gaudi_callbacks, log, machine, quiet, summarize, trainer_kwargs
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The steps a thread count takes to settle (allocator, first AdamW step) before the timed window.
+#: The steps a thread count takes to settle (allocator, first AdamW step) before the timed window (1 under quick).
 WARMUP = 5
 
 
@@ -52,18 +52,18 @@ def _loader(batches: int, batch_size: int, seq_len: int) -> torch.utils.data.Dat
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=True)
 
 
-def _fit(model_cfg: Any, batch_size: int, seq_len: int, threads: int, steps: int) -> dict[str, float]:
+def _fit(model_cfg: Any, batch_size: int, seq_len: int, threads: int, steps: int, warmup: int) -> dict[str, float]:
     from hydra.utils import instantiate
     from lightning.pytorch import Trainer, seed_everything
 
     torch.set_num_threads(threads)
     seed_everything(0, verbose=False)
-    timer = StepTimer(WARMUP, WARMUP + steps - 1)
+    timer = StepTimer(warmup, warmup + steps - 1)
     callbacks = [*gaudi_callbacks()[1], timer]
     load_before = os.getloadavg()[0]
     with quiet():
-        trainer = Trainer(**trainer_kwargs(WARMUP + steps, accelerator="hpu", callbacks=callbacks))
-        trainer.fit(instantiate(model_cfg), _loader(WARMUP + steps, batch_size, seq_len))
+        trainer = Trainer(**trainer_kwargs(warmup + steps, accelerator="hpu", callbacks=callbacks))
+        trainer.fit(instantiate(model_cfg), _loader(warmup + steps, batch_size, seq_len))
     return {
         "steps_per_s": timer.steps_per_second(),
         "steps_per_cpu_s": timer.steps_per_cpu_second(),
@@ -94,6 +94,7 @@ def run(
     if any(n < 1 for n in counts):
         raise ValueError(f"thread counts must be positive, got {counts}")
     steps = steps or (3 if quick else 60)
+    warmup = 1 if quick else WARMUP
     before = torch.get_num_threads()
     model_cfg, batch_size, seq_len = _recipe()
     measured: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
@@ -105,7 +106,7 @@ def run(
             for repetition in range(1 if quick else repetitions):
                 shift = repetition % len(counts)
                 for n in counts[shift:] + counts[:shift]:
-                    result = _fit(model_cfg, batch_size, seq_len, n, steps)
+                    result = _fit(model_cfg, batch_size, seq_len, n, steps, warmup)
                     measured[n].append(result)
                     log(
                         f"  threads rep {repetition + 1} n={n}: {result['steps_per_s']:5.2f} steps/s,"
@@ -123,7 +124,7 @@ def run(
         "batch_size": batch_size,
         "seq_len": seq_len,
         "steps": steps,
-        "warmup_steps": WARMUP,
+        "warmup_steps": warmup,
         "threads": list(counts),
         "per_threads": per_count,
         "speed_vs_one_thread": (

@@ -112,8 +112,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], param: str, metric: str, path: Path) -> None:
-    """Draws ``metric`` against ``param`` for the finished jobs.
+def draw(rows: list[dict[str, Any]], param: str, metric: str) -> Any:
+    """A matplotlib figure of ``metric`` against ``param`` for the finished jobs: the swept values are the x ticks
+    (on a log axis when they span a factor of 10 or more), and the y axis starts at 0 so that differences are
+    drawn to scale.
 
     Raises:
         RuntimeError: matplotlib is not installed, or no finished job has both values.
@@ -139,13 +141,29 @@ def plot(rows: list[dict[str, Any]], param: str, metric: str, path: Path) -> Non
         ax.plot(values, ys, marker="o")
         if min(values) > 0 and max(values) / min(values) >= 10:
             ax.set_xscale("log")
+        ticks = sorted(set(values))
+        ax.set_xticks(ticks, [f"{value:g}" for value in ticks])
+        ax.minorticks_off()
     else:
         ax.plot([str(p[0]) for p in points], ys, marker="o")
+    ax.set_ylim(bottom=0, top=max(max(ys), 0) * 1.1 or 1)
     ax.set_xlabel(param)
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} vs {param}")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot(rows: list[dict[str, Any]], param: str, metric: str, path: Path) -> None:
+    """Writes :func:`draw`'s figure to ``path`` as a PNG.
+
+    Raises:
+        RuntimeError: matplotlib is not installed, or no finished job has both values.
+    """
+    fig = draw(rows, param, metric)
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -180,35 +179,6 @@ def test_device_stats_monitor_logs_hpu_memory(eager_hpu: hpu.Backend) -> None:
     trainer.fit(RegressionModel())
     logged = {key for metrics in logger.metrics for key in metrics}
     assert any(key.startswith("DeviceStatsMonitor.on_train_batch_start/hpu/InUse (GiB)") for key in logged), logged
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@pytest.mark.parametrize(("rank", "announced"), [("0", 1), ("1", 0)])
-def test_emulation_announces_itself_once_on_rank_zero(
-    clean_hpu_env: pytest.MonkeyPatch, rank: str, announced: int
-) -> None:
-    clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
-    clean_hpu_env.setenv("RANK", rank)
-    records = _Records()
-    logger = logging.getLogger(hpu.__name__)
-    logger.addHandler(records)
-    try:
-        hpu.get_backend()
-        hpu.get_backend()
-        HPUAccelerator.auto_device_count()
-    finally:
-        logger.removeHandler(records)
-    emulating = [m for m in records.messages if "EMULATING 8 GAUDI2 HPU(s) on the CPU" in m]
-    assert len(emulating) == announced
-    assert all("CPU numbers, not Gaudi numbers" in m for m in emulating)
 
 
 def test_accelerator_instance_with_auto_strategy(eager_hpu: hpu.Backend) -> None:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import ddp_knobs, gaudi, run  # noqa: E402
+from benchmarks import ddp_knobs, gaudi, report, run  # noqa: E402
 
 SUMMARY_KEYS = {"median", "min", "max", "spread", "values"}
 
@@ -81,6 +81,12 @@ def _check_schema(results: dict[str, Any]) -> None:
     _summary(scaling["samples_per_s"]["2"])
     assert scaling["efficiency"] > 0
 
+    if "threads" in run.SECTIONS:  # benchmarks/threads.py, once run.py runs it as a section
+        threads = results["sections"]["threads"]
+        assert threads["threads"][0] == 1
+        for row in threads["per_threads"].values():
+            _summary(row["steps_per_s"])
+
 
 @pytest.mark.subprocess
 def test_quick_suite_writes_results_table_and_figure(tmp_path: Path) -> None:
@@ -133,4 +139,87 @@ def test_gaudi_script_refuses_without_bridge(
 def test_run_rejects_bad_sections(only: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         run.parse_args(["--only", only])
+    assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the report (table and figure) of a run
+
+
+def _published_results() -> dict[str, Any]:
+    """The committed full run (benchmarks/results/results.json), the report's real input."""
+    return json.loads((ROOT / "benchmarks" / "results" / "results.json").read_text())
+
+
+def test_quick_run_judges_no_target() -> None:
+    """A --quick run's numbers mean nothing: a failed-looking target there is noise, not news."""
+    results = _published_results()
+    saving = results["sections"]["ddp"]["gradient_as_bucket_view"]
+    saving["saving_fraction_of_one_gradient_copy"]["in_use_after_backward_bytes"] = -4.839
+    saving["met"] = False
+    full = report.table(results)
+    assert (
+        "| ddp: gradient_as_bucket_view saving, fraction of one gradient copy (in use after backward) | -4.839 |"
+        in full
+    )
+    assert "| >= 0.9 | **no** |" in full
+    results["quick"] = True
+    quick = report.table(results)
+    assert "**no**" not in quick
+    assert "| yes |" not in quick
+    assert f"| >= 0.9 | {report.NOT_JUDGED} |" in quick
+    assert "no target is judged" in quick
+
+
+def test_figure_title_bars_and_legends() -> None:
+    pytest.importorskip("matplotlib")
+    figure = report.draw(_published_results())
+    title = figure._suptitle.get_text()
+    assert "((" not in title
+    assert "))" not in title
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    lazy = next(ax for ax in figure.axes if ax.get_title() == "Lazy: host syncs per step")
+    labels = {tick.get_text(): text.get_text() for tick, text in zip(lazy.get_xticklabels(), lazy.texts, strict=True)}
+    assert labels == {"stock": "2.02", "plugin": "0.05", "plugin_gaudi_set": "0.05"}  # 0.05 bars are too small to see
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        for patch in ax.patches:
+            assert not box.overlaps(patch.get_window_extent(renderer)), f"the legend of {ax.get_title()!r} hides a bar"
+        for text in ax.texts:
+            assert not box.overlaps(text.get_window_extent(renderer)), f"the legend of {ax.get_title()!r} hides a label"
+
+
+@pytest.mark.subprocess
+def test_threads_benchmark_quick(tmp_path: Path) -> None:
+    """`python -m benchmarks.threads --quick`: the example GPT timed with 1 and 2 torch threads, a table and a JSON."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_GAUDI_")}
+    out = tmp_path / "threads.json"
+    command = [sys.executable, "-m", "benchmarks.threads", "--quick", "--threads", "1,2", "--out", str(out)]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
+    assert proc.stdout.startswith("| torch threads | steps/s |")
+    result = json.loads(out.read_text())
+    threads = result["threads"]
+    assert threads["threads"] == [1, 2]
+    assert (threads["model"]["n_layer"], threads["batch_size"], threads["seq_len"]) == (4, 32, 128)  # the README job
+    for count in ("1", "2"):
+        _summary(threads["per_threads"][count]["steps_per_s"])
+    assert threads["speed_vs_one_thread"]["2"] > 0
+    assert result["machine"]["usable_cores"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--threads", "1,two"], "comma-separated whole numbers"), (["--threads", "0"], "at least 1")],
+)
+def test_threads_benchmark_rejects_bad_counts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import threads
+
+    with pytest.raises(SystemExit):
+        threads.main(argv)
     assert message in capsys.readouterr().err

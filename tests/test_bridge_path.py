@@ -148,11 +148,14 @@ def test_out_of_memory_is_recognised(bridge_double: ModuleType) -> None:
 
     bridge_double.configure(lazy=True, memory={"Limit": 8 * GIB, "InUse": 6 * GIB})
     backend = hpu.get_backend()
-    bridge_double.queue_graph_bytes(GIB)
+    bridge_double.run_ops(GIB)
     backend.mark_step()  # fits
-    bridge_double.queue_graph_bytes(3 * GIB)
+    bridge_double.run_ops(3 * GIB)  # in lazy mode the graph runs, and fails, at the cut
     with pytest.raises(RuntimeError, match=bridge_double.OUT_OF_MEMORY) as error:
         backend.mark_step()
+    bridge_double.configure(lazy=False)
+    with pytest.raises(RuntimeError, match=bridge_double.OUT_OF_MEMORY):
+        bridge_double.run_ops(3 * GIB)  # in eager mode, at once
     assert backend.is_out_of_memory(error.value)
     assert not is_oom_error(error.value), "Lightning recognises it now: the tuner patch may be unnecessary"
     assert backend.is_out_of_memory(torch.OutOfMemoryError("HPU ran out"))

@@ -205,7 +205,7 @@ def test_fit_with_the_example_cli(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     if not hpu.bridge_installed():
-        assert "emulating the HPU on the CPU in eager mode" in output
+        assert "EMULATED on the CPU in eager mode" in output
     assert "`Trainer.fit` stopped: `max_steps=3` reached." in output
     assert list(tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt"))
     assert (tmp_path / "lightning_logs" / "version_0" / "config.yaml").is_file()

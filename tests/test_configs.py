@@ -111,6 +111,10 @@ def test_bucket_sweep_is_a_multirun_over_bucket_sizes_on_two_cards() -> None:
     assert cfg.strategy._target_ == "lightning_gaudi.HPUParallelStrategy"
     assert cfg.trainer.devices == 2
     assert cfg.optimized_metric == "samples_per_sec"
+    sweeps = str(cfg.hydra.sweep.dir).rsplit("/", 1)[0]
+    assert sweeps == "logs/bucket_sweep/multiruns"
+    # the recipe's own instructions point at the folder its jobs write to
+    assert f"python scripts/sweep_report.py {sweeps}" in (CONF_DIR / "hparams_search" / "bucket_sweep.yaml").read_text()
 
 
 def test_user_override_paths() -> None:
@@ -281,7 +285,7 @@ def test_execution_mode_picks_the_emulator(isolated_env: pytest.MonkeyPatch) -> 
 def test_on_gaudi_resolver_picks_by_backend(isolated_env: pytest.MonkeyPatch) -> None:
     isolated_env.setattr(hpu.runtime, "bridge_installed", lambda: True)
     assert compose_train([]).trainer.precision == "bf16-mixed"
-    assert compose_train(["experiment=gpt_gaudi"]).runtime.execution_mode == "lazy"
+    assert compose_train(["experiment=gpt_gaudi"]).runtime.execution_mode == "compile"
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
     assert compose_train([]).trainer.precision == "32-true"
     assert compose_train(["experiment=gpt_gaudi"]).runtime.execution_mode is None

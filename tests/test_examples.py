@@ -247,7 +247,9 @@ def test_first_screen_and_run_log(tmp_path: Path) -> None:
     if not hpu.bridge_installed():
         emulation = [line for line in screen.splitlines() if "emulat" in line.lower()]
         assert len(emulation) == 1, emulation
-        assert emulation[0].startswith("HPU available: True (GAUDI2, EMULATED on the CPU in eager mode, 1 torch thread)")
+        assert emulation[0].startswith(
+            "HPU available: True (GAUDI2, EMULATED on the CPU in eager mode, 1 torch thread)"
+        )
         assert "using: 1 HPU, strategy SingleHPUStrategy." in emulation[0]
     assert "LeafSpec" not in output
     assert "Tip:" not in output
@@ -256,6 +258,30 @@ def test_first_screen_and_run_log(tmp_path: Path) -> None:
     assert "[lightning.pytorch.utilities.rank_zero][INFO] - HPU available: True" in run_log
     assert "`Trainer.fit` stopped: `max_steps=3` reached." in run_log
     assert "[lightning.pytorch.utilities.rank_zero][INFO] - Throughput over" in run_log  # lightning_gaudi's callback
+
+
+@pytest.mark.subprocess
+def test_the_cli_example_is_quiet_too(tmp_path: Path) -> None:
+    """`examples/cli.py` leaves the same upstream notices off the console."""
+    command = [
+        sys.executable,
+        str(ROOT / "examples" / "cli.py"),
+        "fit",
+        f"--config={ROOT / 'examples' / 'gpt_recipe' / 'cli.yaml'}",
+        *("--model.n_layer=1", "--model.n_embd=16", "--model.n_head=2", "--model.block_size=16"),
+        *("--data.seq_len=16", "--data.batch_size=4", "--data.max_bytes=20000"),
+        *("--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.val_check_interval=2"),
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_GAUDI_")}
+    env[hpu.EMULATE_ENV] = "eager"
+    done = subprocess.run(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "`Trainer.fit` stopped: `max_steps=2` reached." in done.stdout
+    assert "LeafSpec" not in done.stdout
+    assert "Tip:" not in done.stdout
 
 
 @pytest.fixture
@@ -319,3 +345,27 @@ def test_upstream_noise_is_left_off_the_console(library_loggers: None) -> None:
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
         warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["another FutureWarning"]
+
+
+def test_a_restarted_job_resumes_from_its_own_checkpoint(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What torchrun or a SLURM requeue does: the same command in the same run folder continues (``ckpt_path: auto``);
+    the example's hyperparameters must load under Lightning's ``weights_only`` checkpoint loading."""
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    tiny = [
+        "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=1",
+        "data.max_bytes=20000",
+        "data.seq_len=16",
+        "data.batch_size=4",
+        "model.n_layer=1",
+        "model.n_embd=16",
+        "model.n_head=2",
+        "throughput_warmup_steps=0",
+        "logger=none",
+    ]
+    lg_hydra.run(compose_train([*tiny, "trainer.max_steps=3"], output_dir=tmp_path), task.train)
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    lg_hydra.run(compose_train([*tiny, "trainer.max_steps=5"], output_dir=tmp_path), task.train)
+    results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
+    assert results["global_step"] == 5
+    assert results["timed_steps"] == 2, "only the two new steps ran"

@@ -176,3 +176,13 @@ def test_fp16_plugin_refused_on_first_generation_gaudi(clean_hpu_env: pytest.Mon
 def test_mixed_precision_plugin_under_lazy_emulation_says_why(lazy_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match="Lazy Tensor Core has no autocast"):
         check_precision_supported(MixedPrecision("bf16-mixed", device="cpu"))
+
+
+@pytest.mark.parametrize("where", ["plugins", "strategy"])
+def test_precision_plugins_gaudi_cannot_run_are_refused_at_trainer(eager_hpu: hpu.Backend, where: str) -> None:
+    plugin = DoublePrecision()
+    given: dict[str, Any] = (
+        {"plugins": [plugin]} if where == "plugins" else {"strategy": SingleHPUStrategy(precision_plugin=plugin)}
+    )
+    with pytest.raises(ValueError, match=r"DoublePrecision \(precision '64-true'\) cannot run on an HPU"):
+        Trainer(accelerator="hpu", devices=1, **given)

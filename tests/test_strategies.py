@@ -284,6 +284,9 @@ def test_reductions_hccl_lacks_are_refused(
     with pytest.raises(ValueError, match=r"`reduce_op=.*` is not supported on HPU: HCCL reduces with sum, min, max"):
         HPUParallelStrategy().reduce(torch.tensor([2.0]), reduce_op=reduce_op)
     assert calls == []  # refused before any collective, in emulation as on a Gaudi
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(ValueError, match=r"is not supported on HPU"):  # and in a single process, before it scales out
+        HPUParallelStrategy().reduce(torch.tensor([2.0]), reduce_op=reduce_op)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

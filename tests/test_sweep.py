@@ -147,6 +147,40 @@ def test_sweep_report_marks_unfinished_jobs_and_finds_the_swept_key(tmp_path: Pa
     assert (tmp_path / "out" / "sweep_report.png").is_file()
 
 
+def _fabricated_sweep(root: Path, points: list[tuple[int, float]]) -> Path:
+    """A sweep folder as Hydra and examples/train.py leave it, over ``strategy.bucket_cap_mb``."""
+    for number, (bucket, samples_per_sec) in enumerate(points):
+        job = root / str(number)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(
+            yaml.safe_dump(["strategy=hpu_parallel", f"strategy.bucket_cap_mb={bucket}"])
+        )
+        (job / "results.json").write_text(json.dumps({"samples_per_sec": samples_per_sec, "world_size": 2}))
+    (root / "multirun.yaml").write_text("{}\n")
+    return root
+
+
+def test_sweep_plot_shows_the_swept_values_and_starts_at_zero(tmp_path: Path) -> None:
+    """The bucket sweep's points (1, 4, 16, 64 MB): ticks at the swept values, not at 10^0 and 10^1, and a y axis from
+    0, so that 52 against 54 samples/s does not look like a doubling."""
+    pytest.importorskip("matplotlib")
+    report = _load_report()
+    sweep = _fabricated_sweep(tmp_path / "sweep", [(1, 52.1), (4, 53.0), (16, 54.2), (64, 53.4)])
+    jobs = report.read_sweep(sweep)
+    figure = report.draw(
+        report.table_rows(jobs, ["strategy.bucket_cap_mb"]), "strategy.bucket_cap_mb", "samples_per_sec"
+    )
+    (axes,) = figure.axes
+    assert axes.get_xscale() == "log"
+    assert list(axes.get_xticks()) == [1.0, 4.0, 16.0, 64.0]
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["1", "4", "16", "64"]
+    assert len(axes.xaxis.get_minor_locator().tick_values(1, 64)) == 0  # no unlabelled 2, 3, ... 9 ticks
+    assert axes.get_ylim()[0] == 0
+    assert axes.get_ylim()[1] >= 54.2
+    assert report.main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "sweep_report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_sweep_report_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = _load_report()
     assert report.main([str(tmp_path / "missing")]) == 2

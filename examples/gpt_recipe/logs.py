@@ -44,7 +44,7 @@ def quiet_upstream_noise() -> None:
         notices.addFilter(_not_a_tip)
 
 
-def _run_log_handlers() -> list[logging.Handler]:
+def _run_log_handlers() -> list[logging.FileHandler]:
     """The run log's file handlers: Hydra's on the root logger, or one on :data:`LOG_FILE_ENV` in a rank process."""
     hydra_files = [
         h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler) and h.baseFilename != os.devnull

@@ -108,8 +108,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     loggers = instantiate_group(cfg.get("logger"))
     if not loggers:
         callbacks = _without_lr_monitor(callbacks)
-    datamodule = instantiate(cfg.data)
-    model = instantiate(cfg.model)
+    # plain containers, not OmegaConf ones: the hyperparameters go into checkpoints, which load with weights_only
+    datamodule = instantiate(cfg.data, _convert_="all")
+    model = instantiate(cfg.model, _convert_="all")
     strategy = instantiate(cfg.strategy)
     trainer: L.Trainer = instantiate(cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False)
     checkpoint = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)

@@ -413,7 +413,7 @@ class GraphDiagnostics(Callback):
             syncs = sum(by_phase.values())
         compiled_graphs = None
         if self._compile is not None and self._compile.compiled:
-            compiled_graphs = sum(dynamo.cache_entries(c.code) for c in self._compile.compiled.values())
+            compiled_graphs = self._compile.graphs()
         source = None
         if self._fallbacks:
             source = "device" if self._fallbacks_are_real() else "emulator"

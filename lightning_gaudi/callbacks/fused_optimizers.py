@@ -80,7 +80,9 @@ class FusedOptimizers(Callback):
     lazy emulation torch's single-tensor ones (LTC has no fused kernels). Param groups and hyperparameters are kept
     (eps explicitly), empty param groups dropped, LR schedulers rebound to the new optimizer; on resume the
     checkpoint's optimizer state is loaded into the fused optimizer. With ``Trainer(gradient_clip_val=...)`` and the
-    default ``gradient_clip_algorithm="norm"``, gradients are clipped by the fused clipper (``FusedClipNorm`` on Gaudi).
+    default ``gradient_clip_algorithm="norm"``, gradients are clipped by the fused clipper (``FusedClipNorm`` on Gaudi);
+    under ``precision="16-mixed"`` :class:`~lightning_gaudi.precision.HPUPrecision` unscales them first, and steps
+    with inf or NaN gradients are still skipped.
 
     Args:
         optimizers: which torch optimizer classes to replace (names from ``"AdamW"``, ``"Adam"``, ``"SGD"``);

@@ -156,22 +156,24 @@ def _call_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return type(module).forward(module, *args, **kwargs)
 
 
-_entries: dict[type[nn.Module], Callable[..., Any]] = {}
+_entries: dict[tuple[type[nn.Module], ...], Callable[..., Any]] = {}
 
 
-def _entry(cls: type[nn.Module]) -> Callable[..., Any]:
-    """A frame dynamo traces for the forward of ``cls``, one code object per class.
+def _entry(module: nn.Module) -> Callable[..., Any]:
+    """A frame dynamo traces for the forward of one of torch's own modules, one code object per structure.
 
     Dynamo never starts tracing inside torch's own files, so compiling ``nn.Sequential.forward`` (what
     ``nn.Sequential(...).compile()`` does) compiles nothing; a frame of lightning_gaudi's that calls it is traced,
     and torch's modules are inlined into it. Dynamo caches graphs, and counts recompilations against its limit, per
-    code object: one per class keeps instances of a class sharing graphs and other classes out of their count.
+    code object: one per structure (the module types of the subtree) lets modules built alike share their graphs
+    and keeps others out of their count.
     """
-    if cls in _entries:
-        return _entries[cls]
-    name = f"{cls.__name__}_forward"
+    key = tuple(type(m) for m in module.modules())
+    if key in _entries:
+        return _entries[key]
+    name = f"{type(module).__name__}_forward"
     code = _call_forward.__code__.replace(co_name=name)  # a new code object, even with the same name
-    entry = _entries[cls] = types.FunctionType(code, _call_forward.__globals__, name)
+    entry = _entries[key] = types.FunctionType(code, _call_forward.__globals__, name)
     return entry
 
 
@@ -192,7 +194,7 @@ class CompiledForward:
         self._compile_fn = compile_fn
         plain = type(module).forward
         if plain.__module__.startswith("torch."):
-            entry = _entry(type(module))
+            entry = _entry(module)
             self._compiled: Callable[..., Any] = functools.partial(compile_fn(entry), module)
             self.code = entry.__code__
         else:
@@ -370,10 +372,14 @@ class HPUCompile(Callback):
         log, self._log = self._log, None
         if not dynamo.available() or log is None:
             return
-        graphs = sum(dynamo.cache_entries(compiled.code) for compiled in self.compiled.values())
-        if graphs or any(c.failure is None and c.function for c in log.read()):
+        if self.graphs() or any(c.failure is None and c.function for c in log.read()):
             return
         rank_zero_warn(self._nothing_compiled_message())
+
+    def graphs(self) -> int:
+        """The compiled graphs dynamo holds for the compiled modules (modules built alike share theirs)."""
+        codes = {id(compiled.code): compiled.code for compiled in self.compiled.values()}  # equal code compares equal
+        return sum(dynamo.cache_entries(code) for code in codes.values())
 
     def _nothing_compiled_message(self) -> str:
         called = [path for path, compiled in self.compiled.items() if compiled.called]

@@ -58,7 +58,10 @@ class MemoryStats(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._writes = trainer.is_global_zero and bool(trainer.loggers)  # decided once, not at every batch
         self._lightning_cadence = logging_cadence.installed()
-        self._last_step = -1
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_step = trainer.global_step  # after a resume restored it
 
     @override
     def on_train_batch_end(
@@ -79,7 +82,9 @@ class MemoryStats(Callback):
     def _optimizer_step_to_log(self, trainer: pl.Trainer) -> int | None:
         # Lightning's cadence from public state, exact with one optimizer: its logging step is the optimizer step
         # just taken, minus one
-        interval = self.log_every_n_steps or trainer.log_every_n_steps
+        interval = self.log_every_n_steps
+        if interval is None:
+            interval = int(getattr(trainer, "log_every_n_steps", 50))
         step = trainer.global_step
         if not interval or step == self._last_step:  # no optimizer step in this batch
             return None

@@ -77,8 +77,8 @@ def device_summary(used_devices: int, strategy: str | None = None, num_nodes: in
 
     ``HPU available: True (GAUDI2, EMULATED on the CPU in eager mode, 1 torch thread), using: 1 HPU, strategy
     SingleHPUStrategy.`` followed, under emulation, by the setting that chose it, whether Intel's bridge is installed,
-    and that the run's numbers are CPU numbers. The Trainer logs it
-    beside Lightning's GPU and TPU lines (see :mod:`lightning_gaudi.patches.device_info`).
+    and that the run's numbers are CPU numbers. The Trainer logs it beside Lightning's GPU and TPU lines (see
+    :mod:`lightning_gaudi.patches.device_info`).
 
     Args:
         used_devices: the cards this run uses on each node.

@@ -28,7 +28,6 @@ from torch.optim import Optimizer
 from lightning_gaudi.hpu.backend import MEMORY_STAT_KEYS, Backend, ClipNorm, LazyCounters
 from lightning_gaudi.hpu.runtime import emulated_compile_backend
 
-
 #: torch threads per emulator process when the user has not chosen a count (see the module docstring).
 EMULATED_THREADS = 1
 #: The variables by which a user sets torch's thread count before it starts.

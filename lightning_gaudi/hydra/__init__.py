@@ -80,6 +80,7 @@ def run(cfg: DictConfig, task: Task) -> float | None:
     """
     prepare(cfg)
     if needs_rank_launch(cfg):
+        instantiate(cfg.strategy)  # a bad strategy argument fails here, before any rank process starts
         results: Mapping[str, Any] = launch_ranks(cfg, Path(cfg.paths.output_dir), task)
     else:
         results = task(cfg) or {}

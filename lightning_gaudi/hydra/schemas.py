@@ -70,7 +70,8 @@ CALLBACK_CONFIG_NAMES: dict[str, str] = {
     "fused_optimizers": "FusedOptimizers",
     "memory_stats": "MemoryStats",
     "throughput": "HPUThroughputMonitor",
-    "lazy_diagnostics": "LazyModeDiagnostics",
+    "graph_diagnostics": "GraphDiagnostics",
+    "lazy_diagnostics": "LazyModeDiagnostics",  # the earlier name of GraphDiagnostics, for existing recipes
     "hpu_graphs": "HPUGraphs",
     "compile": "HPUCompile",
 }

@@ -113,7 +113,7 @@ def _is_lightnings(cls: type) -> bool:
 def _is_single_device(flag: object) -> bool:
     from lightning_gaudi.strategies import SingleHPUStrategy
 
-    cls = flag if isinstance(flag, type) else type(flag) if isinstance(flag, Strategy) else _registered_class(flag)
+    cls = type(flag) if isinstance(flag, Strategy) else _registered_class(flag)
     return cls is not None and issubclass(cls, (SingleHPUStrategy, SingleDeviceStrategy))
 
 
@@ -230,7 +230,10 @@ def _check_strategy_and_fallback(original: Any) -> Any:
 def _check_and_init_precision(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> Any:
-        if not isinstance(self.accelerator, HPUAccelerator) or self._precision_plugin_flag is not None:
+        if not isinstance(self.accelerator, HPUAccelerator):
+            return original(self)
+        if self._precision_plugin_flag is not None:
+            check_precision_supported(self._precision_plugin_flag)
             return original(self)
         check_precision_supported(self._precision_flag)
         if self._precision_flag in ("bf16-mixed", "16-mixed"):

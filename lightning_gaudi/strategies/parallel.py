@@ -38,6 +38,7 @@ from lightning_gaudi.distributed import (
     validate_launch,
 )
 from lightning_gaudi.strategies._common import check_hpu_accelerator, hpu_device, prepare_trainer
+from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
 from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
 
 if TYPE_CHECKING:
@@ -123,11 +124,15 @@ class HPUParallelStrategy(DDPStrategy):
 
     On Gaudi the process group uses HCCL (Intel's bridge registers it and ``initialize_distributed_hpu`` maps the
     launcher's variables); in emulation it uses gloo. Multi-node runs use Lightning's cluster environments
-    (torchrun, SLURM, MPI, or ``num_nodes`` with ``MASTER_ADDR``/``NODE_RANK``).
+    (torchrun, SLURM, MPI, or ``num_nodes`` with ``MASTER_ADDR``/``NODE_RANK``). ``Trainer(sync_batchnorm=True)``
+    synchronizes batch norms with :class:`~lightning_gaudi.strategies.HPUSyncBatchNorm`. With ``accelerator="hpu"``,
+    Lightning's own DDP names (``"ddp"``, ``"ddp_spawn"``, ``"ddp_find_unused_parameters_true"``...) run this
+    strategy with the same settings.
 
     Args:
         accelerator: normally left to the Trainer (``accelerator="hpu"``).
-        parallel_devices: normally left to the Trainer (``devices=...``).
+        parallel_devices: normally left to the Trainer (``devices=...``); in emulation ``torch.device("hpu")`` means
+            the emulated device.
         cluster_environment: how ranks find each other; detected by Lightning when not given.
         checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (CPU tensors, atomic).
         precision_plugin: e.g. :class:`~lightning_gaudi.precision.HPUPrecision`.
@@ -152,7 +157,13 @@ class HPUParallelStrategy(DDPStrategy):
         ddp_comm_state: the state passed to ``ddp_comm_hook``.
         ddp_comm_hook: a DDP communication hook (``hook(state, bucket) -> Future``), registered on the HPU as on CUDA.
         ddp_comm_wrapper: wraps ``ddp_comm_hook`` before registration (e.g. a compression wrapper).
-        **kwargs: any other ``torch.nn.parallel.DistributedDataParallel`` argument, passed through.
+        **kwargs: any other ``torch.nn.parallel.DistributedDataParallel`` argument, passed through; checked against
+            its signature here, so a misspelled one fails before any process starts.
+
+    Raises:
+        TypeError: a keyword argument neither this class nor ``DistributedDataParallel`` takes (with the closest
+            name), or one the strategy sets itself (``module``, ``device_ids``).
+        ValueError: ``bucket_cap_mb`` or ``timeout`` not a positive finite number, or an unknown ``start_method``.
     """
 
     strategy_name = "hpu_parallel"
@@ -370,10 +381,14 @@ class HPUParallelStrategy(DDPStrategy):
 
         Raises:
             CollectiveMismatchError: the ranks passed different shapes or dtypes (on every rank, naming each one's).
+            ValueError: ``reduce_op`` is not a reduction HCCL has (sum, min, max; mean as a sum), also in emulation
+                and in a single process.
         """
-        if not isinstance(tensor, Tensor) or not dist.is_available() or not dist.is_initialized():
+        if not isinstance(tensor, Tensor):
             return tensor
         op = _as_reduce_op(reduce_op)
+        if not dist.is_available() or not dist.is_initialized():
+            return tensor
         mean = op == ReduceOp.AVG
         if mean:
             op = ReduceOp.SUM
@@ -387,6 +402,24 @@ class HPUParallelStrategy(DDPStrategy):
         if mean:
             result = result / dist.get_world_size(group)
         return result
+
+    @override
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        move_keeping_ties(self.model, self.root_device)  # Module.to alone unties shared weights on lazy tensors
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
+
+    @override
+    def teardown(self) -> None:
+        module = self.lightning_module
+        tied = find_tied_parameters(module) if module is not None else []
+        super().teardown()  # moves the module back to the CPU, which would untie them again
+        if module is not None:
+            restore_ties(module, tied)
 
     @override
     def setup_environment(self) -> None:

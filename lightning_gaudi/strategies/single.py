@@ -10,8 +10,10 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from typing_extensions import override
 
+from lightning_gaudi import hpu
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.strategies._common import check_hpu_accelerator, hpu_device, prepare_trainer
+from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
 
 
 class SingleHPUStrategy(SingleDeviceStrategy):
@@ -64,6 +66,24 @@ class SingleHPUStrategy(SingleDeviceStrategy):
         self._accelerator = accelerator
         if accelerator is not None:
             self.root_device  # noqa: B018 - a device that is no HPU fails here, while the Trainer is built
+
+    @override
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        move_keeping_ties(self.model, self.root_device)  # Module.to alone unties shared weights on lazy tensors
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
+
+    @override
+    def teardown(self) -> None:
+        module = self.lightning_module
+        tied = find_tied_parameters(module) if module is not None else []
+        super().teardown()  # moves the module back to the CPU, which would untie them again
+        if module is not None:
+            restore_ties(module, tied)
 
     @override
     def setup_environment(self) -> None:

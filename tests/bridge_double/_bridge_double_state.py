@@ -3,8 +3,8 @@
 The double's modules (``habana_frameworks.torch.*`` under ``tests/bridge_double``) record every call here as a
 :class:`Call` and read the device they pretend to be from :data:`config`. Use it through the ``bridge_double``
 fixture in ``tests/conftest.py``, which resets it around each test. A test makes the device run out of memory with
-:func:`queue_graph_bytes` (what the current lazy graph would allocate) and ``memory={"Limit": ...}``: the next
-``core.mark_step`` then raises :func:`out_of_memory_error`.
+``memory={"Limit": ...}`` and :func:`run_ops` (what its ops would allocate): they raise :func:`out_of_memory_error`
+when they run, at once in eager mode, at the next ``core.mark_step`` in lazy mode.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Config:
 
 calls: list[Call] = []
 config = Config()
-#: Device memory the ops recorded into the current lazy graph need (see :func:`queue_graph_bytes`).
+#: Device memory the ops recorded into the current lazy graph need (see :func:`run_ops`).
 pending_graph_bytes = 0
 
 #: The phrase of the double's out-of-memory error. Intel's documentation (../shared/habana-api.md and the seeds)
@@ -111,27 +111,35 @@ def memory() -> dict[str, int]:
     return {key: int(config.memory.get(key, 0)) for key in MEMORY_STAT_KEYS}
 
 
-def queue_graph_bytes(nbytes: int) -> None:
-    """Records that ops added to the current lazy graph need ``nbytes`` of device memory when it runs.
+def run_ops(nbytes: int) -> None:
+    """Ops that need ``nbytes`` of device memory, as a test's model would run them: in eager mode they run now; in
+    lazy mode they join the graph that the next ``core.mark_step`` launches. Running them raises
+    :func:`out_of_memory_error` when ``InUse`` plus their bytes exceed a non-zero ``Limit``.
 
-    The double cannot run ops, so a test says what its graph would allocate; the next ``core.mark_step`` launches
-    the graph and raises :func:`out_of_memory_error` when ``InUse`` plus the pending bytes exceed ``Limit``.
+    The double cannot run ops, so a test says what its ops would allocate.
     """
     global pending_graph_bytes
-    pending_graph_bytes += int(nbytes)
+    if is_lazy():
+        pending_graph_bytes += int(nbytes)
+    else:
+        _run(int(nbytes))
 
 
 def launch_graph() -> None:
-    """What ``core.mark_step`` does with the pending graph: runs it (frees it) or fails for want of memory."""
+    """What ``core.mark_step`` does with the pending lazy graph: runs it, or fails for want of memory."""
     global pending_graph_bytes
     needed, pending_graph_bytes = pending_graph_bytes, 0
+    _run(needed)
+
+
+def _run(nbytes: int) -> None:
     stats = memory()
-    if stats["Limit"] and stats["InUse"] + needed > stats["Limit"]:
-        raise out_of_memory_error(needed)
+    if stats["Limit"] and stats["InUse"] + nbytes > stats["Limit"]:
+        raise out_of_memory_error(nbytes)
 
 
 def out_of_memory_error(nbytes: int) -> RuntimeError:
-    """The error the double raises when a graph needs more device memory than is free (see :data:`OUT_OF_MEMORY`)."""
+    """The error the double raises when ops need more device memory than is free (see :data:`OUT_OF_MEMORY`)."""
     stats = memory()
     free = stats["Limit"] - stats["InUse"]
-    return RuntimeError(f"HPU {OUT_OF_MEMORY}: a graph needs {nbytes} bytes, {free} of {stats['Limit']} are free")
+    return RuntimeError(f"HPU {OUT_OF_MEMORY}: ops need {nbytes} bytes, {free} of {stats['Limit']} are free")

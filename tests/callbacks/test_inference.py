@@ -154,8 +154,9 @@ def test_torch_builtin_modules_compile(eager_hpu: hpu.Backend, fresh_dynamo: Non
     """``nn.Sequential(...).compile()`` compiles nothing (dynamo skips torch's files); HPUCompile's frame does."""
     probe = nn.Sequential(nn.Linear(FEATURES, 2))
     probe.compile(backend="aot_eager")
+    frames = dynamo.frames_started()
     probe(torch.ones(1, FEATURES))
-    assert dynamo.frames_started() == 0
+    assert dynamo.frames_started() == frames
     callback = HPUCompile()
     model = Workload()
     trainer = quiet_trainer(max_steps=2, callbacks=[callback])
@@ -167,6 +168,28 @@ def test_torch_builtin_modules_compile(eager_hpu: hpu.Backend, fresh_dynamo: Non
         trainer.fit(model, loader(2))
     assert not [w for w in caught if "HPUCompile" in str(w.message)]
     assert dynamo.cache_entries(entry.code) >= 1
+
+
+class TwoSequentials(Workload):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh())
+        self.out = nn.Sequential(nn.Linear(16, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.net(x))
+
+
+def test_builtin_modules_of_different_structure_keep_their_own_graphs(
+    eager_hpu: hpu.Backend, fresh_dynamo: None
+) -> None:
+    """Dynamo caches per code object: two nn.Sequential of different layers must not share (and fill) one cache."""
+    from lightning_gaudi.callbacks import GraphDiagnostics
+
+    diagnostics = GraphDiagnostics(warmup_steps=1)
+    quiet_trainer(max_steps=2, callbacks=[HPUCompile(), diagnostics]).fit(TwoSequentials(), loader(2))
+    assert diagnostics.summary["compiled_graphs"] == 2
+    assert diagnostics.summary["recompile_reasons"] == []
 
 
 def test_checkpoints_hold_plain_names_and_load_both_ways(eager_hpu: hpu.Backend, tmp_path: Path) -> None:

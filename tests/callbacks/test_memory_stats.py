@@ -166,13 +166,22 @@ def test_emulation_reports_host_memory(eager_hpu: hpu.Backend) -> None:
     assert 0 < metrics["memory_allocated (GB)"] < metrics["total_memory_available (GB)"]
 
 
+@pytest.mark.parametrize(("accumulate", "batches", "expected"), [(1, 6, [1, 3, 5]), (3, 13, [1, 3])])
 def test_without_lightnings_cadence_one_optimizer_still_lines_up(
-    eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    eager_hpu: hpu.Backend,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    accumulate: int,
+    batches: int,
+    expected: list[int],
 ) -> None:
     """On a Lightning the cadence patch was not checked against, the optimizer step stands in for it."""
     monkeypatch.setattr(logging_cadence, "installed", lambda: False)
     trainer = quiet_trainer(
-        logger=CSVLogger(tmp_path, name="", version=""), log_every_n_steps=2, callbacks=[MemoryStats()]
+        logger=CSVLogger(tmp_path, name="", version=""),
+        log_every_n_steps=2,
+        accumulate_grad_batches=accumulate,
+        callbacks=[MemoryStats()],
     )
-    trainer.fit(Workload(), loader(6))
-    assert _csv_steps(tmp_path, "memory_allocated (GB)") == _csv_steps(tmp_path, "loss") == [1, 3, 5]
+    trainer.fit(Workload(), loader(batches))
+    assert _csv_steps(tmp_path, "memory_allocated (GB)") == _csv_steps(tmp_path, "loss") == expected

@@ -15,6 +15,7 @@ from types import ModuleType
 import pytest
 from lightning.pytorch import Trainer
 from lightning.pytorch.trainer import setup
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.imports import RequirementCache
 
 from lightning_gaudi import hpu
@@ -56,9 +57,17 @@ def test_one_card_in_eager_emulation(eager_hpu: hpu.Backend, caplog: pytest.LogC
         r" strategy SingleHPUStrategy\.",
         line,
     ), line
-    assert f"Emulation ({hpu.EMULATE_ENV}=eager)" in line
+    assert f"Emulation ({hpu.EMULATE_ENV}=eager" in line
     assert "numbers from this run are CPU numbers" in line
     assert "8" not in line  # the emulated server's card count is not what this run uses
+
+
+def test_said_once_by_rank_zero_only(
+    eager_hpu: hpu.Backend, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert len([line for line in _device_lines(caplog, accelerator="hpu", devices=1) if "EMULATED" in line]) == 1
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    assert not [line for line in _device_lines(caplog, accelerator="hpu", devices=1) if "HPU" in line]
 
 
 def test_cards_and_strategy_of_a_ddp_run(eager_hpu: hpu.Backend, caplog: pytest.LogCaptureFixture) -> None:

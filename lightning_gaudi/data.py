@@ -1,0 +1,160 @@
+"""Batches whose shapes stay few: variable-length sequences padded to a small set of bucket lengths.
+
+A graph compiler compiles one graph per input shape: Gaudi's lazy mode at every new shape, ``torch.compile`` with
+static shapes at every new shape until its recompile limit (then it runs uncompiled). Padding each batch to its
+longest sample (what transformers' ``DataCollatorWithPadding`` does) makes almost every batch a new shape; padding
+every batch to the longest sample of the data set makes one shape but computes mostly padding when lengths vary.
+:class:`BucketedPadCollate` sits between the two: each batch is padded to the smallest of a few bucket lengths that
+holds it, so there is one graph per bucket and the padding stays bounded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["BucketedPadCollate"]
+
+
+def _is_sequence(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return value.dim() == 1
+    return isinstance(value, (list, tuple))
+
+
+class BucketedPadCollate:
+    """A ``collate_fn`` that pads a batch of tokenized samples to the smallest bucket length that holds it.
+
+    Each sample is a mapping such as a Hugging Face tokenizer returns (``input_ids``, ``attention_mask``,
+    ``token_type_ids``, per-token or per-sample ``labels``), its sequences as lists or 1-D tensors. Every sequence
+    key is padded to the smallest bucket not shorter than its longest sequence in the batch (so labels of another
+    length, as in sequence-to-sequence data, get a bucket of their own); per-sample values (an int label) are
+    stacked. ``input_ids`` are padded with ``pad_token_id``, ``labels`` with ``label_pad_token_id`` (ignored by
+    torch's cross entropy), ``attention_mask`` with 0 (and created from the ``input_ids`` lengths when the samples
+    have none), any other key with ``pad_values.get(key, 0)``.
+
+    Example::
+
+        collate = BucketedPadCollate(buckets=[64, 128, 256, 512], pad_token_id=tokenizer.pad_token_id)
+        loader = DataLoader(tokenized, batch_size=32, collate_fn=collate)
+
+    Args:
+        buckets: the padded lengths, e.g. ``[64, 128, 256, 512]`` (:meth:`quantile_buckets` picks them from the
+            data's lengths).
+        pad_token_id: what pads ``input_ids``.
+        label_pad_token_id: what pads per-token ``labels``.
+        padding_side: ``"right"``, or ``"left"`` (decoder-only models that generate).
+        truncate: cut sequences longer than the largest bucket instead of raising.
+        sequence_keys: the keys to pad; by default every key whose value is a list or a 1-D tensor.
+        pad_values: pad values for other keys, e.g. ``{"token_type_ids": 0, "position_ids": 0}``.
+
+    Raises:
+        ValueError: empty or non-positive ``buckets``, an unknown ``padding_side``; when called, a sequence longer
+            than the largest bucket (without ``truncate``), or samples with different keys.
+    """
+
+    def __init__(
+        self,
+        buckets: Sequence[int],
+        pad_token_id: int = 0,
+        label_pad_token_id: int = -100,
+        padding_side: Literal["right", "left"] = "right",
+        truncate: bool = False,
+        sequence_keys: Sequence[str] | None = None,
+        pad_values: Mapping[str, int | float] | None = None,
+    ) -> None:
+        values = list(buckets) if isinstance(buckets, Sequence) and not isinstance(buckets, str) else None
+        if not values or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in values):
+            raise ValueError(
+                f"`buckets={buckets!r}` must be a non-empty list of positive lengths, e.g. [64, 128, 256, 512]."
+            )
+        if padding_side not in ("right", "left"):
+            raise ValueError(f"`padding_side={padding_side!r}` must be 'right' or 'left'.")
+        self.buckets = sorted(set(values))
+        self.pad_token_id = pad_token_id
+        self.label_pad_token_id = label_pad_token_id
+        self.padding_side = padding_side
+        self.truncate = truncate
+        self.sequence_keys = tuple(sequence_keys) if sequence_keys is not None else None
+        self.pad_values: dict[str, int | float] = {
+            "input_ids": pad_token_id,
+            "labels": label_pad_token_id,
+            "attention_mask": 0,
+        }
+        self.pad_values.update(pad_values or {})
+
+    def bucket_length(self, length: int) -> int:
+        """The smallest bucket not shorter than ``length``.
+
+        Raises:
+            ValueError: ``length`` exceeds the largest bucket and ``truncate`` is off.
+        """
+        index = bisect.bisect_left(self.buckets, length)
+        if index < len(self.buckets):
+            return self.buckets[index]
+        if self.truncate:
+            return self.buckets[-1]
+        raise ValueError(
+            f"A sequence of {length} tokens is longer than the largest bucket ({self.buckets[-1]}, buckets"
+            f" {self.buckets}). Add a larger bucket, truncate the data when tokenizing, or pass truncate=True."
+        )
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Tensor]:
+        if not samples:
+            raise ValueError("BucketedPadCollate got an empty batch.")
+        keys = list(samples[0])
+        for sample in samples[1:]:
+            if list(sample) != keys:
+                raise ValueError(f"All samples of a batch need the same keys; got {keys} and {list(sample)}.")
+        wanted = self.sequence_keys
+        sequence_keys = [k for k in keys if (k in wanted if wanted is not None else _is_sequence(samples[0][k]))]
+        batch: dict[str, Tensor] = {}
+        for key in keys:
+            values = [sample[key] for sample in samples]
+            if key in sequence_keys:
+                batch[key] = self._pad(key, values)
+            else:
+                batch[key] = torch.stack([torch.as_tensor(v) for v in values])
+        if "attention_mask" not in batch and "input_ids" in sequence_keys:
+            lengths = [len(sample["input_ids"]) for sample in samples]
+            batch["attention_mask"] = self._pad("attention_mask", [[1] * n for n in lengths])
+        return batch
+
+    def _pad(self, key: str, values: Sequence[Any]) -> Tensor:
+        tensors = [torch.as_tensor(v) for v in values]
+        longest = max(t.shape[0] for t in tensors)
+        length = self.bucket_length(longest)
+        dtype = next((t.dtype for t in tensors if t.numel()), torch.long)
+        out = torch.full((len(tensors), length), self.pad_values.get(key, 0), dtype=dtype)
+        for row, tensor in enumerate(tensors):
+            tensor = tensor[:length]
+            if self.padding_side == "right":
+                out[row, : tensor.shape[0]] = tensor
+            else:
+                out[row, length - tensor.shape[0] :] = tensor
+        return out
+
+    @staticmethod
+    def quantile_buckets(lengths: Sequence[int], count: int, multiple_of: int = 8) -> list[int]:
+        """``count`` bucket lengths at the quantiles of ``lengths`` (the data's sequence lengths), the last one its
+        longest, each rounded up to a multiple of ``multiple_of``.
+
+        A batch is padded to its longest sample, so batches land in the upper buckets more often than single
+        samples would; measure the padding on the real batches (``benchmarks/compile.py`` does).
+
+        Raises:
+            ValueError: no lengths, or a ``count`` or ``multiple_of`` below 1.
+        """
+        if not lengths or count < 1 or multiple_of < 1:
+            raise ValueError(
+                f"quantile_buckets needs lengths, count >= 1 and multiple_of >= 1; got {len(lengths)} lengths,"
+                f" count={count}, multiple_of={multiple_of}."
+            )
+        ordered = sorted(lengths)
+        picks = [ordered[min(len(ordered) - 1, math.ceil(len(ordered) * i / count) - 1)] for i in range(1, count + 1)]
+        return sorted({multiple_of * math.ceil(p / multiple_of) for p in picks})
