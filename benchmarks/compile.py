@@ -335,7 +335,7 @@ def run_shapes(quick: bool, backend: str) -> dict[str, Any]:
         for name, (collate, dynamic, data) in variants.items():
             torch.compiler.reset()
             seed_everything(0, verbose=False)
-            loader = DataLoader(data, batch_size=BATCH, shuffle=False, collate_fn=collate)  # type: ignore[arg-type]
+            loader: DataLoader[Any] = DataLoader(data, batch_size=BATCH, shuffle=False, collate_fn=collate)  # type: ignore[arg-type]
             diagnostics = GraphDiagnostics(warmup_steps=1)
             started = time.perf_counter()
             with quiet():

@@ -76,8 +76,10 @@ def isolated_env(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPat
 
 @pytest.fixture
 def eager_hpu(clean_hpu_env: pytest.MonkeyPatch) -> hpu.Backend:
-    """Eager emulation (``LIGHTNING_GAUDI_EMULATE=eager``): 8 emulated GAUDI2 cards. Returns the backend."""
+    """Eager emulation (``LIGHTNING_GAUDI_EMULATE=eager``): 8 emulated GAUDI2 cards (set explicitly: the default
+    follows the machine's cores). Returns the backend."""
     clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
+    clean_hpu_env.setenv(hpu.DEVICES_ENV, "8")
     return hpu.get_backend()
 
 

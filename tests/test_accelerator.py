@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from typing import Any
 
 import pytest
@@ -59,6 +61,10 @@ def test_parse_devices_rejects(eager_hpu: hpu.Backend, devices: Any, message: st
 
 def test_device_count_follows_the_emulation_setting(clean_hpu_env: pytest.MonkeyPatch) -> None:
     clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
+    cores = len(os.sched_getaffinity(0))
+    assert HPUAccelerator.auto_device_count() == min(cores, 8)  # no more processes than cores, at most a server
+    clean_hpu_env.setattr(os, "sched_getaffinity", lambda pid: set(range(96)))
+    hpu._backends.clear()
     assert HPUAccelerator.auto_device_count() == 8  # one Gaudi server
     clean_hpu_env.setenv(hpu.DEVICES_ENV, "2")
     assert HPUAccelerator.auto_device_count() == 2

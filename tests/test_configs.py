@@ -22,6 +22,7 @@ from lightning_gaudi import HPUParallelStrategy, SingleHPUStrategy, callbacks, h
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT, InvalidLaunchError
 from lightning_gaudi.hydra import ranks
 from lightning_gaudi.hydra.schemas import CALLBACK_CONFIG_NAMES, SlurmLauncherConf, check_slurm_launcher
+from lightning_gaudi.profilers import HPUProfiler
 
 #: Small enough that building every model is quick.
 TINY = ["data.max_bytes=20000", "data.seq_len=16", "data.batch_size=4"]
@@ -39,12 +40,19 @@ def build_all(cfg: DictConfig) -> dict[str, Any]:
     data = instantiate(cfg.data)
     model = instantiate(cfg.model)
     strategy = instantiate(cfg.strategy)
-    trainer = instantiate(cfg.trainer, strategy=strategy, callbacks=built_callbacks, logger=loggers or False)
+    profiler = {"profiler": instantiate(cfg.profiler)} if cfg.get("profiler") else {}
+    trainer = instantiate(
+        cfg.trainer, strategy=strategy, callbacks=built_callbacks, logger=loggers or False, **profiler
+    )
     return {"callbacks": built_callbacks, "loggers": loggers, "data": data, "model": model, "trainer": trainer}
 
 
 _CASES = [
-    *(f"{group}={option}" for group in ("strategy", "model", "data", "logger") for option in group_options(group)),
+    *(
+        f"{group}={option}"
+        for group in ("strategy", "model", "data", "logger", "profiler")
+        for option in group_options(group)
+    ),
     *(f"callbacks={option}" for option in group_options("callbacks")),
     *(f"experiment={option}" for option in group_options("experiment")),
     *(f"hparams_search={option}" for option in group_options("hparams_search")),
@@ -73,6 +81,16 @@ def test_every_option_composes_and_instantiates(
         assert trainer.strategy.ddp_kwargs.get("bucket_cap_mb") == cfg.strategy.bucket_cap_mb or (
             cfg.strategy.bucket_cap_mb is None and "bucket_cap_mb" not in trainer.strategy.ddp_kwargs
         )
+    assert isinstance(trainer.profiler, HPUProfiler) == (selection == "profiler=hpu")
+
+
+def test_profiler_is_off_unless_chosen_and_hpu_traces_into_the_run_folder(tmp_path: Path) -> None:
+    assert compose_train([], output_dir=tmp_path).profiler is None
+    assert compose_train(["profiler=none"], output_dir=tmp_path).profiler is None
+    cfg = compose_train(["profiler=hpu", "profiler.wait_steps=1", "profiler.record_shapes=true"], output_dir=tmp_path)
+    assert cfg.profiler._target_ == "lightning_gaudi.profilers.HPUProfiler"
+    assert cfg.profiler.dirpath == f"{tmp_path}/profiler"
+    assert (cfg.profiler.wait_steps, cfg.profiler.active_steps, cfg.profiler.record_shapes) == (1, 5, True)
 
 
 def test_every_callback_file_has_a_real_class_and_schema() -> None:
@@ -139,6 +157,7 @@ def test_user_override_paths() -> None:
         (["strategy.bucket_cap_mb=3"], "bucket_cap_mb"),  # hpu_single has no buckets
         (["callbacks.mark_step.after_backwardd=true"], "after_backwardd"),
         (["runtime.emulatee=true"], "emulatee"),
+        (["profiler=hpu", "profiler.wait_stepz=1"], "wait_stepz"),
         (["hydra/launcher=gaudi_slurm", "hydra.launcher.tasks_per_nodee=2"], "tasks_per_nodee"),
     ],
 )
@@ -158,6 +177,8 @@ def test_typo_is_an_error_naming_the_key(overrides: list[str], key: str) -> None
         (["runtime.emulate=maybe"], "runtime.emulate", "bool"),
         (["runtime.emulated_devices=many"], "runtime.emulated_devices", "Integer"),
         (["runtime.autocast_fp32_ops=softmax"], "runtime.autocast_fp32_ops", "ListConfig"),
+        (["profiler=hpu", "profiler.wait_steps=few"], "profiler.wait_steps", "Integer"),
+        (["profiler=hpu", "profiler.with_stack=maybe"], "profiler.with_stack", "bool"),
     ],
 )
 def test_wrong_type_is_an_error_naming_the_field(overrides: list[str], field: str, expected: str) -> None:

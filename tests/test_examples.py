@@ -140,6 +140,52 @@ def test_rank_failure_is_reported(isolated_env: pytest.MonkeyPatch, tmp_path: Pa
     assert not (tmp_path / task.RESULTS_FILE).exists()
 
 
+def test_profiler_hpu_traces_the_fit_into_the_run_folder_and_reports(
+    isolated_env: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`profiler=hpu`: the task hands the profiler to the Trainer, a trace with the training step lands in the run
+    folder, the report is printed, and results.json keeps it."""
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    fit = [*_TINY_FIT, "trainer.max_steps=5", "trainer.val_check_interval=5", "callbacks=none", "logger=none"]
+    cfg = compose_train(["profiler=hpu", "profiler.wait_steps=1", "profiler.active_steps=2", *fit], output_dir=tmp_path)
+    with caplog.at_level(logging.INFO):
+        lg_hydra.run(cfg, task.train)
+    results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
+    profile = results["profile"]
+    assert profile["steps"] == 2, "1 step waited out, 1 warm-up, 2 recorded"
+    assert profile["step_ms"] > 0
+    assert profile["top_operators"]
+    assert profile["trace_dir"] == str(tmp_path / "profiler")
+    [trace] = list((tmp_path / "profiler").glob("*.pt.trace.json"))
+    names = {str(event.get("name")) for event in json.loads(trace.read_text())["traceEvents"]}
+    assert any("training_step" in name for name in names)
+    reports = [r.getMessage() for r in caplog.records if "HPUProfiler: 2 profiled training steps" in r.getMessage()]
+    assert len(reports) == 1
+    assert "top operators by self time: aten::" in reports[0]
+    out = capsys.readouterr().out
+    assert f"profile: 2 steps, {profile['step_ms']:.2f} ms each" in out
+    assert f"traces in {tmp_path / 'profiler'}" in out
+
+
+def test_profiler_in_two_places_is_an_error(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    cfg = compose_train(["profiler=hpu", "+trainer.profiler=simple", *_TINY_FIT], output_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"trainer.profiler='simple' and the profiler group .*HPUProfiler"):
+        task.train(cfg)
+    assert not list(tmp_path.iterdir())
+
+
+def test_lightnings_own_profiler_by_name_still_works(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without the profiler group, `+trainer.profiler=simple` reaches the Trainer (the task passes no profiler)."""
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    cfg = compose_train(["+trainer.profiler=simple", *_TINY_FIT, "callbacks=none", "logger=none"], output_dir=tmp_path)
+    lg_hydra.run(cfg, task.train)
+    assert "profile" not in json.loads((tmp_path / task.RESULTS_FILE).read_text())
+
+
 # ---------------------------------------------------------------- the example's data and model
 
 

@@ -8,6 +8,7 @@ process per card). Global rank zero writes ``results.json`` (metrics, throughput
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from gpt_recipe import logs
 from lightning_gaudi import hpu, resume
 from lightning_gaudi.callbacks import HPUThroughputMonitor
 from lightning_gaudi.hydra import instantiate_group
+from lightning_gaudi.profilers import HPUProfiler
 
 RESULTS_FILE = "results.json"
 _GIB = 1024**3
@@ -65,6 +67,31 @@ def _loss_curve(trainer: L.Trainer, key: str = "train/loss", points: int = 6) ->
     return []
 
 
+def _profiler(cfg: DictConfig) -> dict[str, Any]:
+    """``{"profiler": ...}`` from the ``profiler`` group for the Trainer, or nothing (``trainer.profiler``, e.g.
+    Lightning's ``simple``, is then left to the Trainer).
+
+    Raises:
+        ValueError: both ``profiler`` and ``trainer.profiler`` are set.
+    """
+    node = cfg.get("profiler")
+    if not node:
+        return {}
+    if cfg.trainer.get("profiler") is not None:
+        raise ValueError(
+            f"trainer.profiler={cfg.trainer.profiler!r} and the profiler group ({node.get('_target_')}) are both set;"
+            " the Trainer takes one profiler: drop `trainer.profiler` or choose `profiler=none`."
+        )
+    return {"profiler": instantiate(node)}
+
+
+def _profile(profiler: Any) -> dict[str, Any] | None:
+    """An HPUProfiler's report of the fit and where its traces are, for results.json."""
+    if not isinstance(profiler, HPUProfiler):
+        return None
+    return {**dataclasses.asdict(profiler.report), "trace_dir": str(profiler.dirpath)}
+
+
 def _summary(results: dict[str, Any]) -> str:
     lines = ["", "=== lightning_gaudi run summary ==="]
     lines.append(
@@ -86,6 +113,13 @@ def _summary(results: dict[str, Any]) -> str:
         line += f" over {results['timed_steps']:.0f} steps after {results['warmup_steps']} warm-up batches"
         line += " (without validation and checkpointing)"
         lines.append(line + f", {results['world_size']} process(es)")
+    profile = results.get("profile")
+    if profile:
+        lines.append(
+            f"profile: {profile['steps']} steps, {profile['step_ms']:.2f} ms each, {profile['model_share']:.0%} in the"
+            f" model, {profile['host_syncs']} host syncs; traces in {profile['trace_dir']} (TensorBoard or"
+            " https://ui.perfetto.dev)"
+        )
     where = "this process's peak resident memory under emulation" if results["emulated"] else "MaxInUse"
     lines.append(f"peak memory (rank 0, {where}): {results['peak_memory_gib']:.3f} GiB")
     lines.append(f"outputs: {results['output_dir']}")
@@ -101,6 +135,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         The run's results: metrics, throughput, peak memory and what ran.
     """
     logs.setup()
+    profiler = _profiler(cfg)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     callbacks = instantiate_group(cfg.get("callbacks"))
@@ -112,10 +147,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     datamodule = instantiate(cfg.data, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")
     strategy = instantiate(cfg.strategy)
-    trainer: L.Trainer = instantiate(cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False, **profiler
+    )
     checkpoint = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
     ckpt_path = resume.resolve_in_checkpoint_dir(cfg.get("ckpt_path"), checkpoint)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    profile = _profile(trainer.profiler)  # the fit's, before a test run reports on its own steps
     if cfg.get("test"):
         trainer.test(model, datamodule=datamodule)
 
@@ -148,6 +186,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "peak_memory_gib": backend.memory_stats()["MaxInUse"] / _GIB,
         "loss_curve": _loss_curve(trainer) if trainer.is_global_zero else [],
     }
+    if profile is not None:
+        results["profile"] = profile
     if trainer.is_global_zero:
         out = Path(cfg.paths.output_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch import Tensor
+from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_gaudi import hpu
@@ -133,6 +133,7 @@ class GraphDiagnostics(Callback):
         self._warned: set[str] = set()
         self._limit_hit = False
         self._compile: HPUCompile | None = None
+        self._module: nn.Module | None = None
 
     # ------------------------------------------------------------------------------------------------------------
     # where each count goes
@@ -219,6 +220,9 @@ class GraphDiagnostics(Callback):
 
     def _close_batch(self) -> None:
         batch, self._batch = self._batch, None
+        if batch is not None and self._module is not None and self._mode != "lazy":
+            module, self._module = self._module, None
+            _warn_module_compile_of_torch_modules(module)
         if batch is None or not self._warm(batch):
             return
         if self._mode == "lazy":
@@ -321,6 +325,7 @@ class GraphDiagnostics(Callback):
         self._first_step = trainer.global_step
         compilers = [c for c in trainer.callbacks if isinstance(c, HPUCompile)]  # type: ignore[attr-defined]
         self._compile = compilers[0] if compilers else None
+        self._module = pl_module
         if backend.is_lazy():
             self._mode = "lazy"
             self._start = self._last = backend.lazy_counters()
@@ -400,6 +405,11 @@ class GraphDiagnostics(Callback):
         if self._recorder is not None:
             self._recorder.stop()
 
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if self._recorder is not None:  # a failed fit skips teardown: give dynamo's logger back
+            self._recorder.stop()
+
     # ------------------------------------------------------------------------------------------------------------
     # the summary
     # ------------------------------------------------------------------------------------------------------------
@@ -468,6 +478,26 @@ class GraphDiagnostics(Callback):
         if s["compiled_graphs"] is not None:
             lines.append(f"  graphs held by HPUCompile's modules: {s['compiled_graphs']}.")
         rank_zero_info("\n".join(lines) + self._bridge_hint())
+
+
+def _torch_only(module: nn.Module) -> bool:
+    return all(type(m).forward.__module__.startswith("torch.") for m in module.modules())
+
+
+def _warn_module_compile_of_torch_modules(pl_module: nn.Module) -> None:
+    """``nn.Module.compile()`` on a module made of torch's own modules only compiles nothing, silently: say so."""
+    found = [
+        f"{name} ({type(m).__name__})"
+        for name, m in pl_module.named_modules()
+        if name and dynamo.compiled_by_module_compile(m) and _torch_only(m)
+    ]
+    if found:
+        rank_zero_warn(
+            f"{', '.join(found)} went through `nn.Module.compile()`, which compiles nothing for modules made only of"
+            " torch's own (nn.Sequential, nn.Linear...): dynamo skips code in torch's files, so they run uncompiled."
+            " Use lightning_gaudi.callbacks.HPUCompile (it calls them through a frame of its own), or compile a"
+            " module of your own class."
+        )
 
 
 def _advice(reason: str) -> str:

@@ -419,6 +419,10 @@ class HPUCompile(Callback):
     on_predict_batch_end = on_validation_batch_end
 
     @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "exception")  # a failed run skips teardown: put the plain forwards back
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for module, previous in self._saved.values():
             if previous is None:

@@ -67,6 +67,7 @@ BRIDGE_ENV = (LAZY_MODE_ENV, INT64_ENV, RECIPE_CACHE_ENV, BF16_LIST_ENV, FP32_LI
 
 EMULATION_MODES = ("eager", "lazy")
 EXECUTION_MODES = ("lazy", "eager", "compile")
+#: The most emulated cards a node gets by default: one Gaudi server.
 DEFAULT_EMULATED_DEVICES = 8
 DEFAULT_DEVICE_NAME = "GAUDI2"
 _FLAGS = {"true": True, "1": True, "false": False, "0": False}
@@ -109,13 +110,23 @@ def emulation_mode(environ: Mapping[str, str] | None = None) -> str | None:
     return value
 
 
+def default_emulated_devices() -> int:
+    """The emulated cards per node when nothing says: this machine's usable cores, at most 8 (one Gaudi server).
+
+    One emulated card is one process under data parallelism: more processes than cores only slow a CPU down, so
+    ``devices="auto"`` never starts more. ``LIGHTNING_GAUDI_DEVICES=8`` emulates a whole server anywhere.
+    """
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(usable, DEFAULT_EMULATED_DEVICES))
+
+
 def emulated_devices(environ: Mapping[str, str] | None = None) -> int:
-    """Emulated cards per node (``LIGHTNING_GAUDI_DEVICES``, default 8 like one Gaudi server).
+    """Emulated cards per node: ``LIGHTNING_GAUDI_DEVICES``, else :func:`default_emulated_devices`.
 
     Raises:
         ValueError: not a positive whole number.
     """
-    raw = _environ(environ).get(DEVICES_ENV, str(DEFAULT_EMULATED_DEVICES))
+    raw = _environ(environ).get(DEVICES_ENV, str(default_emulated_devices()))
     try:
         devices = int(raw)
     except ValueError:
@@ -236,7 +247,7 @@ class Runtime:
             Compile mode travels in ``LIGHTNING_GAUDI_COMPILE=1``. ``None``: the bridge's own default on a Gaudi
             (``PT_HPU_LAZY_MODE``, ``0`` on current releases: eager), ``LIGHTNING_GAUDI_EMULATE`` or eager under
             emulation; a ``LIGHTNING_GAUDI_COMPILE=1`` already set is kept.
-        emulated_devices: emulated cards per node (``LIGHTNING_GAUDI_DEVICES``; 8, one Gaudi server, when unset).
+        emulated_devices: emulated cards per node (``LIGHTNING_GAUDI_DEVICES``; when unset, the usable cores up to 8).
         emulated_device_name: the emulated generation, ``"GAUDI"``, ``"GAUDI2"`` (when unset) or ``"GAUDI3"``.
         int64_support: ``PT_ENABLE_INT64_SUPPORT``: keep int64 tensors instead of casting them to int32.
         recipe_cache: ``PT_HPU_RECIPE_CACHE_CONFIG``: a :class:`RecipeCache`, a mapping of its fields, or the string

@@ -12,6 +12,8 @@ Stored in Hydra's ConfigStore under ``lightning_gaudi_schema/``:
   :class:`~lightning_gaudi.SingleHPUStrategy`;
 - ``callbacks/<name>``: one per plugin callback (:data:`CALLBACK_CONFIG_NAMES`);
 - ``runtime``: :class:`~lightning_gaudi.Runtime`, applied once before the bridge loads;
+- ``profiler/hpu``: :class:`~lightning_gaudi.profilers.HPUProfiler`, with the settings it forwards to Lightning's and
+  torch's profilers (:data:`FORWARDED`);
 - ``hydra/launcher/gaudi_slurm``: :class:`SlurmLauncherConf`, hydra-submitit-launcher's ``SlurmQueueConf`` fields.
 """
 
@@ -28,11 +30,14 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any, Literal, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
+from lightning.pytorch.profilers import PyTorchProfiler
 from omegaconf import DictConfig
 
 from lightning_gaudi import callbacks
 from lightning_gaudi.hpu.runtime import Runtime
+from lightning_gaudi.profilers import HPUProfiler
 from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
 
 #: The ConfigStore group that holds the schemas, apart from the groups users pick options from.
@@ -61,6 +66,18 @@ def _seconds(value: timedelta | float | None) -> float | None:
 #: Arguments whose config form differs from the class's, by (class, argument).
 OVERRIDES: dict[tuple[type, str], Override] = {
     (HPUParallelStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
+}
+
+#: Keyword arguments a class takes through ``**kwargs`` and hands on, by class: ``(receiver, names)`` pairs. The
+#: schema offers each name as a field with the receiver's own type and default (plain values only).
+FORWARDED: dict[type, tuple[tuple[Callable[..., Any], tuple[str, ...]], ...]] = {
+    HPUProfiler: (
+        (PyTorchProfiler.__init__, ("group_by_input_shapes", "export_to_chrome", "record_module_names")),
+        (
+            torch.profiler.profile.__init__,
+            ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"),
+        ),
+    ),
 }
 
 #: The ``conf/callbacks/<name>.yaml`` recipe of each plugin callback.
@@ -129,13 +146,36 @@ def config_defaults(target: type) -> dict[str, Any]:
     return defaults
 
 
+def _forwarded(target: type) -> list[tuple[str, Any, Any]]:
+    """``(name, type, default)`` of each argument :data:`FORWARDED` lists for ``target``; the type is the default's
+    (receivers such as torch's profiler annotate with names that cannot be resolved outside their module).
+
+    Raises:
+        TypeError: a receiver no longer takes a listed argument with a plain default (bool, int, float, str).
+    """
+    found = []
+    for receiver, names in FORWARDED.get(target, ()):
+        parameters = inspect.signature(receiver).parameters
+        for name in names:
+            default = parameters[name].default if name in parameters else None
+            if type(default) not in _PRIMITIVES:
+                raise TypeError(
+                    f"{receiver.__qualname__} has no argument {name!r} with a plain default any more: update"
+                    f" FORWARDED[{target.__name__}] in {__name__}."
+                )
+            found.append((name, type(default), default))
+    return found
+
+
 def schema_from_signature(target: type, target_path: str) -> type:
-    """A dataclass schema with ``_target_`` and one typed field per keyword argument of ``target``."""
+    """A dataclass schema with ``_target_`` and one typed field per keyword argument of ``target`` (and per argument
+    it forwards, :data:`FORWARDED`)."""
     hints, _ = _init_hints(target)
     fields: list[tuple[str, Any, Any]] = [("_target_", str, field(default=target_path))]
-    for name, default in config_defaults(target).items():
+    arguments = [(name, hints.get(name, Any), default) for name, default in config_defaults(target).items()]
+    for name, hint, default in [*arguments, *_forwarded(target)]:
         override = OVERRIDES.get((target, name))
-        annotation = override.annotation if override else omegaconf_type(hints.get(name, Any))
+        annotation = override.annotation if override else omegaconf_type(hint)
         if isinstance(default, (list, dict)):
             fields.append((name, annotation, field(default_factory=functools.partial(copy.deepcopy, default))))
         else:
@@ -211,6 +251,7 @@ def schemas() -> dict[str, type]:
         "strategy/hpu_parallel": schema_from_signature(HPUParallelStrategy, "lightning_gaudi.HPUParallelStrategy"),
         "strategy/hpu_single": schema_from_signature(SingleHPUStrategy, "lightning_gaudi.SingleHPUStrategy"),
         "runtime": schema_from_signature(Runtime, "lightning_gaudi.Runtime"),
+        "profiler/hpu": schema_from_signature(HPUProfiler, "lightning_gaudi.profilers.HPUProfiler"),
         "hydra/launcher/gaudi_slurm": SlurmLauncherConf,
     }
     for config_name, class_name in CALLBACK_CONFIG_NAMES.items():

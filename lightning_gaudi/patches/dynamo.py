@@ -12,7 +12,8 @@ any graph at all; dynamo keeps these in private places, which this module alone 
 - ``torch._dynamo.eval_frame._debug_get_cache_entry_list(code)``: the compiled graphs held for a code object;
 - ``torch._dynamo.config.recompile_limit`` and ``optimize_ddp``; ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``,
   the first DDP bucket dynamo's DDPOptimizer assumes;
-- ``torch._inductor.cpp_builder.get_cpp_compiler()``: the C++ compiler inductor would use.
+- ``torch._inductor.cpp_builder.get_cpp_compiler()``: the C++ compiler inductor would use;
+- ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile()``.
 
 Nothing here is imported before it is needed (``import lightning_gaudi`` does not load dynamo). On a torch outside
 :data:`SUPPORTED_TORCH`, or one that lacks a target, :func:`available` is ``False``, every reader returns nothing,
@@ -46,6 +47,8 @@ TARGETS = (
 )
 #: The fields of ``CompilationMetrics`` that are read.
 METRIC_FIELDS = ("co_name", "co_filename", "co_firstlineno", "recompile_reason", "fail_type", "fail_reason")
+#: Where ``nn.Module.compile()`` keeps the compiled call.
+MODULE_COMPILE_ATTRIBUTE = "_compiled_call_impl"
 #: How dynamo's failure reason starts when a function hit the recompile limit.
 RECOMPILE_LIMIT_REASON = "Dynamo recompile limit exceeded"
 
@@ -135,6 +138,11 @@ def ddp_first_bucket_bytes() -> int | None:
 
     value = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", None)
     return int(value) if value is not None else 1024 * 1024
+
+
+def compiled_by_module_compile(module: Any) -> bool:
+    """Whether ``module.compile()`` was called (``nn.Module`` keeps the result in ``_compiled_call_impl``)."""
+    return getattr(module, MODULE_COMPILE_ATTRIBUTE, None) is not None
 
 
 def cpp_compiler() -> str | None:

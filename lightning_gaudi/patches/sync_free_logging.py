@@ -104,12 +104,14 @@ def _hpu_progress_bar(original: Any) -> Any:
         callbacks = self.trainer.callbacks
         configured = any(isinstance(c, ProgressBar) for c in callbacks)
         original(self, enable_progress_bar)
-        if configured or not enable_progress_bar or "TQDM_MINITERS" in os.environ or not _on_hpu(self.trainer):
+        if configured or not enable_progress_bar or not _on_hpu(self.trainer):
             return
+        # Lightning's default is Rich's bar whenever `rich` is installed; it reads the metrics at every batch, tqdm's
+        # only when it refreshes. A user's TQDM_MINITERS sets tqdm's refresh (tqdm reads it itself).
+        refresh = 1 if "TQDM_MINITERS" in os.environ else HPU_PROGRESS_BAR_REFRESH_RATE
         for index, callback in enumerate(callbacks):
             if isinstance(callback, ProgressBar):
-                # Rich's bar reads the metrics at every batch; tqdm's only when it refreshes
-                callbacks[index] = TQDMProgressBar(refresh_rate=HPU_PROGRESS_BAR_REFRESH_RATE)
+                callbacks[index] = TQDMProgressBar(refresh_rate=refresh)
 
     return wrapper
 

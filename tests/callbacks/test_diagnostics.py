@@ -301,6 +301,19 @@ def test_compile_accumulation_and_fixed_shapes_are_quiet(eager_hpu: hpu.Backend,
     assert summary["host_syncs_per_step"] is None, "compile mode cannot count host syncs"
 
 
+class CompiledTheTorchWay(Workload):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net.compile(backend="aot_eager")  # nn.Sequential of torch's modules: compiles nothing
+
+
+def test_module_compile_of_torch_modules_is_named(eager_hpu: hpu.Backend) -> None:
+    diagnostics = GraphDiagnostics(warmup_steps=1)
+    with pytest.warns(UserWarning, match=r"net \(Sequential\) went through `nn.Module.compile\(\)`.*HPUCompile"):
+        quiet_trainer(callbacks=[diagnostics]).fit(CompiledTheTorchWay(), loader(3))
+    assert diagnostics.summary["graph_compilations"] == 0
+
+
 def test_eager_without_compile_counts_nothing(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(eager_hpu, "lazy_counters", lambda: pytest.fail("lazy counters read in eager mode"))
     diagnostics, messages = _fit(Workload(), loader(4, ragged=1))

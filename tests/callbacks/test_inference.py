@@ -225,6 +225,25 @@ def test_copies_of_a_compiled_module(eager_hpu: hpu.Backend) -> None:
     callback.teardown(trainer, model, "fit")
 
 
+class FailsInTheStep(HFStyleClassifier):
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        raise RuntimeError("the step failed")
+
+
+def test_a_failed_fit_leaves_nothing_behind(eager_hpu: hpu.Backend) -> None:
+    from lightning_gaudi.callbacks import GraphDiagnostics
+
+    graph_breaks = torch._dynamo.symbolic_convert.graph_break_log
+    level, propagate = graph_breaks.level, graph_breaks.propagate
+    model = FailsInTheStep()
+    trainer = quiet_trainer(max_steps=2, callbacks=[HPUCompile(), GraphDiagnostics()])
+    with pytest.raises(RuntimeError, match="the step failed"):
+        trainer.fit(model, token_loader(SAMPLES))
+    assert "forward" not in vars(model.model), "the plain forward is back"
+    assert (graph_breaks.level, graph_breaks.propagate) == (level, propagate), "dynamo's logger is given back"
+    assert not [h for h in graph_breaks.handlers if type(h).__module__ == dynamo.__name__]
+
+
 class CallsAnotherMethod(HFStyleClassifier):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         hidden = self.model.embeddings(batch["input_ids"])  # the compiled model's forward never runs
@@ -292,5 +311,6 @@ def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
 
 
 def test_compile_kwargs_style_callers_still_work() -> None:
-    callback = HPUCompile(**{"dynamic": False, "fullgraph": True, "mode": "reduce-overhead"})
+    kwargs: dict[str, Any] = {"dynamic": False, "fullgraph": True, "mode": "reduce-overhead"}
+    callback = HPUCompile(**kwargs)
     assert callback.compile_kwargs == {"dynamic": False, "fullgraph": True, "mode": "reduce-overhead", "options": None}

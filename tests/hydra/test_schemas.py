@@ -4,6 +4,7 @@ defaults, every override names a real argument, and the recipes under conf/ repe
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, List, Literal, Optional  # noqa: UP035 - what OmegaConf reads
@@ -14,8 +15,9 @@ from helpers.configs import CONF_DIR
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lightning_gaudi import HPUParallelStrategy, Runtime, callbacks
+from lightning_gaudi import HPUParallelStrategy, Runtime, callbacks, hpu
 from lightning_gaudi.hydra import schemas
+from lightning_gaudi.profilers import HPUProfiler
 
 SCHEMAS = schemas.schemas()
 
@@ -36,6 +38,12 @@ def test_schema_defaults_build_what_the_class_defaults_build(path: str, eager_hp
         assert built._start_method == plain._start_method
     elif isinstance(built, Runtime):
         assert built == plain
+    elif isinstance(built, HPUProfiler):
+        assert _public_state(built) == _public_state(plain)
+        assert built._profiler_kwargs.keys() - plain._profiler_kwargs.keys() <= set(_FORWARDED_TO_TORCH)
+        for key, value in plain._profiler_kwargs.items():
+            if key != "schedule":  # a new schedule object per profiler
+                assert built._profiler_kwargs[key] == value, key
     else:
         assert _public_state(built) == _public_state(plain)
 
@@ -52,6 +60,46 @@ def test_every_override_names_a_real_argument() -> None:
     for (target, name), override in schemas.OVERRIDES.items():
         assert name in schemas.config_defaults(target), f"{target.__name__} has no argument {name!r} any more"
         assert override.doc
+
+
+#: What HPUProfiler forwards to torch.profiler.profile, as its schema offers it.
+_FORWARDED_TO_TORCH = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
+
+
+def test_profiler_schema_offers_what_the_profiler_forwards_with_the_receivers_defaults() -> None:
+    fields = {f.name: f.default for f in dataclasses.fields(SCHEMAS["profiler/hpu"])}
+    assert fields["_target_"] == "lightning_gaudi.profilers.HPUProfiler"
+    assert {k: fields[k] for k in ("dirpath", "filename", "wait_steps", "active_steps", "row_limit")} == {
+        "dirpath": None,
+        "filename": None,
+        "wait_steps": 3,
+        "active_steps": 5,
+        "row_limit": 20,
+    }
+    assert dict.fromkeys(_FORWARDED_TO_TORCH, False).items() <= fields.items()
+    assert {k: fields[k] for k in ("group_by_input_shapes", "export_to_chrome", "record_module_names")} == {
+        "group_by_input_shapes": False,
+        "export_to_chrome": True,
+        "record_module_names": True,
+    }
+    for receiver, names in schemas.FORWARDED[HPUProfiler]:
+        assert set(names) <= set(inspect.signature(receiver).parameters), f"{receiver.__qualname__} changed"
+
+
+def test_profiler_forwarded_settings_reach_torchs_profiler(eager_hpu: hpu.Backend) -> None:
+    node = OmegaConf.structured(SCHEMAS["profiler/hpu"])
+    node.record_shapes = True
+    node.wait_steps = 1
+    node.export_to_chrome = False
+    built = instantiate(node)
+    assert isinstance(built, HPUProfiler)
+    assert built.wait_steps == 1
+    assert built._profiler_kwargs["record_shapes"] is True
+    assert built._export_to_chrome is False
+    with pytest.raises(Exception, match="Value 'often' is not a valid bool"):
+        node.profile_memory = "often"
+    with pytest.raises(Exception, match="could not be converted to Integer"):
+        node.active_steps = "few"
 
 
 def test_every_plugin_callback_has_a_schema_and_a_recipe() -> None:
@@ -105,6 +153,7 @@ def _recipe_values(path: str) -> dict[str, Any]:
         *(f"callbacks/{name}" for name in schemas.CALLBACK_CONFIG_NAMES),
         "strategy/hpu_parallel",
         "strategy/hpu_single",
+        "profiler/hpu",
     ],
 )
 def test_recipes_hold_only_real_deviations(path: str) -> None:

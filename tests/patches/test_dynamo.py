@@ -62,10 +62,12 @@ def test_compilations_with_recompile_reasons_and_the_limit() -> None:
     assert dynamo.frames_started() - frames == 3, "two graphs, then the limit"
     assert [c.recompile_limit_hit for c in found] == [False, False, True]
     assert found[0].recompile_reason is None
-    assert found[0].function is not None and found[0].function.startswith("forward (")
+    assert found[0].function is not None
+    assert found[0].function.startswith("forward (")
     assert "test_dynamo.py" in found[0].function
     assert found[1].recompile_reason == "tensor 'x' size mismatch at index 0. expected 3, actual 4"
-    assert found[2].failure is not None and found[2].failure.startswith("Unsupported: Dynamo recompile limit")
+    assert found[2].failure is not None
+    assert found[2].failure.startswith("Unsupported: Dynamo recompile limit")
     assert dynamo.cache_entries(Scale.forward) == 2
     assert dynamo.recompile_limit() == 2
     assert log.read() == [], "each compilation is read once"
@@ -101,3 +103,13 @@ def test_ddp_optimizer_first_bucket() -> None:
 def test_cpp_compiler_found_here() -> None:
     found = dynamo.cpp_compiler()
     assert found, "inductor found no C++ compiler on this machine (the benchmarks need one)"
+
+
+def test_module_compile_leaves_its_mark() -> None:
+    module = nn.Linear(2, 2)
+    assert not dynamo.compiled_by_module_compile(module)
+    module.compile(backend="eager")
+    assert dynamo.compiled_by_module_compile(module)
+    frames = dynamo.frames_started()
+    module(torch.ones(1, 2))
+    assert dynamo.frames_started() == frames, "torch's own module: dynamo skipped it"

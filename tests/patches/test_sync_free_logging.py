@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.workload import CounterWindow, Workload, loader, quiet_trainer
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.trainer.connectors.callback_connector import _CallbackConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
@@ -85,8 +85,19 @@ def test_refresh_default_and_user_settings(
 
 def test_other_accelerators_untouched(eager_hpu: hpu.Backend) -> None:
     trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
-    assert trainer.progress_bar_callback.refresh_rate == 1  # type: ignore[union-attr]
+    default = RichProgressBar if RequirementCache("rich") else TQDMProgressBar  # Lightning's own choice
+    assert type(trainer.progress_bar_callback) is default
+    assert trainer.progress_bar_callback.refresh_rate == default().refresh_rate  # type: ignore[union-attr]
     assert quiet_trainer(enable_progress_bar=False).progress_bar_callback is None
+
+
+def test_hpu_default_bar_is_tqdm_even_with_rich_installed(eager_hpu: hpu.Backend) -> None:
+    """Rich's bar reads the logged values at every batch: under HPU the default is tqdm's, whatever is installed."""
+    pytest.importorskip("rich")
+    trainer = quiet_trainer(enable_progress_bar=True)
+    assert type(trainer.progress_bar_callback) is TQDMProgressBar
+    user_rich = quiet_trainer(enable_progress_bar=True, callbacks=[RichProgressBar()])
+    assert type(user_rich.progress_bar_callback) is RichProgressBar  # the user's choice wins
 
 
 def test_lightning_internals_the_wrappers_rely_on() -> None:
