@@ -13,7 +13,7 @@ import logging
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightning_gaudi import patches
+from lightning_gaudi import fabric, patches
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.hpu.runtime import RecipeCache, Runtime, configure
@@ -43,13 +43,15 @@ if not _log.handlers:
 
 
 def register() -> None:
-    """Registers the HPU accelerator and strategies with Lightning and installs the patches (:mod:`.patches`).
+    """Registers the HPU accelerator and strategies with Lightning (the Trainer's registries and Fabric's) and
+    installs the patches (:mod:`.patches`).
 
     Runs at import; safe to call again.
     """
     HPUAccelerator.register_accelerators(AcceleratorRegistry)
     SingleHPUStrategy.register_strategies(StrategyRegistry)
     HPUParallelStrategy.register_strategies(StrategyRegistry)
+    fabric.register()
     patches.install_all()
 
 

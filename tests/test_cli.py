@@ -19,6 +19,7 @@ from gpt_recipe.model import GPTLanguageModel
 from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, SingleHPUStrategy, hpu
 from lightning_gaudi.callbacks import MarkStep, MemoryStats
 from lightning_gaudi.cli import GaudiCLI, main
+from lightning_gaudi.profilers import HPUProfiler
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_CONFIG = ROOT / "examples" / "gpt_recipe" / "cli.yaml"
@@ -151,6 +152,37 @@ def test_callbacks_by_class_path_on_the_command_line(cli_env: Path) -> None:
     stats = [c for c in cli.trainer.callbacks if isinstance(c, MemoryStats)]
     assert len(stats) == 1
     assert stats[0].log_every_n_steps == 7
+
+
+def test_hpu_profiler_by_class_path(cli_env: Path) -> None:
+    cli = _cli(
+        [
+            "--trainer.profiler=lightning_gaudi.profilers.HPUProfiler",
+            "--trainer.profiler.init_args.wait_steps=7",
+            "--trainer.profiler.init_args.active_steps=2",
+        ]
+    )
+    profiler = cli.trainer.profiler
+    assert isinstance(profiler, HPUProfiler)
+    assert (profiler.wait_steps, profiler.active_steps) == (7, 2)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=SystemExit,
+    reason="HPUProfiler.__new__(*args, wait_steps, active_steps, **kwargs) is the signature jsonargparse reads, so"
+    " the CLI accepts no other argument (lightning_gaudi/profilers/hpu.py, to fix there)",
+)
+def test_hpu_profiler_trace_folder_by_class_path(cli_env: Path) -> None:
+    cli = _cli(
+        [
+            "--trainer.profiler=lightning_gaudi.profilers.HPUProfiler",
+            f"--trainer.profiler.init_args.dirpath={cli_env / 'traces'}",
+            "--trainer.profiler.init_args.row_limit=5",
+        ]
+    )
+    assert isinstance(cli.trainer.profiler, HPUProfiler)
+    assert cli.trainer.profiler.dirpath == str(cli_env / "traces")
 
 
 def _print_config(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:

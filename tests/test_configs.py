@@ -3,6 +3,7 @@ types; the run-directory resolvers agree across ranks; the SLURM launcher recipe
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -26,6 +27,14 @@ from lightning_gaudi.profilers import HPUProfiler
 
 #: Small enough that building every model is quick.
 TINY = ["data.max_bytes=20000", "data.seq_len=16", "data.batch_size=4"]
+
+
+#: hparams_search recipes that run Hydra's Optuna sweeper (the `optuna` extra).
+OPTUNA_RECIPES = ("gpt_optuna",)
+_needs_optuna = pytest.mark.skipif(
+    importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
+    reason="Hydra's Optuna sweeper is not installed (pip install '.[optuna]')",
+)
 
 
 def group_options(group: str) -> list[str]:
@@ -55,7 +64,10 @@ _CASES = [
     ),
     *(f"callbacks={option}" for option in group_options("callbacks")),
     *(f"experiment={option}" for option in group_options("experiment")),
-    *(f"hparams_search={option}" for option in group_options("hparams_search")),
+    *(
+        pytest.param(f"hparams_search={option}", marks=_needs_optuna) if option in OPTUNA_RECIPES else f"hparams_search={option}"
+        for option in group_options("hparams_search")
+    ),
     *(f"debug={option}" for option in group_options("debug")),
 ]
 
@@ -133,6 +145,45 @@ def test_bucket_sweep_is_a_multirun_over_bucket_sizes_on_two_cards() -> None:
     assert sweeps == "logs/bucket_sweep/multiruns"
     # the recipe's own instructions point at the folder its jobs write to
     assert f"python scripts/sweep_report.py {sweeps}" in (CONF_DIR / "hparams_search" / "bucket_sweep.yaml").read_text()
+
+
+def test_optuna_search_minimises_validation_perplexity_over_lr_and_batch_size() -> None:
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper: pip install '.[optuna]'")
+    cfg = compose_train(["hparams_search=gpt_optuna"], hydra=True)
+    sweeper = cfg.hydra.sweeper
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert sweeper._target_ == "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    assert cfg.optimized_metric == "val/ppl"
+    assert str(sweeper.direction) in ("minimize", "Direction.minimize")
+    assert sweeper.sampler._target_ == "optuna.samplers.TPESampler"
+    assert sweeper.sampler.seed == cfg.seed
+    assert dict(sweeper.params) == {
+        "model.lr": "tag(log, interval(1e-4, 1e-2))",
+        "data.batch_size": "choice(8, 16, 32, 64)",
+    }
+    # every trial sees the same text once (one epoch), so batch sizes are compared on equal data
+    assert (cfg.trainer.max_steps, cfg.trainer.max_epochs, cfg.trainer.val_check_interval) == (-1, 1, 1.0)
+    assert cfg.callbacks.model_checkpoint is None
+    assert cfg.trainer.enable_checkpointing is False
+    sweeps = str(cfg.hydra.sweep.dir).rsplit("/", 1)[0]
+    assert sweeps == "logs/gpt_optuna/multiruns"
+    assert f"python scripts/sweep_report.py {sweeps}" in (CONF_DIR / "hparams_search" / "gpt_optuna.yaml").read_text()
+    # the sweeper's own search-space syntax parses into what it hands Optuna
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+    from optuna.distributions import CategoricalDistribution, LogUniformDistribution
+
+    space, fixed = create_params_from_overrides([f"{k}={v}" for k, v in sweeper.params.items()])
+    assert fixed == {}
+    assert space["model.lr"] == LogUniformDistribution(1e-4, 1e-2)
+    assert space["data.batch_size"] == CategoricalDistribution([8, 16, 32, 64])
+
+
+def test_optuna_search_runs_multi_card_trials(no_launcher: pytest.MonkeyPatch) -> None:
+    """Each trial is a job like any other: on several cards the app starts one process per card for it."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper: pip install '.[optuna]'")
+    no_launcher.setenv(hpu.EMULATE_ENV, "eager")
+    cfg = compose_train(["hparams_search=gpt_optuna", "strategy=hpu_parallel", "trainer.devices=2"])
+    assert ranks.needs_rank_launch(cfg)
 
 
 def test_user_override_paths() -> None:

@@ -140,6 +140,18 @@ def test_rank_failure_is_reported(isolated_env: pytest.MonkeyPatch, tmp_path: Pa
     assert not (tmp_path / task.RESULTS_FILE).exists()
 
 
+#: `python examples/train.py profiler=hpu trainer.max_steps=12` in small: the recipe's schedule (3 steps waited out,
+#: 1 warm-up, 5 recorded), the sanity check's validation batch, no validation inside the fit.
+_PROFILED_FIT = [
+    "profiler=hpu",
+    *_TINY_FIT,
+    "trainer.max_steps=12",
+    "trainer.val_check_interval=50",
+    "callbacks=none",
+    "logger=none",
+]
+
+
 def test_profiler_hpu_traces_the_fit_into_the_run_folder_and_reports(
     isolated_env: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -149,25 +161,43 @@ def test_profiler_hpu_traces_the_fit_into_the_run_folder_and_reports(
     """`profiler=hpu`: the task hands the profiler to the Trainer, a trace with the training step lands in the run
     folder, the report is printed, and results.json keeps it."""
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
-    fit = [*_TINY_FIT, "trainer.max_steps=5", "trainer.val_check_interval=5", "callbacks=none", "logger=none"]
-    cfg = compose_train(["profiler=hpu", "profiler.wait_steps=1", "profiler.active_steps=2", *fit], output_dir=tmp_path)
+    cfg = compose_train(_PROFILED_FIT, output_dir=tmp_path)
     with caplog.at_level(logging.INFO):
         lg_hydra.run(cfg, task.train)
     results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
     profile = results["profile"]
-    assert profile["steps"] == 2, "1 step waited out, 1 warm-up, 2 recorded"
+    assert profile["steps"] == 5, "3 steps waited out, 1 warm-up, 5 recorded"
     assert profile["step_ms"] > 0
+    assert 0 < profile["model_share"] < 1
     assert profile["top_operators"]
     assert profile["trace_dir"] == str(tmp_path / "profiler")
     [trace] = list((tmp_path / "profiler").glob("*.pt.trace.json"))
     names = {str(event.get("name")) for event in json.loads(trace.read_text())["traceEvents"]}
     assert any("training_step" in name for name in names)
-    reports = [r.getMessage() for r in caplog.records if "HPUProfiler: 2 profiled training steps" in r.getMessage()]
+    reports = [r.getMessage() for r in caplog.records if "HPUProfiler: 5 profiled training steps" in r.getMessage()]
     assert len(reports) == 1
     assert "top operators by self time: aten::" in reports[0]
     out = capsys.readouterr().out
-    assert f"profile: 2 steps, {profile['step_ms']:.2f} ms each" in out
+    assert f"profile: 5 steps, {profile['step_ms']:.2f} ms each" in out
     assert f"traces in {tmp_path / 'profiler'}" in out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HPUProfiler reports on the last profiling cycle: a validation run after the recorded training steps"
+    " replaces their events (lightning_gaudi/profilers/hpu.py, to fix there)",
+)
+def test_profiler_hpu_reports_the_training_steps_when_validation_follows(
+    isolated_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The example's own shape, validation every N steps (every 100 of 300 by default): the report must still be about
+    the 5 recorded training steps."""
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    overrides = [*_PROFILED_FIT, "trainer.val_check_interval=12", "trainer.limit_val_batches=2"]
+    lg_hydra.run(compose_train(overrides, output_dir=tmp_path), task.train)
+    profile = json.loads((tmp_path / task.RESULTS_FILE).read_text())["profile"]
+    assert profile["steps"] == 5
+    assert profile["model_share"] > 0
 
 
 def test_profiler_in_two_places_is_an_error(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

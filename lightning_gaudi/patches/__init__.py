@@ -16,7 +16,9 @@ Each module patches (or relies on) one upstream target and describes itself with
   lines when a Trainer is built;
 - ``logging_cadence``: when Lightning writes a training batch's logged metrics, and at which step
   (:func:`~.logging_cadence.train_log_step`);
-- ``tuner_oom``: HPU out-of-memory errors recognised by Lightning's batch-size search.
+- ``tuner_oom``: HPU out-of-memory errors recognised by Lightning's batch-size search;
+- ``fabric_connector``: HPU strategy/precision choices in Lightning Fabric's connector, and the launch checked while
+  Fabric is built.
 
 ``import lightning_gaudi`` calls :func:`install_all`. On a Lightning (or torch) outside the checked range nothing is
 patched and a warning says what still works; ``tests/patches/`` holds one canary per module that fails, naming the
@@ -32,6 +34,7 @@ from lightning_gaudi.patches import (
     amp_unscaling,
     connector,
     device_info,
+    fabric_connector,
     logging_cadence,
     loops,
     lr_scheduler,
@@ -59,6 +62,7 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             device_info.PATCH,
             logging_cadence.PATCH,
             tuner_oom.PATCH,
+            fabric_connector.PATCH,
         )
     }
 )

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import logging
-import math
-import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.fabric.utilities.distributed import ReduceOp
@@ -21,7 +16,6 @@ from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins import TorchSyncBatchNorm
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
@@ -35,9 +29,21 @@ from lightning_gaudi.distributed import (
     coerce_timeout,
     collective_errors,
     init_process_group,
-    validate_launch,
 )
-from lightning_gaudi.strategies._common import check_hpu_accelerator, hpu_device, prepare_trainer
+from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
+from lightning_gaudi.strategies._shared import (
+    PARALLEL_VARIANTS,
+    DeviceResolver,
+    FirstGradientsRelease,
+    RankLayout,
+    all_reduce,
+    check_devices,
+    check_launch,
+    ddp_arguments,
+    form_process_group,
+    refuse_lazy_emulation,
+    register_comm_hook,
+)
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
 from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
 
@@ -46,77 +52,6 @@ if TYPE_CHECKING:
 
 # Lightning's handler and level apply to it, so the start-up lines appear where Lightning's own DDP lines would
 _log = logging.getLogger("lightning.pytorch.strategies.hpu_parallel")
-
-#: The reductions HCCL has, by name; a mean is a sum divided by the world size.
-_HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
-    "sum": ReduceOp.SUM,
-    "min": ReduceOp.MIN,
-    "max": ReduceOp.MAX,
-    "mean": ReduceOp.AVG,
-    "avg": ReduceOp.AVG,
-}
-#: ``DistributedDataParallel`` arguments the strategy passes itself.
-_SET_BY_STRATEGY = ("module", "device_ids")
-
-
-def _as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
-    if reduce_op is None:
-        return ReduceOp.AVG
-    if isinstance(reduce_op, str):
-        op = _HCCL_OPS.get(reduce_op.lower())
-        if op is not None:
-            return op
-        if not isinstance(getattr(ReduceOp, reduce_op.upper(), None), ReduceOp.RedOpType):
-            raise ValueError(
-                f"`reduce_op={reduce_op!r}` is not a reduction; use 'mean', 'sum', 'min', 'max' or a ReduceOp."
-            )
-    else:
-        # a ReduceOp object equals its RedOpType but does not hash like it
-        op = next((known for known in _HCCL_OPS.values() if reduce_op == known), None)
-        if op is not None:
-            return op
-    raise ValueError(
-        f"`reduce_op={reduce_op!r}` is not supported on HPU: HCCL reduces with sum, min, max (and mean, as a sum"
-        " divided by the world size), in emulation as on a Gaudi. Use 'sum', 'mean', 'min' or 'max'; for a product,"
-        " all_gather the values and multiply them."
-    )
-
-
-def _check_bucket_cap_mb(value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-        raise ValueError(
-            f"`bucket_cap_mb={value!r}` must be a positive number of megabytes (Intel suggests 100 to 230 on Gaudi)."
-        )
-
-
-def _check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
-    """Refuses what ``DistributedDataParallel`` (or Lightning's ``DDPStrategy``) would not take, naming the likely
-    intended argument, before any process starts."""
-    ddp = inspect.signature(DistributedDataParallel.__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ddp.values()):
-        return
-    accepted = (set(ddp) | set(inspect.signature(DDPStrategy.__init__).parameters)) - {"self", "kwargs"}
-    accepted -= set(_SET_BY_STRATEGY)
-    own = set(inspect.signature(HPUParallelStrategy.__init__).parameters) - {"self", "kwargs"}
-    for name in kwargs:
-        if name in _SET_BY_STRATEGY:
-            raise TypeError(
-                f"`{name}` is set by HPUParallelStrategy itself when it wraps the model in DistributedDataParallel;"
-                " remove it."
-            )
-        if name not in accepted:
-            close = difflib.get_close_matches(name, sorted(accepted | own), n=1)
-            hint = (
-                f" Did you mean {close[0]!r}?"
-                if close
-                else f" DistributedDataParallel takes: {', '.join(sorted(accepted - own))}."
-            )
-            raise TypeError(
-                f"HPUParallelStrategy got an unexpected keyword argument {name!r}: it is neither one of its own"
-                f" arguments nor one of torch.nn.parallel.DistributedDataParallel's.{hint}"
-            )
 
 
 class HPUParallelStrategy(DDPStrategy):
@@ -188,15 +123,15 @@ class HPUParallelStrategy(DDPStrategy):
         ddp_comm_wrapper: Callable[..., Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        _check_bucket_cap_mb(bucket_cap_mb)
-        _check_ddp_kwargs(kwargs)
-        if start_method not in ("popen", "spawn"):
-            raise ValueError(f"`start_method={start_method!r}` is not supported on HPU; use 'popen' or 'spawn'.")
+        kwargs = ddp_arguments(
+            HPUParallelStrategy,
+            DDPStrategy,
+            bucket_cap_mb=bucket_cap_mb,
+            broadcast_buffers=broadcast_buffers,
+            start_method=start_method,
+            kwargs=kwargs,
+        )
         check_hpu_accelerator(self.strategy_name, accelerator)
-        if bucket_cap_mb is not None:
-            kwargs["bucket_cap_mb"] = bucket_cap_mb
-        if broadcast_buffers is not None:
-            kwargs["broadcast_buffers"] = broadcast_buffers
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -213,11 +148,10 @@ class HPUParallelStrategy(DDPStrategy):
         )
         # registered by configure_ddp: Lightning's DDPStrategy registers communication hooks on CUDA only
         self._comm_hook = (ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper)
-        self._release_first_gradients = False
+        self._first_gradients = FirstGradientsRelease()
         # one guard for every backward: entering and leaving it costs well under a microsecond
         self._backward_errors = collective_errors("backward (gradient all-reduce)", self.timeout)
-        # root_device is read for every batch: each device the user named is resolved once
-        self._backend_devices: dict[torch.device, torch.device] = {}
+        self._devices = DeviceResolver(type(self).__name__)
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -234,62 +168,33 @@ class HPUParallelStrategy(DDPStrategy):
     def accelerator(self, accelerator: Accelerator | None) -> None:
         check_hpu_accelerator(self.strategy_name, accelerator)
         if accelerator is not None:
-            backend = hpu.get_backend()
-            if backend.is_lazy() and backend.emulated:
-                raise ValueError(
-                    f"{self.strategy_name!r} cannot run under {hpu.EMULATE_ENV}=lazy: torch's Lazy Tensor Core"
-                    " tensors cannot cross gloo collectives. Emulate data parallelism with"
-                    f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
-                )
+            refuse_lazy_emulation(self.strategy_name)
         self._accelerator = accelerator
 
     @property
     @override
     def root_device(self) -> torch.device:
         """This process's device; in emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
-        device = super().root_device
-        resolved = self._backend_devices.get(device)
-        if resolved is None:
-            resolved = self._backend_devices[device] = hpu_device(device, type(self).__name__)
-        return resolved
+        return self._devices(super().root_device)
 
     @override
     def setup_distributed(self) -> None:
         reset_seed()
         self.set_world_ranks()
         self._process_group_backend = self._get_process_group_backend()
-        backend = hpu.get_backend()
-        backend.init_distributed(self.world_size, self.global_rank, self.local_rank)
-        if not dist.is_initialized():
-            env = self.cluster_environment
-            assert env is not None
-            # torch's env:// rendezvous reads these (as in Lightning's DDPStrategy); the agent-store path takes them
-            # as arguments
-            os.environ["MASTER_ADDR"] = env.main_address
-            os.environ["MASTER_PORT"] = str(env.main_port)
-            emulated = f" emulated on the CPU ({backend.name} mode)" if backend.emulated else ""
-            _log.info(
-                f"Initializing distributed: GLOBAL_RANK: {self.global_rank}, MEMBER: {self.global_rank + 1}/"
-                f"{self.world_size} on HPU {self.local_rank} of node {self.node_rank}"
-                f" ({backend.device_name()}{emulated}, device {self.root_device})"
-            )
-            init_process_group(
-                self._process_group_backend,
-                rank=self.global_rank,
-                world_size=self.world_size,
-                timeout=self.timeout,
-                master_addr=env.main_address,
-                master_port=env.main_port,
-            )
-            stand_in = f", {self._process_group_backend} standing in for HCCL" if backend.emulated else ""
-            rank_zero_info(
-                f"{'-' * 100}\n"
-                f"distributed_backend={self._process_group_backend}\n"
-                f"All distributed processes registered. Starting with {self.world_size} processes\n"
-                f"HPUs: {self.num_processes} per node x {self.num_nodes} node(s), {backend.device_name()}{emulated}"
-                f"{stand_in}\n"
-                f"{'-' * 100}\n"
-            )
+        assert self.cluster_environment is not None
+        layout = RankLayout(
+            self.global_rank, self.world_size, self.local_rank, self.node_rank, self.num_processes, self.num_nodes
+        )
+        form_process_group(
+            self._process_group_backend,
+            self.cluster_environment,
+            layout,
+            self.timeout,
+            self.root_device,
+            _log,
+            init_process_group,  # this module's reference, which the tests replace
+        )
 
     @property
     def timeout(self) -> timedelta:
@@ -305,16 +210,9 @@ class HPUParallelStrategy(DDPStrategy):
         launch fails here, before anything is started or written (see
         :meth:`lightning_gaudi.distributed.LaunchEnvironment.validate`).
         """
-        if self.parallel_devices and self.cluster_environment is not None:
-            validate_launch(
-                self.cluster_environment,
-                num_devices=self.num_processes,
-                num_nodes=self.num_nodes,
-                devices_on_node=hpu.get_backend().device_count(),
-            )
+        check_launch(self.cluster_environment, self.parallel_devices, self.num_processes, self.num_nodes)
         super().set_world_ranks()
-        for device in self.parallel_devices or ():
-            hpu_device(device, type(self).__name__)  # a device that is no HPU fails here, while the Trainer is built
+        check_devices(self.parallel_devices, type(self).__name__)  # a device that is no HPU fails while it is built
 
     @override
     def barrier(self, name: str | None = None) -> None:
@@ -350,20 +248,14 @@ class HPUParallelStrategy(DDPStrategy):
     @override
     def configure_ddp(self) -> None:
         super().configure_ddp()
-        state, hook, wrapper = self._comm_hook
-        if hook is not None:
-            assert isinstance(self.model, DistributedDataParallel)
-            self.model.register_comm_hook(state, hook if wrapper is None else wrapper(hook))
-        # DDP rebuilds its buckets in the second step; gradients that still view the first step's buckets would keep
-        # them alive beside the new ones, a whole extra gradient copy at the peak. Releasing them once avoids that.
-        self._release_first_gradients = bool(self._ddp_kwargs.get("gradient_as_bucket_view"))
+        assert isinstance(self.model, DistributedDataParallel)
+        register_comm_hook(self.model, *self._comm_hook)
+        self._first_gradients.arm(self._ddp_kwargs)
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
-        if self._release_first_gradients:
-            self._release_first_gradients = False
-            optimizer.zero_grad(set_to_none=True)
+        self._first_gradients.after_step(optimizer)
         return output
 
     @override
@@ -384,24 +276,7 @@ class HPUParallelStrategy(DDPStrategy):
             ValueError: ``reduce_op`` is not a reduction HCCL has (sum, min, max; mean as a sum), also in emulation
                 and in a single process.
         """
-        if not isinstance(tensor, Tensor):
-            return tensor
-        op = _as_reduce_op(reduce_op)
-        if not dist.is_available() or not dist.is_initialized():
-            return tensor
-        mean = op == ReduceOp.AVG
-        if mean:
-            op = ReduceOp.SUM
-        result = tensor if tensor.is_floating_point() else tensor.float()
-        with collective_errors("all_reduce", self.timeout):
-            # not for scalars, what self.log(sync_dist=True) reduces every step: the check is one more collective,
-            # and ranks logging the same quantity log it in the same dtype
-            if result.numel() != 1:
-                check_same_layout(result, "all_reduce", group)
-            dist.all_reduce(result, op=op, group=group)
-        if mean:
-            result = result / dist.get_world_size(group)
-        return result
+        return all_reduce(tensor, group, reduce_op, self.timeout)
 
     @override
     def model_to_device(self) -> None:
@@ -436,14 +311,7 @@ class HPUParallelStrategy(DDPStrategy):
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
-        entries: tuple[tuple[str, dict[str, Any]], ...] = (
-            (cls.strategy_name, {}),
-            ("hpu_ddp", {}),  # lightning-habana's name
-            ("hpu_parallel_spawn", {"start_method": "spawn"}),
-            ("hpu_parallel_find_unused_parameters_true", {"find_unused_parameters": True}),
-            ("hpu_parallel_static_graph", {"static_graph": True}),
-        )
-        for name, init_params in entries:
+        for name, init_params in ((cls.strategy_name, {}), *PARALLEL_VARIANTS):
             strategy_registry.register(
                 name, cls, description=f"{cls.__name__} {init_params or ''}".strip(), override=True, **init_params
             )

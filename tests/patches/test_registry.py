@@ -15,7 +15,19 @@ import lightning_gaudi
 from lightning_gaudi import patches
 from lightning_gaudi.patches import registry
 
-MODULES = ("connector", "sync_free_logging", "loops", "lr_scheduler", "precision_plugin")
+MODULES = (
+    "connector",
+    "sync_free_logging",
+    "loops",
+    "lr_scheduler",
+    "precision_plugin",
+    "amp_unscaling",
+    "sync_batchnorm",
+    "device_info",
+    "logging_cadence",
+    "tuner_oom",
+    "fabric_connector",
+)
 
 
 def _resolve(dotted: str) -> Any:

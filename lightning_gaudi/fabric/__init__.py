@@ -1,0 +1,37 @@
+"""Lightning Fabric on Intel Gaudi HPUs.
+
+``import lightning_gaudi`` registers the ``"hpu"`` accelerator and the HPU strategies with Fabric's registries as
+well as the Trainer's, so a Fabric loop moves to Gaudi by changing the accelerator::
+
+    fabric = Fabric(accelerator="hpu", strategy="hpu_parallel", devices=8, precision="bf16-mixed")
+
+Fabric has its own strategy classes (as Lightning has ``lightning.fabric.strategies.DDPStrategy`` beside the
+Trainer's); these are the HPU ones, sharing their HPU work with the Trainer's (:mod:`lightning_gaudi.strategies`):
+
+- :class:`SingleHPUStrategy` (``"hpu_single"``) and :class:`HPUParallelStrategy` (``"hpu_parallel"``, ``"hpu_ddp"``,
+  ``"hpu_parallel_spawn"``, ``"hpu_parallel_find_unused_parameters_true"``, ``"hpu_parallel_static_graph"``);
+- :class:`HPUPrecision`, mixed precision on the HPU's autocast device type.
+
+With ``accelerator="hpu"``, Fabric's ``strategy="auto"`` and precision strings pick these classes
+(:mod:`lightning_gaudi.patches.fabric_connector`).
+"""
+
+from __future__ import annotations
+
+from lightning.fabric.accelerators import ACCELERATOR_REGISTRY
+from lightning.fabric.strategies import STRATEGY_REGISTRY
+
+from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.fabric.parallel import HPUParallelStrategy
+from lightning_gaudi.fabric.precision import HPUPrecision, check_precision_plugin
+from lightning_gaudi.fabric.single import SingleHPUStrategy
+
+__all__ = ["HPUParallelStrategy", "HPUPrecision", "SingleHPUStrategy", "check_precision_plugin", "register"]
+
+
+def register() -> None:
+    """Registers ``"hpu"`` and the HPU strategies with Fabric's registries; ``import lightning_gaudi`` runs it, and
+    running it again is harmless."""
+    HPUAccelerator.register_accelerators(ACCELERATOR_REGISTRY)
+    SingleHPUStrategy.register_strategies(STRATEGY_REGISTRY)
+    HPUParallelStrategy.register_strategies(STRATEGY_REGISTRY)

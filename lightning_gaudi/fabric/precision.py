@@ -1,0 +1,77 @@
+"""Fabric's mixed precision on the HPU's own autocast device type."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from lightning.fabric.plugins import MixedPrecision, Precision
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+from lightning_gaudi.precision import check_precision_supported
+
+_Precision = Literal["bf16-mixed", "16-mixed"]
+
+
+def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None) -> None:
+    """Raises a clear error for a Fabric precision plugin the HPU (or its emulation) cannot run.
+
+    Args:
+        plugin: what ``Fabric(plugins=...)`` or the strategy was given.
+        backend: the HPU to check against; the current one when ``None``.
+
+    Raises:
+        ValueError: a mixed-precision plugin that autocasts on another device type than the HPU's, or a precision
+            the HPU cannot run (see :func:`lightning_gaudi.precision.check_precision_supported`).
+    """
+    backend = backend or hpu.get_backend()
+    name = str(plugin.precision)
+    autocast = backend.autocast_device_type
+    if isinstance(plugin, MixedPrecision) and autocast is not None and plugin.device != autocast:
+        raise ValueError(
+            f"{type(plugin).__name__} (precision {name!r}) autocasts on {plugin.device!r}, not on the HPU. Use"
+            f" `lightning_gaudi.fabric.HPUPrecision({name!r})` or `Fabric(precision={name!r})`."
+        )
+    check_precision_supported(name, backend)
+
+
+class HPUPrecision(MixedPrecision):
+    """Fabric's automatic mixed precision with ``torch.autocast`` on the HPU device type.
+
+    The Fabric counterpart of :class:`lightning_gaudi.HPUPrecision` (the Trainer's): on a Gaudi autocast runs on
+    device type ``"hpu"``; in eager emulation it is CPU autocast with the same dtype; lazy emulation has no autocast
+    and refuses mixed precision (use ``"bf16-true"`` there). ``Fabric(accelerator="hpu", precision="bf16-mixed")``
+    builds it.
+
+    Args:
+        precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
+        scaler: a ``torch.amp.GradScaler`` for ``"16-mixed"``; one is made when not given.
+
+    Raises:
+        ValueError: an unsupported precision for this device (see
+            :func:`lightning_gaudi.precision.check_precision_supported`).
+    """
+
+    def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:
+        if precision not in ("bf16-mixed", "16-mixed"):
+            raise ValueError(
+                f"HPUPrecision got `precision={precision!r}`; it handles 'bf16-mixed' and '16-mixed'. For"
+                " '32-true' or 'bf16-true' pass the string to `Fabric(precision=...)`."
+            )
+        backend = hpu.get_backend()
+        check_precision_supported(precision, backend)
+        assert backend.autocast_device_type is not None
+        super().__init__(precision, device=backend.autocast_device_type, scaler=scaler)
+
+    @override
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Unscales the gradients before ``fabric.clip_gradients``, fused optimizers' included.
+
+        Lightning refuses optimizers that unscale inside their own ``step()`` (torch's fused ones). Once unscaled here,
+        ``scaler.step`` hands such an optimizer the inf check instead of the scale, so its step does not unscale twice,
+        and a step with inf or NaN gradients is still skipped.
+        """
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)

@@ -1,0 +1,69 @@
+"""Fabric's ``"hpu_single"`` strategy: one process, one HPU."""
+
+from __future__ import annotations
+
+import torch
+from lightning.fabric.accelerators import Accelerator
+from lightning.fabric.plugins import CheckpointIO, Precision
+from lightning.fabric.strategies import SingleDeviceStrategy
+from lightning.fabric.strategies.registry import _StrategyRegistry
+from typing_extensions import override
+
+from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.fabric._base import HPUStrategyMixin
+from lightning_gaudi.strategies._common import hpu_device
+
+
+class SingleHPUStrategy(HPUStrategyMixin, SingleDeviceStrategy):
+    """Runs a Fabric loop on one HPU (real or emulated): ``Fabric(accelerator="hpu", strategy="hpu_single")``.
+
+    The Fabric counterpart of :class:`lightning_gaudi.SingleHPUStrategy` (the Trainer's). In lazy mode it cuts the
+    graph after each ``fabric.backward`` and each optimizer step; an optimizer built before ``fabric.setup`` follows
+    its model to the HPU (see :class:`~lightning_gaudi.fabric._base.HPUStrategyMixin`).
+
+    Args:
+        device: the device to run on; by default the card this process drives. In emulation an ``"hpu"`` device means
+            the emulated one.
+        accelerator: normally left to Fabric (``accelerator="hpu"``).
+        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (CPU tensors, atomic), what
+            ``fabric.save`` writes with.
+        precision: e.g. :class:`~lightning_gaudi.fabric.HPUPrecision`; normally ``Fabric(precision=...)``.
+        mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).
+    """
+
+    strategy_name = "hpu_single"
+
+    def __init__(
+        self,
+        device: torch.device | str | int | None = None,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        mark_step: bool = True,
+    ) -> None:
+        self._requested_device = device
+        self._hpu_device: torch.device | None = None
+        self._check_accelerator(accelerator)
+        super().__init__(
+            device="cpu", accelerator=accelerator, checkpoint_io=checkpoint_io or HPUCheckpointIO(), precision=precision
+        )
+        self._init_hpu(mark_step)
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        # read for every batch moved to the device: ask the backend once, when the environment is final
+        if self._hpu_device is None:
+            self._hpu_device = hpu_device(self._requested_device, type(self).__name__)
+        return self._hpu_device
+
+    @override
+    def _check_accelerator(self, accelerator: Accelerator | None) -> None:
+        super()._check_accelerator(accelerator)
+        if accelerator is not None:
+            self.root_device  # noqa: B018 - a device that is no HPU fails here, while Fabric is built
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(cls.strategy_name, cls, description=f"{cls.__name__} (Fabric)", override=True)
