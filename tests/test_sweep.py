@@ -1,5 +1,5 @@
 """Sweeps: a real Hydra multirun of 2 points x 2-process DDP (one job, one process group and one result per point),
-torchrun ranks sharing one run folder, and the sweep report's table and plot."""
+a real Optuna search, torchrun ranks sharing one run folder, and the sweep report's table, best trial and plot."""
 
 from __future__ import annotations
 
@@ -215,3 +215,123 @@ def test_torchrun_ranks_share_one_run_folder(tmp_path: Path) -> None:
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2
     assert not (run / "rank_config.yaml").exists()  # torchrun started the ranks, not the app
+
+
+# ---------------------------------------------------------------- Optuna searches (hparams_search=gpt_optuna)
+
+
+def _fabricated_optuna_search(root: Path, trials: list[tuple[float, int, float | None]], best: int | None) -> Path:
+    """An Optuna search folder as Hydra's Optuna sweeper and examples/train.py leave it: job folders, no
+    multirun.yaml, and optimization_results.yaml naming trial ``best`` (none while the search runs)."""
+    for number, (lr, batch_size, ppl) in enumerate(trials):
+        job = root / str(number)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(
+            yaml.safe_dump([f"model.lr={lr!r}", f"data.batch_size={batch_size}", "hparams_search=gpt_optuna"])
+        )
+        (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"optimized_metric": "val/ppl", "seed": 1}))
+        if ppl is not None:
+            (job / "results.json").write_text(json.dumps({"metrics": {"val/ppl": ppl}, "world_size": 1}))
+    if best is not None:
+        lr, batch_size, ppl = trials[best]
+        (root / "optimization_results.yaml").write_text(
+            yaml.safe_dump(
+                {"name": "optuna", "best_params": {"model.lr": lr, "data.batch_size": batch_size}, "best_value": ppl}
+            )
+        )
+    return root
+
+
+def test_sweep_report_names_the_best_trial_of_an_optuna_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _load_report()
+    trials = [(3.0e-4, 16, 14.2), (2.1e-3, 16, 9.7), (8.4e-3, 16, 11.0)]
+    older = _fabricated_optuna_search(tmp_path / "multiruns" / "a", [(1e-3, 8, 20.0)], best=0)
+    search = _fabricated_optuna_search(tmp_path / "multiruns" / "b", trials, best=1)
+    os.utime(older, (1, 1))
+    assert report.main([str(tmp_path / "multiruns"), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert f"reading the newest sweep, {search}" in captured.err  # found without multirun.yaml
+    # the search's parameters are columns even where every trial had the same value
+    assert "| job | model.lr | data.batch_size | status |" in captured.out
+    assert "best trial (optimization_results.yaml): job 1: model.lr=0.0021, data.batch_size=16 -> val/ppl 9.7" in (
+        captured.out
+    )
+    rows = list(csv.DictReader((tmp_path / "out" / "sweep_report.csv").open()))
+    assert [r["best"] for r in rows] == ["", "*", ""]
+    assert [float(r["val/ppl"]) for r in rows] == [14.2, 9.7, 11.0]
+
+
+def test_optuna_search_plot_is_the_objective_against_the_first_parameter(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    report = _load_report()
+    trials = [(3.0e-4, 8, 14.2), (2.1e-3, 16, 9.7), (8.4e-3, 64, 11.0), (1.2e-4, 32, 18.5)]
+    search = _fabricated_optuna_search(tmp_path / "search", trials, best=1)
+    assert report.main([str(search)]) == 0
+    assert (search / "sweep_report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    jobs = report.read_sweep(search)
+    figure = report.draw(report.table_rows(jobs, ["model.lr"]), "model.lr", "val/ppl", scatter=True)
+    (axes,) = figure.axes
+    (points, *_) = axes.get_lines()
+    assert points.get_linestyle() == "None"  # trials, not a curve: the other parameter differs between them
+    assert axes.get_xscale() == "log"
+    assert axes.get_ylabel() == "val/ppl"
+
+
+def test_sweep_report_on_an_unfinished_optuna_search(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _load_report()
+    search = _fabricated_optuna_search(tmp_path / "search", [(3.0e-4, 8, 14.2), (2.1e-3, 16, None)], best=None)
+    (search / "0" / ".hydra" / "hydra.yaml").write_text(
+        yaml.safe_dump({"hydra": {"sweeper": {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.X"}}})
+    )
+    assert report.main([str(search), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "no optimization_results.yaml yet: the search has not finished" in out
+    assert "| 1 | 0.0021 | 16 | no results |" in out
+
+
+@pytest.mark.subprocess
+def test_optuna_search_runs_trials_and_the_report_names_the_best(tmp_path: Path) -> None:
+    """`examples/train.py hparams_search=gpt_optuna` for real with 2 tiny trials: Optuna picks each trial's learning
+    rate and batch size, each trial trains and validates, the sweeper writes optimization_results.yaml, and the
+    report names the best trial."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper: pip install '.[optuna]'")
+    sweep_dir = tmp_path / "multirun"
+    tiny = [o for o in TINY if not o.startswith("data.batch_size=")]  # the search picks it
+    command = [
+        sys.executable,
+        str(TRAIN),
+        "hparams_search=gpt_optuna",
+        "hydra.sweeper.n_trials=2",
+        "data.batch_size=choice(4, 8)",
+        *tiny,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "Sampler: TPESampler" in output
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    jobs = {}
+    for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        overrides = dict(o.split("=", 1) for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
+        results = json.loads((job / "results.json").read_text())
+        assert results["global_step"] == 4
+        assert results["metrics"]["val/ppl"] > 1
+        assert 1e-4 <= float(overrides["model.lr"]) <= 1e-2
+        assert overrides["data.batch_size"] in ("4", "8")
+        jobs[job.name] = (float(overrides["model.lr"]), int(overrides["data.batch_size"]), results["metrics"]["val/ppl"])
+    assert sorted(jobs) == ["0", "1"]
+    [best_job] = [name for name, (lr, bs, _) in jobs.items() if (lr, bs) == tuple(best["best_params"].values())]
+    assert best["best_value"] == pytest.approx(jobs[best_job][2])
+    assert best["best_value"] == min(ppl for _, _, ppl in jobs.values())
+    shown = subprocess.run(
+        [sys.executable, str(REPORT), str(sweep_dir), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"best trial (optimization_results.yaml): job {best_job}: model.lr=" in shown.stdout
+    assert f"-> val/ppl {best['best_value']:.4g}" in shown.stdout

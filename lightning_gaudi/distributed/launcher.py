@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 
@@ -98,7 +99,9 @@ def _stop(procs: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
 def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
     """Waits for every process; when one fails, terminates the rest (they would hang in a collective).
 
-    A process still running 30 s after ``SIGTERM`` is killed.
+    A process still running 30 s after ``SIGTERM`` is killed. ``SIGTERM`` or ``SIGHUP`` sent to this process (a
+    scheduler preempting the job, ``kill``) is passed on to the ranks, which get 30 s to stop (Lightning saves and stops
+    on ``SIGTERM``) before they are killed; then this process ends by the same signal, so no rank outlives it.
 
     Args:
         procs: the rank processes.
@@ -106,19 +109,52 @@ def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
     Returns:
         Their exit codes, in order.
     """
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        if not received:
+            received.append(signum)
+            _stop(procs, signal.Signals(signum))
+
+    previous = _install(forward)
     try:
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                return [int(c) for c in codes if c is not None]
-            if any(c not in (None, 0) for c in codes):
-                _stop(procs, signal.SIGTERM)
-                deadline = time.monotonic() + _TERM_GRACE_S
-                while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                    time.sleep(_POLL_S)
-                _stop(procs, signal.SIGKILL)
-                return [p.wait() for p in procs]
-            time.sleep(_POLL_S)
+        codes = _wait(procs, received)
     except BaseException:  # interrupted (Ctrl-C): no rank may outlive the launcher
         _stop(procs, signal.SIGKILL)
         raise
+    finally:
+        _restore(previous)
+    if received:
+        os.kill(os.getpid(), received[0])  # the default action now: end as the signal asked
+    return codes
+
+
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _install(handler: object) -> dict[signal.Signals, object]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # Python delivers signals to the main thread only; the caller's own handling applies
+    return {sig: signal.signal(sig, handler) for sig in _FORWARDED}  # type: ignore[arg-type]
+
+
+def _restore(previous: dict[signal.Signals, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], received: list[int]) -> list[int]:
+    deadline: float | None = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return [int(c) for c in codes if c is not None]
+        if received and deadline is None:
+            deadline = time.monotonic() + _TERM_GRACE_S
+        if any(c not in (None, 0) for c in codes) and deadline is None:
+            _stop(procs, signal.SIGTERM)
+            deadline = time.monotonic() + _TERM_GRACE_S
+        if deadline is not None and time.monotonic() >= deadline:
+            _stop(procs, signal.SIGKILL)
+            return [p.wait() for p in procs]
+        time.sleep(_POLL_S)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +126,28 @@ def _module_level_imports(path: Path) -> set[str]:
 def test_the_package_imports_neither_hydra_nor_lightning(path: Path) -> None:
     """The Hydra integration calls the launcher; :mod:`lightning_gaudi.hpu` uses the environment."""
     assert not _module_level_imports(path) & {"hydra", "omegaconf", "lightning", "pytorch_lightning"}
+
+
+@pytest.mark.subprocess
+def test_sigterm_to_the_launcher_stops_its_ranks_and_the_launcher(tmp_path: Path) -> None:
+    """What a scheduler's preemption (or ``kill``) does to the Hydra app: the ranks get the SIGTERM and are gone, and
+    the launcher ends by the same signal instead of leaving them training."""
+    rank = (
+        "import os, pathlib, sys, time;"
+        " pathlib.Path(sys.argv[1], os.environ['LOCAL_RANK']).write_text(str(os.getpid())); time.sleep(120)"
+    )
+    launcher = (
+        "import sys; from lightning_gaudi.distributed import launch_local_ranks;"
+        f" launch_local_ranks([sys.executable, '-c', {rank!r}, {str(tmp_path)!r}], nprocs=2)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", launcher])
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(path.read_text()) for path in tmp_path.iterdir()]
+    assert len(pids) == 2, "the ranks did not start"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
