@@ -93,7 +93,9 @@ def read_optuna(sweep_dir: Path, jobs: list[dict[str, Any]]) -> dict[str, Any] |
     best = outcome.get("best_params")
     if not isinstance(best, dict):  # a multi-objective search lists its Pareto front instead
         return None
-    best_job = next((job["job"] for job in jobs if all(_same(job["overrides"].get(k), v) for k, v in best.items())), None)
+    best_job = next(
+        (job["job"] for job in jobs if all(_same(job["overrides"].get(k), v) for k, v in best.items())), None
+    )
     return {
         "best_params": best,
         "best_value": outcome.get("best_value"),
@@ -202,10 +204,10 @@ def draw(rows: list[dict[str, Any]], param: str, metric: str, scatter: bool = Fa
     points.sort(key=lambda p: p[0] if numeric else str(p[0]))
     ys = [p[1] for p in points]
     fig, ax = plt.subplots(figsize=(6, 4))
-    style = {"marker": "o", "linestyle": "none" if scatter else "-"}
+    linestyle = "none" if scatter else "-"
     if numeric:
         values = [float(p[0]) for p in points]
-        ax.plot(values, ys, **style)
+        ax.plot(values, ys, marker="o", linestyle=linestyle)
         if min(values) > 0 and max(values) / min(values) >= 10:
             ax.set_xscale("log")
         if not scatter:
@@ -213,7 +215,7 @@ def draw(rows: list[dict[str, Any]], param: str, metric: str, scatter: bool = Fa
             ax.set_xticks(ticks, [f"{value:g}" for value in ticks])
             ax.minorticks_off()
     else:
-        ax.plot([str(p[0]) for p in points], ys, **style)
+        ax.plot([str(p[0]) for p in points], ys, marker="o", linestyle=linestyle)
     ax.set_ylim(bottom=0, top=max(max(ys), 0) * 1.1 or 1)
     ax.set_xlabel(param)
     ax.set_ylabel(metric)

@@ -167,12 +167,6 @@ def test_hpu_profiler_by_class_path(cli_env: Path) -> None:
     assert (profiler.wait_steps, profiler.active_steps) == (7, 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=SystemExit,
-    reason="HPUProfiler.__new__(*args, wait_steps, active_steps, **kwargs) is the signature jsonargparse reads, so"
-    " the CLI accepts no other argument (lightning_gaudi/profilers/hpu.py, to fix there)",
-)
 def test_hpu_profiler_trace_folder_by_class_path(cli_env: Path) -> None:
     cli = _cli(
         [

@@ -65,7 +65,9 @@ _CASES = [
     *(f"callbacks={option}" for option in group_options("callbacks")),
     *(f"experiment={option}" for option in group_options("experiment")),
     *(
-        pytest.param(f"hparams_search={option}", marks=_needs_optuna) if option in OPTUNA_RECIPES else f"hparams_search={option}"
+        pytest.param(f"hparams_search={option}", marks=_needs_optuna)
+        if option in OPTUNA_RECIPES
+        else f"hparams_search={option}"
         for option in group_options("hparams_search")
     ),
     *(f"debug={option}" for option in group_options("debug")),
@@ -148,7 +150,9 @@ def test_bucket_sweep_is_a_multirun_over_bucket_sizes_on_two_cards() -> None:
 
 
 def test_optuna_search_minimises_validation_perplexity_over_lr_and_batch_size() -> None:
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper: pip install '.[optuna]'")
+    pytest.importorskip(
+        "hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper is not installed (pip install '.[optuna]')"
+    )
     cfg = compose_train(["hparams_search=gpt_optuna"], hydra=True)
     sweeper = cfg.hydra.sweeper
     assert cfg.hydra.mode.name == "MULTIRUN"
@@ -180,7 +184,9 @@ def test_optuna_search_minimises_validation_perplexity_over_lr_and_batch_size() 
 
 def test_optuna_search_runs_multi_card_trials(no_launcher: pytest.MonkeyPatch) -> None:
     """Each trial is a job like any other: on several cards the app starts one process per card for it."""
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper: pip install '.[optuna]'")
+    pytest.importorskip(
+        "hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper is not installed (pip install '.[optuna]')"
+    )
     no_launcher.setenv(hpu.EMULATE_ENV, "eager")
     cfg = compose_train(["hparams_search=gpt_optuna", "strategy=hpu_parallel", "trainer.devices=2"])
     assert ranks.needs_rank_launch(cfg)

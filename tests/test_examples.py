@@ -182,11 +182,20 @@ def test_profiler_hpu_traces_the_fit_into_the_run_folder_and_reports(
     assert f"traces in {tmp_path / 'profiler'}" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="HPUProfiler reports on the last profiling cycle: a validation run after the recorded training steps"
-    " replaces their events (lightning_gaudi/profilers/hpu.py, to fix there)",
-)
+@pytest.mark.subprocess
+def test_profiler_hpu_on_two_cards_writes_one_trace_per_rank(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The rank processes the app starts build the profiler from the job's resolved config: both trace into the run
+    folder, and rank zero's report reaches results.json."""
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    cfg = compose_train([*_PROFILED_FIT, "strategy=hpu_parallel", "trainer.devices=2"], output_dir=tmp_path)
+    lg_hydra.run(cfg, task.train)
+    results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
+    assert results["world_size"] == 2
+    assert results["profile"]["steps"] == 5
+    traces = sorted(path.name for path in (tmp_path / "profiler").glob("*.pt.trace.json"))
+    assert [name.split("-")[1] for name in traces] == ["0", "1"]  # fit-<local rank>-<step function>.<id>.pt.trace.json
+
+
 def test_profiler_hpu_reports_the_training_steps_when_validation_follows(
     isolated_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

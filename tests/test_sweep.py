@@ -236,7 +236,8 @@ def _fabricated_optuna_search(root: Path, trials: list[tuple[float, int, float |
         lr, batch_size, ppl = trials[best]
         (root / "optimization_results.yaml").write_text(
             yaml.safe_dump(
-                {"name": "optuna", "best_params": {"model.lr": lr, "data.batch_size": batch_size}, "best_value": ppl}
+                {"name": "optuna", "best_params": {"model.lr": lr, "data.batch_size": batch_size}, "best_value": ppl},
+                sort_keys=False,
             )
         )
     return root
@@ -296,7 +297,9 @@ def test_optuna_search_runs_trials_and_the_report_names_the_best(tmp_path: Path)
     """`examples/train.py hparams_search=gpt_optuna` for real with 2 tiny trials: Optuna picks each trial's learning
     rate and batch size, each trial trains and validates, the sweeper writes optimization_results.yaml, and the
     report names the best trial."""
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper: pip install '.[optuna]'")
+    pytest.importorskip(
+        "hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper is not installed (pip install '.[optuna]')"
+    )
     sweep_dir = tmp_path / "multirun"
     tiny = [o for o in TINY if not o.startswith("data.batch_size=")]  # the search picks it
     command = [
@@ -321,7 +324,11 @@ def test_optuna_search_runs_trials_and_the_report_names_the_best(tmp_path: Path)
         assert results["metrics"]["val/ppl"] > 1
         assert 1e-4 <= float(overrides["model.lr"]) <= 1e-2
         assert overrides["data.batch_size"] in ("4", "8")
-        jobs[job.name] = (float(overrides["model.lr"]), int(overrides["data.batch_size"]), results["metrics"]["val/ppl"])
+        jobs[job.name] = (
+            float(overrides["model.lr"]),
+            int(overrides["data.batch_size"]),
+            results["metrics"]["val/ppl"],
+        )
     assert sorted(jobs) == ["0", "1"]
     [best_job] = [name for name, (lr, bs, _) in jobs.items() if (lr, bs) == tuple(best["best_params"].values())]
     assert best["best_value"] == pytest.approx(jobs[best_job][2])

@@ -67,22 +67,21 @@ def _loss_curve(trainer: L.Trainer, key: str = "train/loss", points: int = 6) ->
     return []
 
 
-def _profiler(cfg: DictConfig) -> dict[str, Any]:
-    """``{"profiler": ...}`` from the ``profiler`` group for the Trainer, or nothing (``trainer.profiler``, e.g.
-    Lightning's ``simple``, is then left to the Trainer).
+def _profiler(cfg: DictConfig) -> Any:
+    """The ``profiler`` group's profiler, or ``None`` when the group is off.
 
     Raises:
         ValueError: both ``profiler`` and ``trainer.profiler`` are set.
     """
     node = cfg.get("profiler")
     if not node:
-        return {}
+        return None
     if cfg.trainer.get("profiler") is not None:
         raise ValueError(
             f"trainer.profiler={cfg.trainer.profiler!r} and the profiler group ({node.get('_target_')}) are both set;"
             " the Trainer takes one profiler: drop `trainer.profiler` or choose `profiler=none`."
         )
-    return {"profiler": instantiate(node)}
+    return instantiate(node)
 
 
 def _profile(profiler: Any) -> dict[str, Any] | None:
@@ -147,13 +146,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     datamodule = instantiate(cfg.data, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")
     strategy = instantiate(cfg.strategy)
+    # passed only when the group is on: a `trainer.profiler` (Lightning's "simple", ...) stays the Trainer's
+    extra = {} if profiler is None else {"profiler": profiler}
     trainer: L.Trainer = instantiate(
-        cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False, **profiler
+        cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False, **extra
     )
     checkpoint = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
     ckpt_path = resume.resolve_in_checkpoint_dir(cfg.get("ckpt_path"), checkpoint)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    profile = _profile(trainer.profiler)  # the fit's, before a test run reports on its own steps
+    profile = _profile(profiler)  # the fit's, before a test run reports on its own steps
     if cfg.get("test"):
         trainer.test(model, datamodule=datamodule)
 

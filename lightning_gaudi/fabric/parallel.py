@@ -287,5 +287,9 @@ class HPUParallelStrategy(HPUStrategyMixin, DDPStrategy):
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         for name, init_params in ((cls.strategy_name, {}), *PARALLEL_VARIANTS):
             strategy_registry.register(
-                name, cls, description=f"{cls.__name__} (Fabric) {init_params or ''}".strip(), override=True, **init_params
+                name,
+                cls,
+                description=f"{cls.__name__} (Fabric) {init_params or ''}".strip(),
+                override=True,
+                **init_params,
             )

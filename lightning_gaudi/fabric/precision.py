@@ -6,6 +6,7 @@ from typing import Literal
 
 import torch
 from lightning.fabric.plugins import MixedPrecision, Precision
+from lightning.pytorch.plugins.precision import Precision as TrainerPrecision
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -23,11 +24,18 @@ def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None
         backend: the HPU to check against; the current one when ``None``.
 
     Raises:
-        ValueError: a mixed-precision plugin that autocasts on another device type than the HPU's, or a precision
-            the HPU cannot run (see :func:`lightning_gaudi.precision.check_precision_supported`).
+        ValueError: a precision plugin of the Trainer's (``lightning.pytorch``), a mixed-precision plugin that
+            autocasts on another device type than the HPU's, or a precision the HPU cannot run (see
+            :func:`lightning_gaudi.precision.check_precision_supported`).
     """
     backend = backend or hpu.get_backend()
     name = str(plugin.precision)
+    if isinstance(plugin, TrainerPrecision):
+        raise ValueError(
+            f"{type(plugin).__name__} (precision {name!r}) is a precision plugin of the Trainer's; Fabric calls its"
+            f" plugins differently. Use `Fabric(precision={name!r})` or, for mixed precision,"
+            f" `lightning_gaudi.fabric.HPUPrecision(...)`."
+        )
     autocast = backend.autocast_device_type
     if isinstance(plugin, MixedPrecision) and autocast is not None and plugin.device != autocast:
         raise ValueError(

@@ -11,15 +11,16 @@ from typing_extensions import override
 
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.fabric._base import HPUStrategyMixin
-from lightning_gaudi.strategies._common import hpu_device
+from lightning_gaudi.strategies._shared import DeviceResolver
 
 
 class SingleHPUStrategy(HPUStrategyMixin, SingleDeviceStrategy):
     """Runs a Fabric loop on one HPU (real or emulated): ``Fabric(accelerator="hpu", strategy="hpu_single")``.
 
     The Fabric counterpart of :class:`lightning_gaudi.SingleHPUStrategy` (the Trainer's). In lazy mode it cuts the
-    graph after each ``fabric.backward`` and each optimizer step; an optimizer built before ``fabric.setup`` follows
-    its model to the HPU (see :class:`~lightning_gaudi.fabric._base.HPUStrategyMixin`).
+    graph after each ``fabric.backward`` and after each optimizer step (2 per step). Tied weights stay tied on the
+    HPU, and an optimizer built before ``fabric.setup`` follows its model there (a move to lazy tensors makes new
+    parameter objects).
 
     Args:
         device: the device to run on; by default the card this process drives. In emulation an ``"hpu"`` device means
@@ -42,7 +43,7 @@ class SingleHPUStrategy(HPUStrategyMixin, SingleDeviceStrategy):
         mark_step: bool = True,
     ) -> None:
         self._requested_device = device
-        self._hpu_device: torch.device | None = None
+        self._devices = DeviceResolver(type(self).__name__)
         self._check_accelerator(accelerator)
         super().__init__(
             device="cpu", accelerator=accelerator, checkpoint_io=checkpoint_io or HPUCheckpointIO(), precision=precision
@@ -52,10 +53,7 @@ class SingleHPUStrategy(HPUStrategyMixin, SingleDeviceStrategy):
     @property
     @override
     def root_device(self) -> torch.device:
-        # read for every batch moved to the device: ask the backend once, when the environment is final
-        if self._hpu_device is None:
-            self._hpu_device = hpu_device(self._requested_device, type(self).__name__)
-        return self._hpu_device
+        return self._devices(self._requested_device)  # asks the backend once, when the environment is final
 
     @override
     def _check_accelerator(self, accelerator: Accelerator | None) -> None:

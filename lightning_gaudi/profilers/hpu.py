@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -61,7 +62,12 @@ class ProfileReport:
             + f", other (Lightning's loop, logging) {max(outside - sum(self.host_shares.values()), 0.0):.0%}",
             "  top operators by self time: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in self.top_operators),
             f"  host syncs: {self.host_syncs} ({self.host_syncs / self.steps:.2f} per step)"
-            + ("; each one stalls the host until the device catches up" if self.host_syncs else ""),
+            + (
+                " (reads of a tensor's value, aten::_local_scalar_dense: on a device tensor each one stalls the host"
+                " until the device catches up; reads of CPU tensors such as optimizer step counters are counted too)"
+                if self.host_syncs
+                else ""
+            ),
         ]
         return lines
 
@@ -154,14 +160,6 @@ class HPUProfiler(PyTorchProfiler):
         ValueError: ``wait_steps`` below 0 or ``active_steps`` below 1.
     """
 
-    def __new__(cls, *args: Any, wait_steps: int = 3, active_steps: int = 5, **kwargs: Any) -> HPUProfiler:
-        # checked before the object exists: Lightning's Profiler.__del__ would trip over a half-built one
-        if isinstance(wait_steps, bool) or not isinstance(wait_steps, int) or wait_steps < 0:
-            raise ValueError(f"`wait_steps={wait_steps!r}` must be a whole number >= 0 of steps to skip.")
-        if isinstance(active_steps, bool) or not isinstance(active_steps, int) or active_steps < 1:
-            raise ValueError(f"`active_steps={active_steps!r}` must be a whole number >= 1 of steps to record.")
-        return super().__new__(cls)
-
     def __init__(
         self,
         dirpath: str | Path | None = None,
@@ -171,6 +169,10 @@ class HPUProfiler(PyTorchProfiler):
         row_limit: int = 20,
         **profiler_kwargs: Any,
     ) -> None:
+        if isinstance(wait_steps, bool) or not isinstance(wait_steps, int) or wait_steps < 0:
+            raise ValueError(f"`wait_steps={wait_steps!r}` must be a whole number >= 0 of steps to skip.")
+        if isinstance(active_steps, bool) or not isinstance(active_steps, int) or active_steps < 1:
+            raise ValueError(f"`active_steps={active_steps!r}` must be a whole number >= 1 of steps to record.")
         self.wait_steps = wait_steps
         self.active_steps = active_steps
         profiler_kwargs.setdefault(
@@ -182,8 +184,26 @@ class HPUProfiler(PyTorchProfiler):
         self.activities: list[ProfilerActivity] = list(
             profiler_kwargs.setdefault("activities", hpu.get_backend().profiler_activities())
         )
+        # the report is built from the recorded training cycle when torch hands it over, not from whatever profiler
+        # Lightning holds at the end (validation and the sanity check run their own)
+        self._export_trace = bool(profiler_kwargs.get("export_to_chrome", True))
+        profiler_kwargs.setdefault("on_trace_ready", self._on_trace_ready)
         super().__init__(dirpath=dirpath, filename=filename, row_limit=row_limit, **profiler_kwargs)
         self.report = ProfileReport()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(AttributeError):  # a constructor that raised left nothing to tear down
+            super().__del__()
+
+    def _on_trace_ready(self, profiler: torch.profiler.profile) -> None:
+        report = build_report(profiler.events())
+        # torch hands over every completed cycle: the training one is what the report is about (validation and the
+        # sanity check run the schedule again, with no training step in them)
+        if report.model_share > 0 and self.report.model_share == 0:
+            self.report = report
+        if self._export_trace and self.dirpath is not None:
+            worker = f"profile-{self.local_rank}-{self.filename or 'hpu'}"
+            torch.profiler.tensorboard_trace_handler(str(self.dirpath), worker_name=worker)(profiler)
 
     @override
     def summary(self) -> str:
@@ -192,5 +212,6 @@ class HPUProfiler(PyTorchProfiler):
             self.profiler.__exit__(None, None, None)
             self.profiler = None
         table = super().summary()
-        self.report = build_report(self.function_events)
+        if not self.report.model_share:  # no training cycle was handed over (a schedule without an end, say)
+            self.report = build_report(self.function_events)
         return "\n".join([*self.report.lines(), table]) if table else "\n".join(self.report.lines())

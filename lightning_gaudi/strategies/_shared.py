@@ -199,8 +199,9 @@ def check_devices(devices: Sequence[torch.device] | None, owner: str) -> None:
 
 
 class DeviceResolver:
-    """The backend's device for each device a strategy was given, resolved once: ``root_device`` is read for every
-    batch. In emulation an ``"hpu"`` device means the emulated one.
+    """The backend's device for each device a strategy was given (see
+    :func:`~lightning_gaudi.strategies._common.hpu_device`), resolved once: ``root_device`` is read for every batch. In
+    emulation an ``"hpu"`` device means the emulated one; ``None`` is the card this process drives.
 
     Args:
         owner: the strategy's name, for errors.
@@ -208,9 +209,9 @@ class DeviceResolver:
 
     def __init__(self, owner: str) -> None:
         self._owner = owner
-        self._resolved: dict[torch.device, torch.device] = {}
+        self._resolved: dict[torch.device | str | int | None, torch.device] = {}
 
-    def __call__(self, device: torch.device) -> torch.device:
+    def __call__(self, device: torch.device | str | int | None) -> torch.device:
         resolved = self._resolved.get(device)
         if resolved is None:
             resolved = self._resolved[device] = hpu_device(device, self._owner)

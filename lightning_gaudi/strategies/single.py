@@ -12,7 +12,8 @@ from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
-from lightning_gaudi.strategies._common import check_hpu_accelerator, hpu_device, prepare_trainer
+from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
+from lightning_gaudi.strategies._shared import DeviceResolver
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
 
 
@@ -44,15 +45,12 @@ class SingleHPUStrategy(SingleDeviceStrategy):
             precision_plugin=precision_plugin,
         )
         self._requested_device = device
-        self._hpu_device: torch.device | None = None
+        self._devices = DeviceResolver(type(self).__name__)
 
     @property
     @override
     def root_device(self) -> torch.device:
-        # read for every batch moved to the device: ask the backend once, when the environment is final
-        if self._hpu_device is None:
-            self._hpu_device = hpu_device(self._requested_device, type(self).__name__)
-        return self._hpu_device
+        return self._devices(self._requested_device)  # asks the backend once, when the environment is final
 
     @property  # type: ignore[override]
     @override

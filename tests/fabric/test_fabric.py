@@ -195,7 +195,7 @@ def test_lightnings_strategy_instances_are_refused(eager_hpu: hpu.Backend) -> No
 def test_trainer_strategies_are_refused_naming_fabrics(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match=r"lightning_gaudi.SingleHPUStrategy is the Trainer's.*lightning_gaudi.fabric"):
         Fabric(accelerator="hpu", strategy=lightning_gaudi.SingleHPUStrategy())
-    with pytest.raises(ValueError, match=r"Trainer's strategy. With Fabric use lightning_gaudi.fabric.HPUParallelStrategy"):
+    with pytest.raises(ValueError, match=r"With Fabric use lightning_gaudi.fabric.HPUParallelStrategy\(...\)"):
         Fabric(accelerator="hpu", strategy=lightning_gaudi.HPUParallelStrategy(bucket_cap_mb=50), devices=2)
 
 
@@ -295,6 +295,10 @@ def test_precisions_the_hpu_lacks_are_refused(eager_hpu: hpu.Backend) -> None:
         Fabric(accelerator="hpu", precision="64-true")
     with pytest.raises(ValueError, match=r"MixedPrecision \(precision 'bf16-mixed'\) autocasts on 'cuda'"):
         Fabric(accelerator="hpu", plugins=[MixedPrecision("bf16-mixed", device="cuda")])
+    with pytest.raises(
+        ValueError, match=r"HPUPrecision \(precision 'bf16-mixed'\) is a precision plugin of the Trainer"
+    ):
+        Fabric(accelerator="hpu", devices=1, plugins=[lightning_gaudi.HPUPrecision("bf16-mixed")])
     with pytest.raises(ValueError, match=r"HPUPrecision got `precision='bf16-true'`"):
         HPUPrecision("bf16-true")  # type: ignore[arg-type]
 
@@ -361,10 +365,10 @@ def test_hpu_accelerator_instance_trains_on_the_lazy_device(lazy_hpu: hpu.Backen
 
 
 @pytest.fixture
-def lazy_counts(lazy_hpu: hpu.Backend) -> Iterator[hpu.Backend]:
+def lazy_counts(lazy_hpu: hpu.Backend) -> hpu.Backend:
     lazy_hpu.mark_step()
     lazy_hpu.reset_lazy_counters()
-    yield lazy_hpu
+    return lazy_hpu
 
 
 def test_lazy_mode_cuts_twice_per_step(lazy_counts: hpu.Backend) -> None:
@@ -539,3 +543,19 @@ def test_on_a_gaudi_the_process_group_is_hccl(bridge_double: ModuleType, isolate
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_a_compiled_model_is_compiled_over_ddp(one_process_group: None) -> None:
+    """Fabric unwraps a compiled model, lets the strategy wrap it in DDP, and compiles the wrapper again."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    fabric = Fabric(accelerator="hpu", strategy="hpu_parallel", devices=1)
+    fabric.launch()
+    net = _net()
+    compiled = torch.compile(net, backend=hpu.get_backend().compile_backend)
+    model, optimizer = fabric.setup(compiled, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert isinstance(model._forward_module, OptimizedModule)
+    assert isinstance(model._forward_module._orig_mod, DistributedDataParallel)
+    before = _cpu_weights(net)
+    _train(fabric, model, optimizer, steps=2)
+    assert all(not torch.equal(before[name], tensor) for name, tensor in _cpu_weights(net).items())

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,6 @@ def test_two_process_fabric_loop(tmp_path: Path) -> None:
     for name in _LAUNCH_VARS:  # a fresh launch: Fabric picks a free port
         env.pop(name, None)
     env[hpu.EMULATE_ENV] = "eager"
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(HELPER), str(tmp_path), str(STEPS)],
         cwd=tmp_path,
@@ -34,7 +32,6 @@ def test_two_process_fabric_loop(tmp_path: Path) -> None:
         text=True,
         timeout=180,
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     for rank in (0, 1):
         assert f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}" in proc.stderr
@@ -49,7 +46,7 @@ def test_two_process_fabric_loop(tmp_path: Path) -> None:
         assert facts["world_size"] == 2
         assert facts["device"] == "cpu"  # the emulated HPU
         assert facts["process_group_backend"] == "gloo"
-        assert (facts["strategy_module"], facts["strategy"]) == ("lightning_gaudi.fabric.parallel", "HPUParallelStrategy")
+        assert facts["strategy"] == "lightning_gaudi.fabric.parallel.HPUParallelStrategy"
         assert (facts["precision"], facts["autocast_device"]) == ("HPUPrecision", "cpu")
         assert facts["gradient_as_bucket_view"] is True
         assert facts["activations"] == ["torch.bfloat16"] * STEPS
@@ -64,4 +61,3 @@ def test_two_process_fabric_loop(tmp_path: Path) -> None:
         assert tensor.dtype == torch.float32
         assert tensor.tolist() == ranks[0]["final"][name]
     assert sorted(os.listdir(tmp_path)) == ["fabric.ckpt", "rank0.json", "rank1.json"]  # no temporary left behind
-    print(f"2-process Fabric run: {elapsed:.1f} s")

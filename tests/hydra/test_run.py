@@ -13,9 +13,7 @@ from lightning_gaudi import hpu
 from lightning_gaudi.hydra import ranks
 
 
-def test_a_strategy_typo_stops_the_job_before_any_rank_starts(
-    isolated_env: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_strategy_typo_stops_the_job_before_any_rank_starts(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
     started: list[list[str]] = []
     isolated_env.setattr(ranks, "launch_local_ranks", lambda command, *args, **kwargs: started.append(command))
