@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,27 @@ def test_sync_batchnorm_in_eager_emulation(tmp_path: Path) -> None:
     for name, tensor in expected.items():  # gradients through the synchronized statistics, too
         torch.testing.assert_close(final[0][name], tensor, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(final[1][name], tensor, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.subprocess
+def test_a_failed_job_ends_its_hung_rank(tmp_path: Path) -> None:
+    """Rank 0 fails while rank 1 hangs: the strategy ends the rank it started instead of leaving it holding its memory,
+    sockets and, on Gaudi, its card until the collective timeout (or forever, as here)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    command = [sys.executable, str(HELPERS_DIR / "hung_rank_fit.py"), str(tmp_path)]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "rank 0 failed on purpose" in proc.stderr
+    rank1 = int((tmp_path / "rank1.pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(rank1, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(rank1, 9)
+    pytest.fail("rank 1 outlived the failed job")

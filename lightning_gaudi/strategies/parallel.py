@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -287,6 +288,10 @@ class HPUParallelStrategy(DDPStrategy):
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
         hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
+        if self.launcher is not None:
+            # the job has failed: the ranks this process started would wait for it in a collective until the
+            # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card
+            self.launcher.kill(signal.SIGKILL)
 
     @override
     def teardown(self) -> None:
