@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import inspect
+import linecache
+import os
 import re
+import sysconfig
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
+import lightning
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 from typing_extensions import override
 
+import lightning_gaudi
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks.inference import HPUCompile
 from lightning_gaudi.callbacks.memory_stats import check_interval
@@ -39,6 +49,8 @@ PADDING_ADVICE = (
 )
 
 _NUMBERS = re.compile(r"\d+")
+#: How many host-sync sources the end-of-fit text names.
+TOP_SYNC_SOURCES = 5
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -52,6 +64,139 @@ def batch_shapes(batch: Any) -> Shapes:
     if isinstance(batch, (list, tuple)):
         return tuple(shape for item in batch for shape in batch_shapes(item))
     return ()
+
+
+def _package_dir(module: Any) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+#: Code whose frames are not "the user's": torch, Lightning, this package, the standard library.
+_TORCH_DIR = _package_dir(torch)
+_LIBRARY_DIRS = (_package_dir(lightning), _package_dir(lightning_gaudi))
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")})
+#: Lightning's code that marks what a sync belongs to, innermost first: (path fragment or function name, phase).
+_PHASE_MARKERS = (
+    (os.sep + "progress" + os.sep, "progress bar"),
+    (os.sep + "logger_connector" + os.sep, "logging"),
+    (os.sep + "loggers" + os.sep, "logging"),
+    ("checkpoint", "checkpoint"),
+    ("scheduler", "scheduler"),
+    ("_update_learning_rates", "scheduler"),
+    ("optimizer_step", "optimizer step"),
+    ("training_step", "training step"),
+    ("validation_step", "validation step"),
+    ("_call_callback_hooks", "callback"),
+    ("setup_data", "data loader setup"),
+)
+_TRAINER_FILE = os.path.join("pytorch", "trainer", "trainer.py")
+_TRAINER_ENTRIES = frozenset({"fit", "validate", "test", "predict"})
+
+
+@dataclass(frozen=True)
+class SyncSource:
+    """Where a host sync came from: the first frame outside torch, Lightning and lightning_gaudi.
+
+    Attributes:
+        location: ``"path/to/file.py:line"`` (relative to the working directory, or to its package for library code).
+        code: the source line.
+        phase: what the trainer was doing (``"training step"``, ``"logging"``, ``"progress bar"``, ``"scheduler"``,
+            ``"checkpoint"``, ``"optimizer step"``, ``"callback"``, ``"data loader setup"``, ``"validation"``, ``"other"``).
+        user: whether the line is the user's code (``False``: Lightning's or lightning_gaudi's own).
+    """
+
+    location: str
+    code: str
+    phase: str
+    user: bool
+
+
+def _show_path(filename: str) -> str:
+    for root in (*_LIBRARY_DIRS, _TORCH_DIR):
+        if filename.startswith(root):
+            return os.path.relpath(filename, os.path.dirname(root.rstrip(os.sep)))
+    relative = os.path.relpath(filename)
+    return filename if relative.startswith("..") else relative
+
+
+def _where(frame: FrameType) -> tuple[str, str]:
+    filename, line = frame.f_code.co_filename, frame.f_lineno
+    return f"{_show_path(filename)}:{line}", linecache.getline(filename, line).strip()
+
+
+def find_sync_source(frame: FrameType | None, default_phase: str) -> SyncSource | None:
+    """The user's line (or, when the sync is the library's own, the library's line) that a host sync came from.
+
+    Walks from ``frame`` outwards: torch's and the standard library's frames are skipped; the first other frame of
+    user code is the source, unless the walk left the trainer first (reached ``Trainer.fit``), in which case the sync is
+    Lightning's or lightning_gaudi's own and the innermost of their frames is named. The phase is the innermost of
+    Lightning's frames that says what the trainer was doing, ``default_phase`` when none does.
+    """
+    library: FrameType | None = None
+    user: FrameType | None = None
+    phase: str | None = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_LIBRARY_DIRS):
+            if phase is None:
+                name = frame.f_code.co_name
+                phase = next((p for marker, p in _PHASE_MARKERS if marker in filename or marker in name), None)
+            if filename.endswith(_TRAINER_FILE) and frame.f_code.co_name in _TRAINER_ENTRIES:
+                break
+            library = library or frame
+        elif user is None and not filename.startswith((_TORCH_DIR, *_STDLIB_DIRS)) and not filename.startswith("<"):
+            user = frame
+        frame = frame.f_back
+    found = user if user is not None else library
+    if found is None:
+        return None
+    location, code = _where(found)
+    return SyncSource(location, code, phase or default_phase, found is user)
+
+
+class SyncSourceMode(TorchFunctionMode):
+    """Attributes each host sync to the line that caused it, while entered (Lightning's hooks enter and leave it).
+
+    Every torch function called from Python (``Tensor.item``, ``bool(tensor)``, ``f"{tensor:.2f}"``, indexing a list
+    with a tensor...) is timed against the host-sync counter; one that moved it is traced to its source with
+    :func:`find_sync_source`. Costs two counter reads per torch call, so it is only for opt-in diagnostics.
+
+    Args:
+        read_syncs: the backend's host-sync count.
+        phase: the trainer's coarse phase, for syncs that no Lightning frame explains.
+    """
+
+    def __init__(self, read_syncs: Callable[[], int], phase: Callable[[], str]) -> None:
+        super().__init__()
+        self._read = read_syncs
+        self._phase = phase
+        self.sources: Counter[SyncSource] = Counter()
+        self.entered = False
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        before = self._read()
+        result = func(*args, **(kwargs or {}))
+        synced = self._read() - before
+        if synced > 0:
+            frame = inspect.currentframe()
+            source = find_sync_source(frame.f_back if frame is not None else None, self._phase())
+            del frame
+            if source is not None:
+                self.sources[source] += synced
+        return result
+
+    def start(self) -> None:
+        """Enters the mode (once)."""
+        if not self.entered:
+            self.__enter__()
+            self.entered = True
+
+    def stop(self) -> None:
+        """Leaves the mode (once)."""
+        if self.entered:
+            self.entered = False
+            self.__exit__(None, None, None)
 
 
 @dataclass
@@ -83,7 +228,9 @@ class GraphDiagnostics(Callback):
       Python number baked into the graph or data-dependent shapes.
 
     Host syncs (lazy emulation) are counted over the whole fit, logging, progress bar, schedulers and checkpoints
-    included, and divided by the optimizer steps. CPU fallbacks are counted by op; under lazy emulation they are torch
+    included, and divided by the optimizer steps; each is traced to the source line that caused it (a
+    :class:`SyncSourceMode` is entered for the fit: two counter reads per torch call, only while this callback is
+    used). CPU fallbacks are counted by op; under lazy emulation they are torch
     Lazy Tensor Core's (``lerp`` in every AdamW step, ``mse_loss``, ``linalg_vector_norm``), not Gaudi's, and are
     labelled as such instead of being warned about. The end-of-fit summary is printed, logged through the trainer's
     loggers (``graph_diagnostics/<key>``, numbers only) and kept in :attr:`summary`, a dict with the keys ``mode``
@@ -91,8 +238,10 @@ class GraphDiagnostics(Callback):
     during the fit), ``graph_compilations_after_warmup`` (training, after warm-up), ``validation_graph_compilations``,
     ``recompile_reasons`` (list of str: dynamo's in compile mode, the inferred cause in lazy mode),
     ``graph_breaks`` (``"reason (file:line)"`` -> count), ``distinct_input_shapes``, ``compilations_by_shape``,
-    ``host_syncs``, ``host_syncs_per_step``, ``host_syncs_by_phase`` (``None`` where they cannot be counted: compile
-    mode, the real bridge), ``cpu_fallbacks`` (op -> count), ``cpu_fallbacks_source``, ``recompile_limit_hit`` and
+    ``host_syncs``, ``host_syncs_per_step``, ``host_syncs_by_phase``, ``host_sync_sources`` (``"file:line"`` -> syncs,
+    most first: the user's line that caused them, or Lightning's own when no user code did) and
+    ``host_sync_source_details`` (list of dicts: ``source``, ``code``, ``phase``, ``user``, ``count``) (``None`` where
+    they cannot be counted: compile mode, the real bridge), ``cpu_fallbacks`` (op -> count), ``cpu_fallbacks_source``, ``recompile_limit_hit`` and
     ``compiled_graphs`` (the graphs :class:`HPUCompile`'s modules hold at the end, ``None`` without it).
 
     Args:
@@ -134,6 +283,7 @@ class GraphDiagnostics(Callback):
         self._limit_hit = False
         self._compile: HPUCompile | None = None
         self._module: nn.Module | None = None
+        self._sync_sources: SyncSourceMode | None = None
 
     # ------------------------------------------------------------------------------------------------------------
     # where each count goes
@@ -329,6 +479,9 @@ class GraphDiagnostics(Callback):
         if backend.is_lazy():
             self._mode = "lazy"
             self._start = self._last = backend.lazy_counters()
+            if self._start is not None and self._start.host_syncs is not None:
+                self._sync_sources = SyncSourceMode(self._read_syncs, self._coarse_phase)
+                self._sync_sources.start()
             return
         compile_mode = self._compile is not None or runtime.Runtime.from_env().execution_mode == "compile"
         self._mode = "compile" if compile_mode else "eager"
@@ -339,6 +492,18 @@ class GraphDiagnostics(Callback):
         self._log = dynamo.CompilationLog()
         self._recorder = dynamo.GraphBreakRecorder()
         self._recorder.start()
+
+    def _read_syncs(self) -> int:
+        assert self._backend is not None
+        counters = self._backend.lazy_counters()
+        return 0 if counters is None else counters.host_syncs or 0
+
+    def _coarse_phase(self) -> str:
+        return {"training": "training step"}.get(self._phase, self._phase)
+
+    def _stop_sync_sources(self) -> None:
+        if self._sync_sources is not None:
+            self._sync_sources.stop()
 
     @override
     def on_train_batch_start(
@@ -397,6 +562,7 @@ class GraphDiagnostics(Callback):
         self._close_batch()
         if self._recorder is not None:
             self._recorder.stop()
+        self._stop_sync_sources()
         self.summary = self._summarize(trainer)
         self._report(trainer)
 
@@ -404,11 +570,13 @@ class GraphDiagnostics(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._recorder is not None:
             self._recorder.stop()
+        self._stop_sync_sources()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if self._recorder is not None:  # a failed fit skips teardown: give dynamo's logger back
             self._recorder.stop()
+        self._stop_sync_sources()
 
     # ------------------------------------------------------------------------------------------------------------
     # the summary
@@ -421,6 +589,17 @@ class GraphDiagnostics(Callback):
         if self._mode == "lazy" and self._start is not None and self._start.host_syncs is not None:
             by_phase = {phase: self._syncs[phase] for phase in ("training", "validation", "other")}
             syncs = sum(by_phase.values())
+        sources: dict[str, int] | None = None
+        details: list[dict[str, Any]] | None = None
+        if self._sync_sources is not None and syncs is not None:
+            found = self._sync_sources.sources.most_common()
+            by_location: Counter[str] = Counter()
+            for source, count in found:
+                by_location[source.location] += count
+            sources = dict(by_location.most_common())
+            details = [
+                {"source": s.location, "code": s.code, "phase": s.phase, "user": s.user, "count": n} for s, n in found
+            ]
         compiled_graphs = None
         if self._compile is not None and self._compile.compiled:
             compiled_graphs = self._compile.graphs()
@@ -442,6 +621,8 @@ class GraphDiagnostics(Callback):
             "host_syncs": syncs,
             "host_syncs_per_step": None if syncs is None else syncs / max(steps, 1),
             "host_syncs_by_phase": by_phase,
+            "host_sync_sources": sources,
+            "host_sync_source_details": details,
             "cpu_fallbacks": dict(self._fallbacks),
             "cpu_fallbacks_source": source,
             "recompile_limit_hit": self._limit_hit,
@@ -475,6 +656,11 @@ class GraphDiagnostics(Callback):
             f"  recompile reasons: {s['recompile_reasons'] or 'none'}; limit hit: {s['recompile_limit_hit']}.",
             f"  graph breaks: {s['graph_breaks'] or 'none'}; host syncs: {syncs}; CPU fallbacks: {fallbacks}.",
         ]
+        for detail in (s["host_sync_source_details"] or [])[:TOP_SYNC_SOURCES]:
+            whose = "your code" if detail["user"] else "library"
+            lines.append(
+                f"  host sync x{detail['count']} at {detail['source']} ({detail['phase']}, {whose}): {detail['code']}"
+            )
         if s["compiled_graphs"] is not None:
             lines.append(f"  graphs held by HPUCompile's modules: {s['compiled_graphs']}.")
         rank_zero_info("\n".join(lines) + self._bridge_hint())

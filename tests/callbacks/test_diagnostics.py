@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator
 from types import ModuleType, SimpleNamespace
@@ -112,6 +113,67 @@ def test_lazy_host_syncs_over_the_whole_fit_equal_torchs_counter(lazy_hpu: hpu.B
     assert summary["host_syncs"] == torch_count.syncs
     assert summary["host_syncs_per_step"] == pytest.approx(torch_count.syncs / 6)
     assert sum(summary["host_syncs_by_phase"].values()) == torch_count.syncs
+
+
+class ReadsLossInStep(Workload):
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[float] = []
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.losses.append(loss.item())  # a host sync every step
+        return loss
+
+
+def test_lazy_host_sync_sources_name_the_users_line(lazy_hpu: hpu.Backend, tmp_path: Any) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+
+    torch_count = TorchSyncCounter()
+    diagnostics, _ = _fit(
+        ReadsLossInStep(),
+        loader(5, batch_size=BATCH_SIZE),
+        callbacks=[torch_count],
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=1,
+    )
+    summary = diagnostics.summary
+    line = ReadsLossInStep.training_step.__code__.co_firstlineno + 2
+    (location,) = [key for key in summary["host_sync_sources"] if key.endswith(f"test_diagnostics.py:{line}")]
+    assert summary["host_sync_sources"][location] == 5
+    (detail,) = [d for d in summary["host_sync_source_details"] if d["source"] == location]
+    assert detail == {
+        "source": location,
+        "code": "self.losses.append(loss.item())  # a host sync every step",
+        "phase": "training step",
+        "user": True,
+        "count": 5,
+    }
+    assert sum(summary["host_sync_sources"].values()) == summary["host_syncs"] == torch_count.syncs
+    assert [d for d in summary["host_sync_source_details"] if d["phase"] == "logging" and not d["user"]]
+
+
+def test_lazy_host_syncs_of_the_library_name_no_user_line(lazy_hpu: hpu.Backend, tmp_path: Any) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+
+    diagnostics, _ = _fit(Workload(), loader(5, batch_size=BATCH_SIZE), logger=CSVLogger(tmp_path), log_every_n_steps=1)
+    summary = diagnostics.summary
+    assert summary["host_syncs"] > 0
+    assert sum(summary["host_sync_sources"].values()) == summary["host_syncs"]
+    details = summary["host_sync_source_details"]
+    assert [d for d in details if d["user"]] == [], details
+    assert all(d["source"].startswith("lightning" + os.sep) for d in details), details
+    assert {d["phase"] for d in details} == {"logging", "data loader setup"}, details
+
+
+def test_host_sync_sources_are_only_traced_while_the_callback_runs(lazy_hpu: hpu.Backend) -> None:
+    diagnostics, _ = _fit(ReadsLossInStep(), loader(2, batch_size=BATCH_SIZE))
+    syncs = diagnostics.summary["host_syncs"]
+    tracer = diagnostics._sync_sources
+    assert tracer is not None and not tracer.entered
+    assert sum(tracer.sources.values()) == syncs
+    torch.ones(2, device=lazy_hpu.device()).sum().item()
+    assert sum(tracer.sources.values()) == syncs, "a sync after the fit was traced"
 
 
 def test_lazy_ragged_last_batch_warns_once_naming_the_shapes(lazy_hpu: hpu.Backend) -> None:
