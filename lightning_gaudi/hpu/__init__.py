@@ -13,8 +13,6 @@ before the bridge loads. Lazy emulation always has one device (see :mod:`~lightn
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from lightning_gaudi.hpu import runtime
@@ -55,7 +53,6 @@ __all__ = [
     "is_available",
 ]
 
-log = logging.getLogger(__name__)
 
 NO_HPU_MESSAGE = (
     "No Gaudi HPU is usable: Intel's PyTorch bridge (`habana_frameworks.torch`) is not installed. On a Gaudi"

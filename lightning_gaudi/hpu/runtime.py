@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import logging
 import os
 import sys
 import tempfile
@@ -72,7 +71,6 @@ DEFAULT_EMULATED_DEVICES = 8
 DEFAULT_DEVICE_NAME = "GAUDI2"
 _FLAGS = {"true": True, "1": True, "false": False, "0": False}
 
-log = logging.getLogger("lightning_gaudi")
 
 ExecutionMode = Literal["lazy", "eager", "compile"]
 GaudiName = Literal["GAUDI", "GAUDI2", "GAUDI3"]
