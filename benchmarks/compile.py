@@ -17,6 +17,11 @@ Three measurements, each short, one at a time:
   :class:`~lightning_gaudi.callbacks.GraphDiagnostics`; padding is the share of padded tokens in the batches. The
   counts do not depend on the backend, so this section uses ``aot_eager`` (``--shapes-backend inductor`` for real
   compile times).
+- ``ddp``: a 2-process ``hpu_parallel`` fit in compile mode of an 8-layer MLP (eight 1 MiB linear layers) for a few
+  ``bucket_cap_mb`` values: how many sub-graphs dynamo's DDPOptimizer splits the compiled forward into (one per DDP
+  gradient bucket, read by :class:`lightning_gaudi.patches.dynamo.DDPSplitRecorder`) and the step time after
+  warm-up (rank 0). ``aot_eager`` by default (the split does not depend on the backend; ``--ddp-backend inductor``
+  for real step times).
 
 Run alone: ``python -m benchmarks.compile`` (``--quick`` for a smoke run with ``aot_eager`` everywhere). Writes
 ``benchmarks/out/compile.json`` and prints a table. :func:`run` and :func:`table_rows` are what the suite needs.
@@ -34,7 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +64,9 @@ HERE = Path(__file__).resolve().parent
 SPEED_WORKLOAD = Workload(d_model=64, heads=4, blocks=2, seq=32, batch=32)
 COLD_WORKLOAD = Workload(d_model=64, heads=4, blocks=4, seq=32, batch=32)
 COMPILE_ENV = {"LIGHTNING_GAUDI_EMULATE": "eager"}
+DDP_BUCKET_CAPS_MB = (1.0, 4.0, 25.0)
+DDP_LAYERS, DDP_WIDTH = 8, 512  # 1 MiB of fp32 weights a layer
+_LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
 BATCH = 16  # the shapes measurement's batch size
 
 
@@ -361,12 +369,122 @@ def run_shapes(quick: bool, backend: str) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# ddp: DDPOptimizer's sub-graphs against bucket_cap_mb, 2 processes
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class _Layers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(DDP_WIDTH, DDP_WIDTH) for _ in range(DDP_LAYERS))
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = F.relu(layer(x))
+        return x
+
+
+class _DDPModel(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = _Layers()
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        return ((self.model(x) - y) ** 2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def _ddp_child(bucket_cap_mb: float, steps: int, out: Path) -> None:
+    """Runs in both ranks (Lightning's launcher re-runs this command for rank 1): one fit, each rank writes its JSON."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import lightning_gaudi  # noqa: F401 - registers "hpu"
+    from lightning_gaudi import HPUParallelStrategy
+    from lightning_gaudi.callbacks import HPUCompile
+    from lightning_gaudi.patches import dynamo
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    seed_everything(0, verbose=False)
+    data = TensorDataset(torch.randn(steps * 16, DDP_WIDTH), torch.randn(steps * 16, DDP_WIDTH))
+    timer = _Timer(2)
+    trainer = Trainer(
+        **trainer_kwargs(
+            steps,
+            accelerator="hpu",
+            devices=2,
+            strategy=HPUParallelStrategy(bucket_cap_mb=bucket_cap_mb),
+            callbacks=[timer],
+            enable_progress_bar=False,
+        )
+    )
+    with dynamo.DDPSplitRecorder() as recorder:
+        trainer.fit(_DDPModel(), DataLoader(data, batch_size=16))
+    compilers = [c for c in trainer.callbacks if isinstance(c, HPUCompile)]  # type: ignore[attr-defined]
+    result = {
+        **timer.result(),
+        "splits": recorder.splits,
+        "compiled": sorted(compilers[0].compiled) if compilers else [],
+        "world_size": trainer.world_size,
+    }
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+def run_ddp(quick: bool, backend: str) -> dict[str, Any]:
+    steps = 6 if quick else 20
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in _LAUNCH_VARS:  # a fresh launch each time: Lightning picks a free port
+        env.pop(name, None)
+    env.update({**COMPILE_ENV, "LIGHTNING_GAUDI_COMPILE": "1", "LIGHTNING_GAUDI_COMPILE_BACKEND": backend})
+    env["OMP_NUM_THREADS"] = "1"
+    caps: dict[str, Any] = {}
+    for cap in DDP_BUCKET_CAPS_MB:
+        with tempfile.TemporaryDirectory(prefix="ddp_compile_") as out:
+            command = [sys.executable, "-m", "benchmarks.compile", "--ddp-child", str(cap), "--steps", str(steps)]
+            command += ["--ddp-out", out]
+            proc = subprocess.run(command, cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=900)
+            if proc.returncode != 0:
+                raise RuntimeError(f"DDP compile child (bucket_cap_mb={cap}) failed:\n{proc.stderr[-4000:]}")
+            ranks = [json.loads((Path(out) / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+        if ranks[0]["splits"] != ranks[1]["splits"]:
+            raise RuntimeError(f"the ranks split differently at bucket_cap_mb={cap}: {[r['splits'] for r in ranks]}")
+        result = ranks[0]
+        caps[f"{cap:g}"] = {
+            "sub_graphs": sum(result["splits"]),
+            "splits": result["splits"],
+            "compiled": result["compiled"],
+            "step_ms": 1000 / result["steps_per_s"],
+            "first_step_s": result["first_step_s"],
+            "world_size": result["world_size"],
+        }
+        measured = caps[f"{cap:g}"]
+        log(
+            f"  ddp compile bucket_cap_mb={cap:g}: {measured['sub_graphs']} sub-graphs,"
+            f" {measured['step_ms']:.1f} ms/step"
+        )
+    return {
+        "backend": backend,
+        "layers": DDP_LAYERS,
+        "layer_mib": DDP_WIDTH * (DDP_WIDTH + 1) * 4 / 2**20,
+        "steps": steps,
+        "bucket_cap_mb": caps,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # the section
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def run(quick: bool = False, backend: str | None = None, shapes_backend: str = "aot_eager") -> dict[str, Any]:
-    """All three measurements. ``backend``: inductor (``aot_eager`` under ``quick``)."""
+def run(
+    quick: bool = False, backend: str | None = None, shapes_backend: str = "aot_eager", ddp_backend: str = "aot_eager"
+) -> dict[str, Any]:
+    """All four measurements. ``backend``: inductor (``aot_eager`` under ``quick``)."""
     import lightning_gaudi  # noqa: F401 - registers "hpu"
 
     backend = backend or ("aot_eager" if quick else "inductor")
@@ -374,6 +492,7 @@ def run(quick: bool = False, backend: str | None = None, shapes_backend: str = "
         "speed": run_speed(quick, backend),
         "cold": run_cold(quick, backend),
         "shapes": run_shapes(quick, "aot_eager" if quick else shapes_backend),
+        "ddp": run_ddp(quick, "aot_eager" if quick else ddp_backend),
     }
 
 
@@ -383,7 +502,19 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     def spread(summary: dict[str, Any], fmt: str) -> str:
         return f"{summary['median']:{fmt}} ({summary['min']:{fmt}}-{summary['max']:{fmt}})"
 
-    speed, cold, shapes = result["speed"], result["cold"], result["shapes"]
+    rows: list[tuple[str, str, str, str]] = []
+    if "speed" in result:
+        rows += _speed_rows(result["speed"], spread)
+    if "cold" in result:
+        rows += _cold_rows(result["cold"], spread)
+    if "shapes" in result:
+        rows += _shapes_rows(result["shapes"])
+    if "ddp" in result:
+        rows += _ddp_rows(result["ddp"])
+    return rows
+
+
+def _speed_rows(speed: dict[str, Any], spread: Callable[[dict[str, Any], str], str]) -> list[tuple[str, str, str, str]]:
     rows = [
         (
             f"compile ({speed['backend']}): {variant}, steps per wall-second / per CPU-second",
@@ -401,6 +532,11 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "",
         )
     )
+    return rows
+
+
+def _cold_rows(cold: dict[str, Any], spread: Callable[[dict[str, Any], str], str]) -> list[tuple[str, str, str, str]]:
+    rows = []
     for variant in cold["first_step_s"]:
         rows.append(
             (
@@ -420,6 +556,11 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "",
         )
     )
+    return rows
+
+
+def _shapes_rows(shapes: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    rows = []
     for name, v in shapes["variants"].items():
         rows.append(
             (
@@ -434,17 +575,36 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _ddp_rows(ddp: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    return [
+        (
+            f"compile + DDP ({ddp['backend']}, 2 processes, {ddp['layers']} x {ddp['layer_mib']:.1f} MiB layers):"
+            f" bucket_cap_mb={cap}, DDPOptimizer sub-graphs; step ms",
+            f"{v['sub_graphs']}; {v['step_ms']:.1f}",
+            "",
+            "",
+        )
+        for cap, v in ddp["bucket_cap_mb"].items()
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compile", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run with aot_eager; its numbers mean nothing")
-    parser.add_argument("--only", default="speed,cold,shapes", help="comma-separated: speed, cold, shapes")
+    parser.add_argument("--only", default="speed,cold,shapes,ddp", help="comma-separated: speed, cold, shapes, ddp")
     parser.add_argument("--shapes-backend", default="aot_eager", help="the backend of the shapes measurement")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "compile.json")
+    parser.add_argument("--ddp-backend", default="aot_eager", help="the backend of the ddp measurement")
     parser.add_argument("--cold-child", choices=("whole", "regional"), help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-child", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=12, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cold_child:
         print(json.dumps(_cold_child(args.cold_child, args.steps)))
+        return 0
+    if args.ddp_child is not None:
+        _ddp_child(args.ddp_child, args.steps, args.ddp_out)
         return 0
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
@@ -461,14 +621,13 @@ def main(argv: list[str] | None = None) -> int:
         result["cold"] = run_cold(args.quick, backend)
     if "shapes" in only:
         result["shapes"] = run_shapes(args.quick, "aot_eager" if args.quick else args.shapes_backend)
+    if "ddp" in only:
+        result["ddp"] = run_ddp(args.quick, "aot_eager" if args.quick else args.ddp_backend)
     result["machine_at_end"] = {"load_average_1min": machine()["load_average_1min"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
-    if {"speed", "cold", "shapes"} <= only:
-        for row in table_rows(result):
-            print(f"| {row[0]} | {row[1]} |")
-    else:
-        print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1, default=str))
+    for row in table_rows(result):
+        print(f"| {row[0]} | {row[1]} |")
     m = result["machine"]
     print(f"\nmachine: {m['cpu']}, {m['usable_cores']} cores, torch {m['torch']}, load {m['load_average_1min']:.1f}")
     print(f"wrote {args.out}", file=sys.stderr)

@@ -100,7 +100,8 @@ class SyncSource:
         location: ``"path/to/file.py:line"`` (relative to the working directory, or to its package for library code).
         code: the source line.
         phase: what the trainer was doing (``"training step"``, ``"logging"``, ``"progress bar"``, ``"scheduler"``,
-            ``"checkpoint"``, ``"optimizer step"``, ``"callback"``, ``"data loader setup"``, ``"validation"``, ``"other"``).
+            ``"checkpoint"``, ``"optimizer step"``, ``"callback"``, ``"data loader setup"``, ``"validation"``,
+            ``"other"``).
         user: whether the line is the user's code (``False``: Lightning's or lightning_gaudi's own).
     """
 
@@ -241,8 +242,9 @@ class GraphDiagnostics(Callback):
     ``host_syncs``, ``host_syncs_per_step``, ``host_syncs_by_phase``, ``host_sync_sources`` (``"file:line"`` -> syncs,
     most first: the user's line that caused them, or Lightning's own when no user code did) and
     ``host_sync_source_details`` (list of dicts: ``source``, ``code``, ``phase``, ``user``, ``count``) (``None`` where
-    they cannot be counted: compile mode, the real bridge), ``cpu_fallbacks`` (op -> count), ``cpu_fallbacks_source``, ``recompile_limit_hit`` and
-    ``compiled_graphs`` (the graphs :class:`HPUCompile`'s modules hold at the end, ``None`` without it).
+    they cannot be counted: compile mode, the real bridge), ``cpu_fallbacks`` (op -> count), ``cpu_fallbacks_source``,
+    ``recompile_limit_hit`` and ``compiled_graphs`` (the graphs :class:`HPUCompile`'s modules hold at the end, ``None``
+    without it).
 
     Args:
         warmup_steps: optimizer steps allowed to compile graphs.
@@ -594,11 +596,12 @@ class GraphDiagnostics(Callback):
         if self._sync_sources is not None and syncs is not None:
             found = self._sync_sources.sources.most_common()
             by_location: Counter[str] = Counter()
-            for source, count in found:
-                by_location[source.location] += count
+            for where, count in found:
+                by_location[where.location] += count
             sources = dict(by_location.most_common())
             details = [
-                {"source": s.location, "code": s.code, "phase": s.phase, "user": s.user, "count": n} for s, n in found
+                {"source": src.location, "code": src.code, "phase": src.phase, "user": src.user, "count": n}
+                for src, n in found
             ]
         compiled_graphs = None
         if self._compile is not None and self._compile.compiled:

@@ -12,6 +12,8 @@ any graph at all; dynamo keeps these in private places, which this module alone 
 - ``torch._dynamo.eval_frame._debug_get_cache_entry_list(code)``: the compiled graphs held for a code object;
 - ``torch._dynamo.config.recompile_limit`` and ``optimize_ddp``; ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``,
   the first DDP bucket dynamo's DDPOptimizer assumes;
+- the log of ``torch._dynamo.backends.distributed`` (DDPOptimizer), whose ``INFO`` record "DDPOptimizer used bucket
+  cap N and created M buckets" says into how many sub-graphs it split a compiled graph;
 - ``torch._inductor.cpp_builder.get_cpp_compiler()``: the C++ compiler inductor would use;
 - ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile()``.
 
@@ -44,6 +46,7 @@ TARGETS = (
     "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
     "torch._dynamo.config:recompile_limit",
     "torch._dynamo.config:optimize_ddp",
+    "torch._dynamo.backends.distributed:log",
 )
 #: The fields of ``CompilationMetrics`` that are read.
 METRIC_FIELDS = ("co_name", "co_filename", "co_firstlineno", "recompile_reason", "fail_type", "fail_reason")
@@ -55,6 +58,7 @@ RECOMPILE_LIMIT_REASON = "Dynamo recompile limit exceeded"
 _REASON_PREFIX = re.compile(r"^\d+/\d+: ")
 _GRAPH_BREAK = re.compile(r"in user code at (?P<where>.+?):(?P<line>\d+)\s*\nGraph Break Reason: (?P<reason>.*)", re.S)
 _ENCOUNTERED = "Encountered graph break when attempting to trace"
+_DDP_BUCKETS = re.compile(r"DDPOptimizer used bucket cap (?P<cap>\d+) and created (?P<buckets>\d+) buckets")
 
 
 def _resolve(target: str) -> Any:
@@ -304,3 +308,63 @@ class GraphBreakRecorder:
             logger.setLevel(cls._saved[0])
             logger.propagate = cls._saved[1]
             cls._saved = None
+
+
+class _DDPSplitHandler(logging.Handler):
+    def __init__(self, sink: Callable[[int], None]) -> None:
+        super().__init__(logging.INFO)
+        self._sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            match = _DDP_BUCKETS.search(record.getMessage())
+        except Exception:  # never raised into dynamo
+            return
+        if match is not None:
+            self._sink(int(match["buckets"]))
+
+
+class DDPSplitRecorder:
+    """Collects how many sub-graphs dynamo's DDPOptimizer split each compiled graph into, while started.
+
+    DDPOptimizer compiles one sub-graph per DDP gradient bucket (``bucket_cap_mb``) of a graph compiled inside a
+    ``DistributedDataParallel`` forward, and logs the bucket count at ``INFO``; starting the recorder enables that
+    record (without printing it: it stops here unless the user's ``TORCH_LOGS`` enabled it already). :meth:`stop`
+    restores the logger. Use as a context manager or with :meth:`start`/:meth:`stop`.
+
+    Attributes:
+        splits: the sub-graph count of each graph DDPOptimizer compiled, in order.
+    """
+
+    def __init__(self) -> None:
+        self.splits: list[int] = []
+        self._handler = _DDPSplitHandler(self.splits.append)
+        self._saved: tuple[int, bool] | None = None
+
+    def start(self) -> None:
+        """Starts recording (idempotent); does nothing where :func:`available` is ``False``."""
+        if self._saved is not None or not available():
+            return
+        logger = _resolve("torch._dynamo.backends.distributed:log")
+        self._saved = (logger.level, logger.propagate)
+        if not logger.isEnabledFor(logging.INFO):
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+        logger.addHandler(self._handler)
+
+    def stop(self) -> None:
+        """Stops recording and restores the logger."""
+        if self._saved is None:
+            return
+        logger = _resolve("torch._dynamo.backends.distributed:log")
+        logger.removeHandler(self._handler)
+        logger.setLevel(self._saved[0])
+        logger.propagate = self._saved[1]
+        self._saved = None
+
+    def __enter__(self) -> DDPSplitRecorder:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

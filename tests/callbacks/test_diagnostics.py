@@ -170,7 +170,8 @@ def test_host_sync_sources_are_only_traced_while_the_callback_runs(lazy_hpu: hpu
     diagnostics, _ = _fit(ReadsLossInStep(), loader(2, batch_size=BATCH_SIZE))
     syncs = diagnostics.summary["host_syncs"]
     tracer = diagnostics._sync_sources
-    assert tracer is not None and not tracer.entered
+    assert tracer is not None
+    assert not tracer.entered
     assert sum(tracer.sources.values()) == syncs
     torch.ones(2, device=lazy_hpu.device()).sum().item()
     assert sum(tracer.sources.values()) == syncs, "a sync after the fit was traced"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -113,3 +114,42 @@ def test_module_compile_leaves_its_mark() -> None:
     frames = dynamo.frames_started()
     module(torch.ones(1, 2))
     assert dynamo.frames_started() == frames, "torch's own module: dynamo skipped it"
+
+
+class Layers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(512, 512) for _ in range(4))  # 1 MiB of weights each
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def _ddp_split_count(tmp_path: Any, bucket_cap_mb: float) -> list[int]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    store = dist.FileStore(str(tmp_path / f"store{bucket_cap_mb}"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        inner = Layers()
+        inner.compile(backend="aot_eager")  # compiled inside DDP's forward: where DDPOptimizer splits
+        model = DistributedDataParallel(inner, bucket_cap_mb=bucket_cap_mb)
+        with dynamo.DDPSplitRecorder() as recorder:
+            model(torch.ones(2, 512)).sum().backward()
+        return recorder.splits
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_optimizer_sub_graphs_follow_bucket_cap_mb(tmp_path: Any) -> None:
+    """Four 1 MiB layers: one sub-graph per layer at 1 MB buckets; two at torch's default 25 MB (DDP's first bucket
+    is capped at 1 MiB, the other layers share the next)."""
+    logger = logging.getLogger("torch._dynamo.backends.distributed")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    assert _ddp_split_count(tmp_path, 1) == [4]
+    torch.compiler.reset()
+    assert _ddp_split_count(tmp_path, 25) == [2]
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before, "the logger was not restored"
