@@ -462,6 +462,7 @@ def _import_report() -> dict[str, list[str]]:
     return report
 
 
+@pytest.mark.subprocess
 def test_import_does_not_pull_hydra_omegaconf_or_torchmetrics() -> None:
     report = _import_report()
     assert not [m for m in report["baseline"] if m.split(".")[0] in ("hydra", "omegaconf")], (
@@ -471,6 +472,7 @@ def test_import_does_not_pull_hydra_omegaconf_or_torchmetrics() -> None:
     assert not report["new"], f"`import lightning_gaudi` imports {report['new']} (indirectly)"
 
 
+@pytest.mark.subprocess
 @pytest.mark.xfail(
     strict=True,
     reason="Lightning 2.6 imports torchmetrics itself when it is installed (lightning/fabric/utilities/imports.py:"

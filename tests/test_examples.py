@@ -128,6 +128,7 @@ def test_experiment_fast_dev_run(name: str, isolated_env: pytest.MonkeyPatch, tm
         assert results["ddp_kwargs"].get("bucket_cap_mb") == cfg.strategy.bucket_cap_mb
 
 
+@pytest.mark.subprocess
 def test_rank_failure_is_reported(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A rank that fails stops the job with an error naming the exit codes (here: an impossible model)."""
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
