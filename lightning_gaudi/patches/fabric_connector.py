@@ -44,6 +44,7 @@ from lightning.pytorch.strategies import Strategy as TrainerStrategy
 from lightning_gaudi import hpu
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.patches import registry
+from lightning_gaudi.patches.connector import _USE_HPU_STRATEGIES
 from lightning_gaudi.precision import check_precision_supported
 
 _MODULE = "lightning.fabric.connector"
@@ -75,7 +76,6 @@ INSTANCE_ATTRIBUTES = (
 )
 #: Set on each wrapper, so that it is installed once.
 MARK = "__lightning_gaudi_fabric_hook__"
-_USE_HPU_STRATEGIES = "strategy='hpu_parallel' (DDP over HCCL, one process per card) or 'hpu_single'"
 
 
 def _is_hpu_flag(flag: Any) -> bool:
