@@ -1,0 +1,152 @@
+"""One launch of a 2-process fit under one strategy, for the sharded-memory benchmark (:mod:`benchmarks.sharded`).
+
+``python -m benchmarks.sharded_worker SPEC.json OUT_DIR``: SPEC names the strategy, its arguments, the model and
+the steps. Lightning's popen launcher re-runs the command for the other rank. Each rank writes
+``OUT_DIR/rank<r>.json``: the bytes of parameters and optimizer state the rank holds between steps (each tensor
+storage counted once, at its local size: a shard where the strategy shards), glibc's bytes in use at the same point,
+the process's peak resident memory and the steps/s after warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from torch import Tensor, nn
+
+from benchmarks.common import StepTimer, quiet, trainer_kwargs
+from benchmarks.ddp_worker import WideMLP, _malloc_in_use, wide_loader
+
+
+class WideMLPAdamW(WideMLP):
+    """:class:`~benchmarks.ddp_worker.WideMLP` trained with AdamW: two moments per parameter, the state sharding
+    is for."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+
+def _local(tensor: Tensor) -> Tensor:
+    # ZeRO-3 keeps a parameter's local partition in ``ds_tensor`` and leaves the parameter itself empty
+    partition = getattr(tensor, "ds_tensor", None)
+    return partition if isinstance(partition, Tensor) else tensor
+
+
+def storage_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (non-tensors ignored), each counted once."""
+    sizes: dict[int, int] = {}
+    for tensor in tensors:
+        if not isinstance(tensor, Tensor):
+            continue
+        storage = _local(tensor).untyped_storage()
+        if storage.nbytes():
+            sizes[storage.data_ptr()] = max(sizes.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(sizes.values())
+
+
+def held_state(trainer: Trainer) -> dict[str, int]:
+    """Parameter and optimizer-state bytes this rank holds: the wrapped model's parameters, the optimizers' parameters
+    (master copies where the strategy keeps them) and every tensor in the optimizers' state."""
+    model = trainer.strategy.model
+    assert model is not None
+    params = list(model.parameters())
+    optimizer_tensors: list[Any] = []
+    for optimizer in trainer.optimizers:
+        optimizer_tensors += [p for group in optimizer.param_groups for p in group["params"]]
+        optimizer_tensors += [value for state in optimizer.state.values() for value in state.values()]
+    param_bytes = storage_bytes(params)
+    total = storage_bytes([*params, *optimizer_tensors])
+    return {"parameter_bytes": param_bytes, "optimizer_bytes": total - param_bytes, "state_bytes": total}
+
+
+class StateProbe(Callback):
+    """Records :func:`held_state` and glibc's bytes in use after each optimizer step past warm-up (maxima)."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.state: dict[str, int] = {}
+        self.in_use = 0
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if batch_idx < self.warmup:
+            return
+        for key, value in held_state(trainer).items():
+            self.state[key] = max(self.state.get(key, 0), value)
+        self.in_use = max(self.in_use, _malloc_in_use() or 0)
+
+
+def _strategy(spec: dict[str, Any]) -> Any:
+    kwargs = dict(spec.get("strategy_kwargs", {}))
+    if kwargs.pop("wrap_linear", False):
+        kwargs["auto_wrap_policy"] = {nn.Linear}
+    if not kwargs:
+        return spec["strategy"]
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    entry = StrategyRegistry[spec["strategy"]]
+    return entry["strategy"](**{**entry["init_params"], **kwargs})
+
+
+def fit(spec: dict[str, Any]) -> dict[str, Any]:
+    """Fits :class:`WideMLPAdamW` for ``spec["steps"]`` steps under ``spec["strategy"]``; returns this rank's
+    figures."""
+    seed_everything(0, verbose=False)
+    width, layers, batch, steps, warmup = (spec[k] for k in ("width", "layers", "batch", "steps", "warmup"))
+    model = WideMLPAdamW(width, layers)
+    parameters = sum(p.numel() for p in model.parameters())
+    timer = StepTimer(warmup, steps - 1)
+    probe = StateProbe(warmup)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(
+            **trainer_kwargs(
+                steps,
+                accelerator="hpu",
+                devices=spec["devices"],
+                strategy=_strategy(spec),
+                callbacks=[timer, probe],
+                default_root_dir=tmp,
+                use_distributed_sampler=False,
+            )
+        )
+        with quiet():
+            trainer.fit(model, wide_loader(width, batch, steps))
+    return {
+        "name": spec["name"],
+        "strategy": spec["strategy"],
+        "rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+        "parameters": parameters,
+        **probe.state,
+        "malloc_in_use_bytes": probe.in_use,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "steps_per_s": timer.steps_per_second(),
+    }
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    torch.set_num_threads(spec.get("threads", 1))
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("LIGHTNING_GAUDI_EMULATE", "eager")
+    import lightning_gaudi  # noqa: F401 - registers "hpu" and the strategies
+
+    result = fit(spec)
+    (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
