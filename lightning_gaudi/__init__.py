@@ -17,15 +17,19 @@ from lightning.pytorch.strategies import StrategyRegistry
 from lightning_gaudi import fabric, patches
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.fsdp_precision import HPUFSDPPrecision
 from lightning_gaudi.hpu.runtime import RecipeCache, Runtime, configure
 from lightning_gaudi.precision import HPUPrecision
-from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
+from lightning_gaudi.strategies import HPUDeepSpeedStrategy, HPUFSDPStrategy, HPUParallelStrategy, SingleHPUStrategy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "HPUAccelerator",
     "HPUCheckpointIO",
+    "HPUDeepSpeedStrategy",
+    "HPUFSDPPrecision",
+    "HPUFSDPStrategy",
     "HPUParallelStrategy",
     "HPUPrecision",
     "RecipeCache",
@@ -52,6 +56,8 @@ def register() -> None:
     HPUAccelerator.register_accelerators(AcceleratorRegistry)
     SingleHPUStrategy.register_strategies(StrategyRegistry)
     HPUParallelStrategy.register_strategies(StrategyRegistry)
+    HPUDeepSpeedStrategy.register_strategies(StrategyRegistry)
+    HPUFSDPStrategy.register_strategies(StrategyRegistry)
     fabric.register()
     patches.install_all()
 

@@ -18,25 +18,29 @@ from lightning_gaudi import hpu
 _Precision = Literal["bf16-mixed", "16-mixed"]
 _FP16_PRECISIONS = ("16-mixed", "16-true")
 #: Every precision lightning_gaudi trains in, in the order errors list them (see :func:`supported_precisions`).
-HPU_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+HPU_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "fp8")
 #: Lightning's short precision names, as its Trainer reads them.
 _ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 _HINTS = {
-    "transformer-engine": " Lightning's transformer-engine precision drives NVIDIA's Transformer Engine on CUDA;"
-    " Gaudi's FP8 modules (habana_frameworks.torch.hpex.experimental.transformer_engine) are not wired into it.",
+    "transformer-engine": " Lightning's transformer-engine precision drives NVIDIA's Transformer Engine on CUDA."
+    " For FP8 training on Gaudi 2 and later (Intel's Transformer Engine port, emulated on the CPU) use"
+    " `precision='fp8'` (lightning_gaudi.fp8.HPUFP8Precision).",
 }
 
 
 def supported_precisions(backend: hpu.Backend | None = None) -> tuple[str, ...]:
-    """The precisions this HPU runs: :data:`HPU_PRECISIONS` less fp16 on first-generation Gaudi and mixed precision
-    under lazy emulation (no autocast there)."""
+    """The precisions this HPU runs: :data:`HPU_PRECISIONS` less fp16 and fp8 on first-generation Gaudi and mixed
+    precision under lazy emulation (no autocast there)."""
     backend = backend or hpu.get_backend()
     fp16 = backend.supports_fp16()
+    fp8 = backend.supports_fp8()
     autocast = backend.autocast_device_type is not None
     return tuple(
         name
         for name in HPU_PRECISIONS
-        if (fp16 or name not in _FP16_PRECISIONS) and (autocast or not name.endswith("-mixed"))
+        if (fp16 or name not in _FP16_PRECISIONS)
+        and (fp8 or name != "fp8")
+        and (autocast or not name.endswith("-mixed"))
     )
 
 
@@ -48,8 +52,8 @@ def check_precision_supported(precision: str | int | Precision, backend: hpu.Bac
         backend: the HPU to check against; the current one when ``None``.
 
     Raises:
-        ValueError: a precision outside :data:`HPU_PRECISIONS` (``64-true``, ``transformer-engine``, ...), fp16 on
-            first-generation Gaudi, mixed precision under lazy emulation, or a mixed-precision plugin that autocasts
+        ValueError: a precision outside :data:`HPU_PRECISIONS` (``64-true``, ``transformer-engine``, ...), fp16 or fp8
+            on first-generation Gaudi, mixed precision under lazy emulation, or a mixed-precision plugin that autocasts
             on another device type than the HPU's.
     """
     backend = backend or hpu.get_backend()
@@ -73,6 +77,11 @@ def check_precision_supported(precision: str | int | Precision, backend: hpu.Bac
         raise ValueError(
             f"{given} needs float16, which first-generation Gaudi ({backend.device_name()}) does"
             " not have. Use `precision='bf16-mixed'` or 'bf16-true' (every Gaudi runs bfloat16)."
+        )
+    if name == "fp8" and not backend.supports_fp8():
+        raise ValueError(
+            f"{given} needs FP8 matrix units, which first-generation Gaudi ({backend.device_name()}) does not have"
+            " (Gaudi 2 and later do). Use `precision='bf16-mixed'`."
         )
     if name.endswith("-mixed") and backend.autocast_device_type is None:
         raise ValueError(

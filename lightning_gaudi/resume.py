@@ -7,8 +7,9 @@ to ``Trainer.fit(ckpt_path=...)``:
 - ``"auto"``: the newest checkpoint in the directory that verifies, or ``None`` (start fresh) when there is none.
   This is the policy for jobs that may be restarted: the first attempt starts fresh, every later one resumes.
   Checkpoints that fail verification are skipped, and a warning names each with what is wrong.
-- ``"last"``: the ``last.ckpt`` that ``ModelCheckpoint(save_last=True)`` keeps (a copy or a link); it must exist and
-  verify.
+- ``"last"``: the newest of the ``last.ckpt`` that ``ModelCheckpoint(save_last=True)`` keeps (a copy or a link), its
+  versions (``last-v1.ckpt``) and the ``last-preempted.ckpt`` that
+  :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` saves; it must exist and verify.
 - a path: that checkpoint; it must exist and verify.
 - ``None``: start fresh.
 
@@ -255,7 +256,8 @@ def _newest_first(info: CheckpointInfo) -> tuple[bool, int, int, int, str]:
 def _last(dirpath: str) -> str:
     fs, directory = _filesystem(dirpath)
     names = _checkpoint_names(fs, directory, dirpath) or []
-    lasts = [n for n in names if n[: -len(CHECKPOINT_SUFFIX)] == _LAST_NAME or n.startswith(f"{_LAST_NAME}-v")]
+    # last.ckpt, its versions (last-v1.ckpt) and the preemption checkpoint (last-preempted.ckpt), as Lightning's "last"
+    lasts = [n for n in names if n[: -len(CHECKPOINT_SUFFIX)] == _LAST_NAME or n.startswith(f"{_LAST_NAME}-")]
     if not lasts:
         raise FileNotFoundError(
             f"ckpt_path='last': there is no last.ckpt in {dirpath!r}. Save one with"

@@ -19,7 +19,14 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
 import lightning_gaudi.hydra as lg_hydra
-from lightning_gaudi import HPUParallelStrategy, SingleHPUStrategy, callbacks, hpu
+from lightning_gaudi import (
+    HPUDeepSpeedStrategy,
+    HPUFSDPStrategy,
+    HPUParallelStrategy,
+    SingleHPUStrategy,
+    callbacks,
+    hpu,
+)
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT, InvalidLaunchError
 from lightning_gaudi.hydra import ranks
 from lightning_gaudi.hydra.schemas import CALLBACK_CONFIG_NAMES, SlurmLauncherConf, check_slurm_launcher
@@ -34,6 +41,13 @@ OPTUNA_RECIPES = ("gpt_optuna",)
 _needs_optuna = pytest.mark.skipif(
     importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
     reason="Hydra's Optuna sweeper is not installed (pip install '.[optuna]')",
+)
+
+
+#: Options that build DeepSpeed (the `deepspeed` extra, which scripts/setup.sh installs for CI).
+DEEPSPEED_OPTIONS = ("strategy=hpu_deepspeed", "experiment=gpt_zero")
+_needs_deepspeed = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed (pip install '.[deepspeed]')"
 )
 
 
@@ -74,6 +88,9 @@ _CASES = [
 ]
 
 
+_CASES = [pytest.param(case, marks=_needs_deepspeed) if case in DEEPSPEED_OPTIONS else case for case in _CASES]
+
+
 @pytest.mark.parametrize("selection", _CASES)
 def test_every_option_composes_and_instantiates(
     selection: str, isolated_env: pytest.MonkeyPatch, tmp_path: Path
@@ -85,7 +102,7 @@ def test_every_option_composes_and_instantiates(
     assert isinstance(trainer, L.Trainer)
     assert isinstance(built["model"], L.LightningModule)
     assert isinstance(built["data"], L.LightningDataModule)
-    assert isinstance(trainer.strategy, (SingleHPUStrategy, HPUParallelStrategy))
+    assert isinstance(trainer.strategy, (SingleHPUStrategy, HPUParallelStrategy, HPUFSDPStrategy, HPUDeepSpeedStrategy))
     names = [name for name, node in (cfg.callbacks or {}).items() if isinstance(node, DictConfig)]
     assert len(built["callbacks"]) == len(names)
     assert all(isinstance(c, Callback) for c in built["callbacks"])

@@ -130,14 +130,14 @@ def test_precisions_gaudi_cannot_run_are_refused_at_trainer(eager_hpu: hpu.Backe
 
 def test_what_works_depends_on_the_hpu(clean_hpu_env: pytest.MonkeyPatch) -> None:
     clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
-    assert supported_precisions() == ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true")
+    assert supported_precisions() == ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "fp8")
     clean_hpu_env.setenv(hpu.DEVICE_NAME_ENV, "GAUDI")
     assert supported_precisions() == ("32-true", "bf16-mixed", "bf16-true")
     with pytest.raises(ValueError, match=r"Use one of '32-true', 'bf16-mixed', 'bf16-true'\."):
         Trainer(accelerator="hpu", devices=1, precision="64-true")
     clean_hpu_env.setenv(hpu.EMULATE_ENV, "lazy")
     clean_hpu_env.delenv(hpu.DEVICE_NAME_ENV)
-    assert supported_precisions() == ("32-true", "bf16-true", "16-true")
+    assert supported_precisions() == ("32-true", "bf16-true", "16-true", "fp8")  # FP8 casts work on Lazy Tensor Core
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,14 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 
 import lightning_gaudi
-from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, SingleHPUStrategy, hpu
+from lightning_gaudi import (
+    HPUAccelerator,
+    HPUDeepSpeedStrategy,
+    HPUFSDPStrategy,
+    HPUParallelStrategy,
+    SingleHPUStrategy,
+    hpu,
+)
 
 STRATEGIES = {
     "hpu_single": (SingleHPUStrategy, {}),
@@ -20,12 +27,19 @@ STRATEGIES = {
     "hpu_parallel_spawn": (HPUParallelStrategy, {"start_method": "spawn"}),
     "hpu_parallel_find_unused_parameters_true": (HPUParallelStrategy, {"find_unused_parameters": True}),
     "hpu_parallel_static_graph": (HPUParallelStrategy, {"static_graph": True}),
+    "hpu_fsdp": (HPUFSDPStrategy, {}),
+    "hpu_fsdp_sharded_checkpoint": (HPUFSDPStrategy, {"state_dict_type": "sharded"}),
+}
+#: Registered whether or not DeepSpeed is installed (built in tests/test_deepspeed_strategy.py, which needs it).
+DEEPSPEED_STRATEGIES = {
+    "hpu_deepspeed": (HPUDeepSpeedStrategy, {}),
+    **{f"hpu_deepspeed_stage_{stage}": (HPUDeepSpeedStrategy, {"stage": stage}) for stage in (1, 2, 3)},
 }
 
 
 def test_names_are_registered() -> None:
     assert AcceleratorRegistry["hpu"]["accelerator"] is HPUAccelerator
-    for name, (cls, init_params) in STRATEGIES.items():
+    for name, (cls, init_params) in {**STRATEGIES, **DEEPSPEED_STRATEGIES}.items():
         assert StrategyRegistry[name]["strategy"] is cls, name
         assert StrategyRegistry[name]["init_params"] == init_params, name
 
@@ -50,6 +64,9 @@ def test_registering_again_is_harmless() -> None:
 PUBLIC = {
     "HPUAccelerator",
     "HPUCheckpointIO",
+    "HPUDeepSpeedStrategy",
+    "HPUFSDPPrecision",
+    "HPUFSDPStrategy",
     "HPUParallelStrategy",
     "HPUPrecision",
     "RecipeCache",
@@ -75,5 +92,10 @@ def test_registered_names_build_a_trainer(eager_hpu: hpu.Backend, name: str) -> 
     assert type(trainer.strategy) is cls
     assert isinstance(trainer.accelerator, HPUAccelerator)
     for key, value in init_params.items():
-        actual = trainer.strategy._start_method if key == "start_method" else trainer.strategy.ddp_kwargs[key]
+        if key == "start_method":
+            actual = trainer.strategy._start_method
+        elif isinstance(getattr(type(trainer.strategy), key, None), property):
+            actual = getattr(trainer.strategy, key)
+        else:
+            actual = trainer.strategy.ddp_kwargs[key]
         assert actual == value

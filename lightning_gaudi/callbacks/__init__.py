@@ -1,4 +1,5 @@
-"""Training-loop callbacks for Gaudi: graph cuts, mixed precision, fused optimizers, statistics, diagnostics."""
+"""Training-loop callbacks for Gaudi: graph cuts, mixed precision, fused optimizers, statistics, diagnostics,
+preemption."""
 
 from lightning_gaudi.callbacks.autocast import BF16Autocast
 from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics, LazyModeDiagnostics
@@ -6,6 +7,7 @@ from lightning_gaudi.callbacks.fused_optimizers import FusedOptimizers
 from lightning_gaudi.callbacks.inference import HPUCompile, HPUGraphs
 from lightning_gaudi.callbacks.mark_step import MarkStep
 from lightning_gaudi.callbacks.memory_stats import MemoryStats
+from lightning_gaudi.callbacks.preemption import PreemptionCheckpoint
 from lightning_gaudi.callbacks.throughput import HPUThroughputMonitor
 
 __all__ = [
@@ -18,4 +20,5 @@ __all__ = [
     "LazyModeDiagnostics",
     "MarkStep",
     "MemoryStats",
+    "PreemptionCheckpoint",
 ]

@@ -13,6 +13,8 @@ taken for a live one. Peers that start late are waited for up to ``timeout``; th
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +33,7 @@ __all__ = [
     "coerce_timeout",
     "init_process_group",
     "join_generation",
+    "probe_store",
     "uses_agent_store",
 ]
 
@@ -96,6 +99,58 @@ def _port_error(rank: int, addr: str | None, port: int | str | None) -> PortInUs
         f" Pick another port: unset MASTER_PORT so that Lightning chooses a free one, or set one that is free, e.g."
         f" MASTER_PORT={free_port()} (free on this machine now). `ss -ltnp 'sport = :{port}'` shows who holds it."
     )
+
+
+#: How long a store that accepted the connection may take to answer it (a torch store answers within milliseconds).
+STORE_ANSWER_S = 30.0
+
+
+def _not_a_store_error(rank: int, addr: str, port: int, waited: float) -> CollectiveTimeoutError:
+    return CollectiveTimeoutError(
+        f"Rank {rank}: MASTER_PORT={port} on {addr} accepts connections but did not answer as a PyTorch store within"
+        f" {waited:.1f}s: another program listens on that port (or a process left over from an earlier run hangs"
+        " there), and rank 0 could not open the job's store on it. Pick a free port: unset MASTER_PORT so that"
+        f" Lightning chooses one, or set one that is free on {addr}, e.g. MASTER_PORT={free_port()} (free on this"
+        f" machine now). `ss -ltnp 'sport = :{port}'` on {addr} shows who holds it."
+    )
+
+
+def probe_store(addr: str, port: int, rank: int, timeout: timedelta) -> None:
+    """Checks that a PyTorch store answers at ``addr:port`` before torch connects to it without a bound.
+
+    torch's store client waits for the store's answer to its handshake without a timeout, so a port held by another
+    program that accepts connections (and says nothing) would hold a rank forever. The connection is retried until
+    ``timeout`` (rank 0 may start later); once something accepts it, the store's answer is awaited for at most
+    :data:`STORE_ANSWER_S` seconds (or what is left of ``timeout``).
+
+    Raises:
+        CollectiveTimeoutError: nothing accepted within ``timeout``, or what accepted is no PyTorch store.
+    """
+    deadline = time.monotonic() + timeout.total_seconds()
+    pauses = _pauses()
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(min(_remaining(deadline), 5.0), 0.1)).close()
+            break
+        except OSError:
+            if _remaining(deadline) <= 0:
+                return  # torch's own connect fails at once now, with the timeout error the caller reports
+            time.sleep(min(next(pauses), max(_remaining(deadline), 0)))
+    window = max(min(STORE_ANSWER_S, _remaining(deadline)), 1.0)
+    answered = threading.Event()
+    failed: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            dist.TCPStore(addr, port, None, False, timeout=timedelta(seconds=window), wait_for_workers=False)
+        except BaseException as err:  # reported by the caller's own connection
+            failed.append(err)
+        answered.set()
+
+    # a daemon thread: a client stuck in torch's handshake cannot be interrupted, and must not keep the process alive
+    threading.Thread(target=connect, name="lightning_gaudi-store-probe", daemon=True).start()
+    if not answered.wait(window):
+        raise _not_a_store_error(rank, addr, port, window)
 
 
 def uses_agent_store(launch: LaunchEnvironment | None = None) -> bool:
@@ -211,6 +266,7 @@ def init_process_group(
                     " store cannot be found. Launch with torchrun, which sets all three, or unset"
                     " TORCHELASTIC_USE_AGENT_STORE."
                 )
+            probe_store(addr, int(port), rank, timeout)
             store = dist.TCPStore(addr, port, world_size, False, timeout=timeout)
             prefix = join_generation(store, rank, world_size, timeout)
             dist.init_process_group(
@@ -222,6 +278,9 @@ def init_process_group(
                 **kwargs,
             )
         else:
+            env_addr, env_port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+            if rank != 0 and env_addr and env_port.isdigit() and "init_method" not in kwargs:
+                probe_store(env_addr, int(env_port), rank, timeout)  # rank 0 opens the store; the others connect
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
     except CollectiveTimeoutError:
         raise

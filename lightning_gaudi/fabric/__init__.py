@@ -10,7 +10,8 @@ Trainer's); these are the HPU ones, sharing their HPU work with the Trainer's (:
 
 - :class:`SingleHPUStrategy` (``"hpu_single"``) and :class:`HPUParallelStrategy` (``"hpu_parallel"``, ``"hpu_ddp"``,
   ``"hpu_parallel_spawn"``, ``"hpu_parallel_find_unused_parameters_true"``, ``"hpu_parallel_static_graph"``);
-- :class:`HPUPrecision`, mixed precision on the HPU's autocast device type.
+- :class:`HPUPrecision`, mixed precision on the HPU's autocast device type;
+- :class:`HPUFP8Precision`, FP8 training (Gaudi 2 and later; emulated on the CPU), ``precision="fp8"``.
 
 With ``accelerator="hpu"``, Fabric's ``strategy="auto"`` and precision strings pick these classes
 (:mod:`lightning_gaudi.patches.fabric_connector`).
@@ -22,11 +23,19 @@ from lightning.fabric.accelerators import ACCELERATOR_REGISTRY
 from lightning.fabric.strategies import STRATEGY_REGISTRY
 
 from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.fabric.fp8 import HPUFP8Precision
 from lightning_gaudi.fabric.parallel import HPUParallelStrategy
 from lightning_gaudi.fabric.precision import HPUPrecision, check_precision_plugin
 from lightning_gaudi.fabric.single import SingleHPUStrategy
 
-__all__ = ["HPUParallelStrategy", "HPUPrecision", "SingleHPUStrategy", "check_precision_plugin", "register"]
+__all__ = [
+    "HPUFP8Precision",
+    "HPUParallelStrategy",
+    "HPUPrecision",
+    "SingleHPUStrategy",
+    "check_precision_plugin",
+    "register",
+]
 
 
 def register() -> None:

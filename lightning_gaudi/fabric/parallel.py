@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment, Precision
-from lightning.fabric.strategies import DDPStrategy
+from lightning.fabric.strategies import DDPStrategy, Strategy
 from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -96,6 +96,7 @@ class HPUParallelStrategy(HPUStrategyMixin, DDPStrategy):
     """
 
     strategy_name = "hpu_parallel"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (DDPStrategy,)
 
     def __init__(
         self,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import CheckpointIO, Precision
-from lightning.fabric.strategies import SingleDeviceStrategy
+from lightning.fabric.strategies import SingleDeviceStrategy, Strategy
 from lightning.fabric.strategies.registry import _StrategyRegistry
 from typing_extensions import override
 
@@ -33,6 +35,7 @@ class SingleHPUStrategy(HPUStrategyMixin, SingleDeviceStrategy):
     """
 
     strategy_name = "hpu_single"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (SingleDeviceStrategy,)
 
     def __init__(
         self,

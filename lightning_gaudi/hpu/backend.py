@@ -17,6 +17,8 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.profiler import ProfilerActivity
 
+from lightning_gaudi.hpu.fp8 import TransformerEngine
+
 #: The keys of ``habana_frameworks.torch.hpu.memory_stats()``, which every backend returns: sizes in bytes
 #: (:data:`MEMORY_BYTE_KEYS`) and allocation counters.
 MEMORY_STAT_KEYS = (
@@ -132,6 +134,15 @@ class Backend(abc.ABC):
     def supports_fp16(self) -> bool:
         """Whether the device computes in float16 (Gaudi2 and later)."""
         return self.device_name() != "GAUDI"
+
+    def supports_fp8(self) -> bool:
+        """Whether the device computes matrix products in FP8 (Gaudi2 and later)."""
+        return self.device_name() != "GAUDI"
+
+    def transformer_engine(self) -> TransformerEngine | None:
+        """Intel's FP8 modules (:class:`~lightning_gaudi.hpu.fp8.TransformerEngine`), or ``None`` where the backend
+        has none and FP8 is emulated (:mod:`lightning_gaudi.fp8`)."""
+        return None
 
     @abc.abstractmethod
     def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:

@@ -18,6 +18,7 @@ from torch.optim import Optimizer
 from torch.profiler import ProfilerActivity
 
 from lightning_gaudi.hpu.backend import Backend, ClipNorm, LazyCounters
+from lightning_gaudi.hpu.fp8 import TransformerEngine
 
 
 class _BridgeClipNorm(ClipNorm):
@@ -125,6 +126,10 @@ class HabanaBackend(Backend):
 
     def wrap_in_hpu_graph(self, module: Module) -> Module:
         return self._hpu.wrap_in_hpu_graph(module)  # type: ignore[no-any-return]
+
+    def transformer_engine(self) -> TransformerEngine:
+        name = ".hpex.experimental.transformer_engine"
+        return TransformerEngine(self._import(name), self._import(f"{name}.recipe"))
 
     def lazy_counters(self) -> LazyCounters | None:
         if not self.is_lazy():

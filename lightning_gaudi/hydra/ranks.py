@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from hydra.utils import get_class
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_gaudi.distributed.environment import LaunchEnvironment
@@ -36,10 +36,10 @@ Task = Callable[[DictConfig], Mapping[str, Any] | None]
 
 
 def needs_rank_launch(cfg: DictConfig) -> bool:
-    """Whether the job must start its ranks: a DDP-style strategy with start method popen, several cards, and no
+    """Whether the job must start its ranks: a DDP-style or FSDP strategy with start method popen, several cards, and no
     launcher that has already started them."""
     target = cfg.strategy.get("_target_") if isinstance(cfg.strategy, DictConfig) else None
-    if target is None or not issubclass(get_class(target), DDPStrategy):
+    if target is None or not issubclass(get_class(target), (DDPStrategy, FSDPStrategy)):
         return False
     if cfg.strategy.get("start_method", "popen") != "popen" or LaunchEnvironment.from_env().externally_launched:
         return False

@@ -9,7 +9,8 @@ stops composition, naming the key.
 Stored in Hydra's ConfigStore under ``lightning_gaudi_schema/``:
 
 - ``strategy/hpu_parallel``, ``strategy/hpu_single``: :class:`~lightning_gaudi.HPUParallelStrategy` and
-  :class:`~lightning_gaudi.SingleHPUStrategy`;
+  :class:`~lightning_gaudi.SingleHPUStrategy`; ``strategy/hpu_fsdp``: :class:`~lightning_gaudi.HPUFSDPStrategy`;
+  ``strategy/hpu_deepspeed``: :class:`~lightning_gaudi.HPUDeepSpeedStrategy`;
 - ``callbacks/<name>``: one per plugin callback (:data:`CALLBACK_CONFIG_NAMES`);
 - ``runtime``: :class:`~lightning_gaudi.Runtime`, applied once before the bridge loads;
 - ``profiler/hpu``: :class:`~lightning_gaudi.profilers.HPUProfiler`, with the settings it forwards to Lightning's and
@@ -38,7 +39,7 @@ from omegaconf import DictConfig
 from lightning_gaudi import callbacks
 from lightning_gaudi.hpu.runtime import Runtime
 from lightning_gaudi.profilers import HPUProfiler
-from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
+from lightning_gaudi.strategies import HPUDeepSpeedStrategy, HPUFSDPStrategy, HPUParallelStrategy, SingleHPUStrategy
 
 #: The ConfigStore group that holds the schemas, apart from the groups users pick options from.
 SCHEMA_GROUP = "lightning_gaudi_schema"
@@ -66,6 +67,8 @@ def _seconds(value: timedelta | float | None) -> float | None:
 #: Arguments whose config form differs from the class's, by (class, argument).
 OVERRIDES: dict[tuple[type, str], Override] = {
     (HPUParallelStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
+    (HPUFSDPStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
+    (HPUDeepSpeedStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
 }
 
 #: Keyword arguments a class takes through ``**kwargs`` and hands on, by class: ``(receiver, names)`` pairs. The
@@ -91,6 +94,7 @@ CALLBACK_CONFIG_NAMES: dict[str, str] = {
     "lazy_diagnostics": "LazyModeDiagnostics",  # the earlier name of GraphDiagnostics, for existing recipes
     "hpu_graphs": "HPUGraphs",
     "compile": "HPUCompile",
+    "preemption": "PreemptionCheckpoint",
 }
 
 _PRIMITIVES = (int, float, bool, str)
@@ -249,7 +253,9 @@ def schemas() -> dict[str, type]:
     """Every schema by its ConfigStore path under :data:`SCHEMA_GROUP` (``"strategy/hpu_parallel"``, ...)."""
     found: dict[str, type] = {
         "strategy/hpu_parallel": schema_from_signature(HPUParallelStrategy, "lightning_gaudi.HPUParallelStrategy"),
+        "strategy/hpu_deepspeed": schema_from_signature(HPUDeepSpeedStrategy, "lightning_gaudi.HPUDeepSpeedStrategy"),
         "strategy/hpu_single": schema_from_signature(SingleHPUStrategy, "lightning_gaudi.SingleHPUStrategy"),
+        "strategy/hpu_fsdp": schema_from_signature(HPUFSDPStrategy, "lightning_gaudi.HPUFSDPStrategy"),
         "runtime": schema_from_signature(Runtime, "lightning_gaudi.Runtime"),
         "profiler/hpu": schema_from_signature(HPUProfiler, "lightning_gaudi.profilers.HPUProfiler"),
         "hydra/launcher/gaudi_slurm": SlurmLauncherConf,

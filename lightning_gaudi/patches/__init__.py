@@ -18,7 +18,13 @@ Each module patches (or relies on) one upstream target and describes itself with
   (:func:`~.logging_cadence.train_log_step`);
 - ``tuner_oom``: HPU out-of-memory errors recognised by Lightning's batch-size search;
 - ``fabric_connector``: HPU strategy/precision choices in Lightning Fabric's connector, and the launch checked while
-  Fabric is built.
+  Fabric is built;
+- ``fp8_precision_name``: ``precision="fp8"`` through Lightning's precision-name check, routed to the HPU FP8 plugins
+  (other accelerators refused with the fix);
+- ``signals``: SIGTERM during fit handled by :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` instead of
+  Lightning's signal connector, without Lightning's per-batch broadcast (:func:`~.signals.take_over_sigterm`);
+- ``deepspeed_strategy``: the steps of Lightning's CUDA-only ``DeepSpeedStrategy`` that
+  :class:`~lightning_gaudi.strategies.HPUDeepSpeedStrategy` replaces (:func:`~.deepspeed_strategy.initialize_engine`).
 
 ``import lightning_gaudi`` calls :func:`install_all`. On a Lightning (or torch) outside the checked range nothing is
 patched and a warning says what still works; ``tests/patches/`` holds one canary per module that fails, naming the
@@ -33,12 +39,15 @@ from types import MappingProxyType
 from lightning_gaudi.patches import (
     amp_unscaling,
     connector,
+    deepspeed_strategy,
     device_info,
     fabric_connector,
+    fp8_precision_name,
     logging_cadence,
     loops,
     lr_scheduler,
     precision_plugin,
+    signals,
     sync_batchnorm,
     sync_free_logging,
     tuner_oom,
@@ -63,6 +72,9 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             logging_cadence.PATCH,
             tuner_oom.PATCH,
             fabric_connector.PATCH,
+            fp8_precision_name.PATCH,
+            signals.PATCH,
+            deepspeed_strategy.PATCH,
         )
     }
 )

@@ -13,11 +13,13 @@ are wrapped so that, for the HPU accelerator only:
 - ``_set_devices_flag_if_auto_passed`` makes ``devices="auto"`` one device for a single-device strategy;
 - ``_choose_strategy`` picks :class:`~lightning_gaudi.fabric.SingleHPUStrategy` for one device and
   ``"hpu_parallel"`` for more (or several nodes);
-- ``_check_strategy_and_fallback`` maps Fabric's DDP names (``"ddp"``, ``"ddp_spawn"``,
-  ``"ddp_find_unused_parameters_true"``) onto :class:`~lightning_gaudi.fabric.HPUParallelStrategy` with the same
-  settings, refuses the ones without an HPU version (forking DDP, DP, DeepSpeed, FSDP, XLA) and Lightning's strategy
+- ``_check_strategy_and_fallback`` maps Fabric's strategy names onto the Fabric HPU strategies that declare them
+  their ``lightning_counterparts`` (the protocol of :mod:`.connector`; ``"ddp"``, ``"ddp_spawn"``,
+  ``"ddp_find_unused_parameters_true"`` become :class:`~lightning_gaudi.fabric.HPUParallelStrategy` with the same
+  settings), refuses the ones without an HPU version (forking DDP, DP, DeepSpeed, FSDP, XLA) and Lightning's strategy
   instances, naming the HPU strategy to use, and refuses a single-HPU strategy given several devices;
-- ``_check_and_init_precision`` checks the precision against the device and makes mixed precision
+- ``_check_and_init_precision`` checks the precision against the device, lets the strategy choose the plugin
+  (``hpu_precision_plugin``, as in :mod:`.connector`), and otherwise makes mixed precision
   :class:`~lightning_gaudi.fabric.HPUPrecision`, autocast on the HPU device type;
 - ``_lazy_init_strategy``, which completes the strategy (devices, nodes, cluster environment), is followed by
   :meth:`HPUParallelStrategy.check_launch <lightning_gaudi.fabric.HPUParallelStrategy.check_launch>`, so a bad launch
@@ -37,14 +39,18 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
-from lightning.fabric.utilities import rank_zero_info
+from lightning.fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy, Strategy
 from lightning.pytorch.strategies import Strategy as TrainerStrategy
 
 from lightning_gaudi import hpu
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.patches import registry
-from lightning_gaudi.patches.connector import _USE_HPU_STRATEGIES
+from lightning_gaudi.patches.connector import (
+    check_lightning_instance,
+    is_hpu_strategy_class,
+    strategy_from_lightning_name,
+    strategy_precision,
+)
 from lightning_gaudi.precision import check_precision_supported
 
 _MODULE = "lightning.fabric.connector"
@@ -82,10 +88,6 @@ def _is_hpu_flag(flag: Any) -> bool:
     return flag == "hpu" or isinstance(flag, HPUAccelerator)
 
 
-def _is_lightnings(cls: type) -> bool:
-    return cls.__module__.split(".")[0] in ("lightning", "lightning_fabric")
-
-
 def _registered_class(flag: object) -> type | None:
     if isinstance(flag, str) and flag in STRATEGY_REGISTRY:
         found = STRATEGY_REGISTRY[flag]["strategy"]
@@ -101,10 +103,8 @@ def _is_single_device(flag: object) -> bool:
 
 
 def _hpu_names() -> list[str]:
-    from lightning_gaudi.fabric import HPUParallelStrategy, SingleHPUStrategy
-
-    hpu_classes = (SingleHPUStrategy, HPUParallelStrategy)
-    return [name for name in STRATEGY_REGISTRY.available_strategies() if _registered_class(name) in hpu_classes]
+    names = STRATEGY_REGISTRY.available_strategies()
+    return [name for name in names if is_hpu_strategy_class(_registered_class(name) or object)]
 
 
 def check_strategy_flag(strategy: object, accelerator: object, registered: Sequence[str]) -> None:
@@ -191,55 +191,6 @@ def _choose_strategy(original: Any) -> Any:
     return wrapper
 
 
-def _check_instance(strategy: Strategy) -> None:
-    from lightning_gaudi.fabric import HPUParallelStrategy, SingleHPUStrategy
-
-    cls = type(strategy)
-    if isinstance(strategy, (HPUParallelStrategy, SingleHPUStrategy)):
-        return
-    if isinstance(strategy, (DDPStrategy, SingleDeviceStrategy)):
-        base, hpu_cls = (
-            (DDPStrategy, HPUParallelStrategy)
-            if isinstance(strategy, DDPStrategy)
-            else (SingleDeviceStrategy, SingleHPUStrategy)
-        )
-        if _is_lightnings(cls):
-            fix = f"pass lightning_gaudi.fabric's `{hpu_cls.__name__}(...)` instead, which takes the same arguments"
-        else:
-            fix = f"subclass lightning_gaudi.fabric's {hpu_cls.__name__} instead of {base.__name__}"
-    elif _is_lightnings(cls):
-        fix = f"use {_USE_HPU_STRATEGIES}"
-    else:
-        return  # a user's own strategy: it may well know the HPU
-    raise ValueError(
-        f"`strategy={cls.__name__}(...)` does not run on HPUs: it sets up neither the HPU, nor HCCL collectives, nor"
-        f" HPU checkpointing. With accelerator='hpu', {fix}."
-    )
-
-
-def _from_name(name: str, parallel_devices: list[Any]) -> str | Strategy:
-    from lightning_gaudi.fabric import HPUParallelStrategy, SingleHPUStrategy
-
-    cls = _registered_class(name)
-    if cls is None or issubclass(cls, (HPUParallelStrategy, SingleHPUStrategy)) or not _is_lightnings(cls):
-        return name
-    if cls is SingleDeviceStrategy:
-        return SingleHPUStrategy(device=parallel_devices[0] if parallel_devices else None)
-    if cls is not DDPStrategy:
-        raise ValueError(f"`strategy={name!r}` ({cls.__name__}) does not run on HPUs. Use {_USE_HPU_STRATEGIES}.")
-    init_params = dict(STRATEGY_REGISTRY[name]["init_params"])
-    start_method = init_params.pop("start_method", "popen")
-    if start_method not in ("popen", "spawn"):
-        raise ValueError(
-            f"`strategy={name!r}` forks its rank processes; HPUParallelStrategy starts them with 'popen' or 'spawn'"
-            " only (a forked child cannot take over its parent's HPU). Use strategy='hpu_parallel' (each rank re-runs"
-            " the script) or 'hpu_parallel_spawn'; in a notebook, run the training as a script."
-        )
-    settings = ", ".join(f"{key}={value!r}" for key, value in {"start_method": start_method, **init_params}.items())
-    rank_zero_info(f"`strategy={name!r}` with accelerator='hpu': running HPUParallelStrategy({settings}).")
-    return HPUParallelStrategy(start_method=start_method, **init_params)
-
-
 def hpu_strategy(flag: str | Strategy, parallel_devices: list[Any], num_nodes: int) -> str | Strategy:
     """The strategy (name or instance) that runs ``Fabric(strategy=flag)`` on HPUs.
 
@@ -260,9 +211,9 @@ def hpu_strategy(flag: str | Strategy, parallel_devices: list[Any], num_nodes: i
     """
     strategy: str | Strategy = flag
     if isinstance(flag, Strategy):
-        _check_instance(flag)
+        check_lightning_instance(flag, STRATEGY_REGISTRY, "lightning_gaudi.fabric")
     else:
-        strategy = _from_name(flag, parallel_devices)
+        strategy = strategy_from_lightning_name(flag, parallel_devices, STRATEGY_REGISTRY, SingleDeviceStrategy)
     if _is_single_device(strategy) and (len(parallel_devices) > 1 or num_nodes > 1):
         given = f"{type(flag).__name__}(...)" if isinstance(flag, Strategy) else repr(flag)
         raise ValueError(
@@ -285,6 +236,10 @@ def _check_strategy_and_fallback(original: Any) -> Any:
 def _check_and_init_precision(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any) -> Any:
+        if self._precision_input == "fp8" and self._precision_instance is None:
+            from lightning_gaudi.patches import fp8_precision_name  # it imports this module
+
+            return fp8_precision_name.fabric_plugin(self.accelerator)
         if not isinstance(self.accelerator, HPUAccelerator):
             return original(self)
         from lightning_gaudi.fabric import HPUPrecision, check_precision_plugin
@@ -293,6 +248,9 @@ def _check_and_init_precision(original: Any) -> Any:
             check_precision_plugin(self._precision_instance)
             return original(self)
         check_precision_supported(self._precision_input)
+        chosen = strategy_precision(self.strategy, self._precision_input)
+        if chosen is not None:
+            return chosen
         if self._precision_input in ("bf16-mixed", "16-mixed"):
             return HPUPrecision(self._precision_input)
         return original(self)

@@ -11,6 +11,7 @@ from lightning_gaudi import hpu
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.callbacks.inference import add_default_compile
 from lightning_gaudi.callbacks.mark_step import add_default_mark_step
+from lightning_gaudi.callbacks.preemption import add_default_preemption
 from lightning_gaudi.patches.loops import disable_inference_mode
 
 if TYPE_CHECKING:
@@ -63,11 +64,14 @@ def prepare_trainer(trainer: pl.Trainer) -> None:
     """Readies ``trainer`` for the HPU backend; the strategies call it from ``setup_environment``.
 
     In lazy mode a default :class:`~lightning_gaudi.callbacks.MarkStep` is added, in compile mode a default
-    :class:`~lightning_gaudi.callbacks.HPUCompile` (a configured one wins). Under lazy emulation, evaluation runs
-    under ``torch.no_grad`` instead of ``torch.inference_mode``, which torch's Lazy Tensor Core cannot trace.
+    :class:`~lightning_gaudi.callbacks.HPUCompile` (a configured one wins). A default
+    :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` is added unless one is configured. Under lazy
+    emulation, evaluation runs under ``torch.no_grad`` instead of ``torch.inference_mode``, which torch's Lazy Tensor
+    Core cannot trace.
     """
     add_default_mark_step(trainer)
     add_default_compile(trainer)
+    add_default_preemption(trainer)
     backend = hpu.get_backend()
     if backend.emulated and backend.is_lazy():
         disable_inference_mode(trainer)

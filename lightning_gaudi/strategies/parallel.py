@@ -6,7 +6,7 @@ import logging
 import signal
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
@@ -16,7 +16,8 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins import TorchSyncBatchNorm
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
@@ -103,6 +104,7 @@ class HPUParallelStrategy(DDPStrategy):
     """
 
     strategy_name = "hpu_parallel"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (DDPStrategy,)
 
     def __init__(
         self,
@@ -152,6 +154,8 @@ class HPUParallelStrategy(DDPStrategy):
         self._first_gradients = FirstGradientsRelease()
         # one guard for every backward: entering and leaving it costs well under a microsecond
         self._backward_errors = collective_errors("backward (gradient all-reduce)", self.timeout)
+        # DDP's forward runs collectives of its own: the bucket rebuild of the second step, the buffer broadcast
+        self._forward_errors = collective_errors("forward (DDP bucket rebuild or buffer broadcast)", self.timeout)
         self._devices = DeviceResolver(type(self).__name__)
 
     @property
@@ -243,6 +247,17 @@ class HPUParallelStrategy(DDPStrategy):
             return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        # only transport failures are translated; the step's own errors pass through unchanged
+        with self._forward_errors:
+            return super().training_step(*args, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._forward_errors:
+            return super().validation_step(*args, **kwargs)
+
+    @override
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or hpu.get_backend().collective_backend
 
@@ -288,9 +303,10 @@ class HPUParallelStrategy(DDPStrategy):
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
         hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
-        if self.launcher is not None:
+        if self.launcher is not None and not isinstance(exception, SIGTERMException):
             # the job has failed: the ranks this process started would wait for it in a collective until the
-            # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card
+            # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card.
+            # After a preemption every rank stops at the same step by itself, within its grace period.
             self.launcher.kill(signal.SIGKILL)
 
     @override

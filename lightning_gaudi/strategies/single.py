@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.strategies import SingleDeviceStrategy, Strategy
 from typing_extensions import override
 
 from lightning_gaudi import hpu
@@ -29,6 +31,7 @@ class SingleHPUStrategy(SingleDeviceStrategy):
     """
 
     strategy_name = "hpu_single"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (SingleDeviceStrategy,)
 
     def __init__(
         self,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -163,3 +166,35 @@ def test_a_taken_port_is_named_at_once(monkeypatch: pytest.MonkeyPatch, no_group
     assert "MASTER_PORT=" in message.split("already in use", 1)[1]  # a free port to pick
     assert not isinstance(caught.value, CollectiveTimeoutError)
     assert "timeout" not in message
+
+
+_RANK_1 = """
+import sys
+from datetime import timedelta
+from lightning_gaudi.distributed import LaunchEnvironment, init_process_group
+init_process_group("gloo", 1, 2, timedelta(seconds=float(sys.argv[1])), launch=LaunchEnvironment())
+"""
+
+
+@pytest.mark.subprocess
+def test_a_port_held_by_a_server_that_is_no_store_fails_within_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, no_group: None, taken_port: int
+) -> None:
+    """A 2-rank job whose MASTER_PORT another program listens on: rank 0 cannot open the store (at once), and rank 1,
+    which torch would leave waiting for the program's answer without a bound, fails within its timeout, naming the
+    port and the fix."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(taken_port))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    started = time.monotonic()
+    rank1 = subprocess.run(
+        [sys.executable, "-c", _RANK_1, "3"], capture_output=True, text=True, timeout=60, env=dict(os.environ)
+    )
+    took = time.monotonic() - started
+    with pytest.raises(PortInUseError):
+        init_process_group("gloo", 0, 2, timedelta(seconds=3), launch=LaunchEnvironment())
+    assert rank1.returncode != 0
+    assert "CollectiveTimeoutError" in rank1.stderr
+    assert f"MASTER_PORT={taken_port} on 127.0.0.1 accepts connections but did not answer" in rank1.stderr
+    assert "unset MASTER_PORT" in rank1.stderr
+    assert took < 20, f"rank 1 took {took:.1f}s with a 3 s timeout"

@@ -27,6 +27,9 @@ MODULES = (
     "logging_cadence",
     "tuner_oom",
     "fabric_connector",
+    "fp8_precision_name",
+    "signals",
+    "deepspeed_strategy",
 )
 
 

@@ -1,0 +1,320 @@
+"""Preemption: on SIGTERM all ranks stop at the same step, a checkpoint is saved, and all exit within a grace period."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, Checkpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+from lightning_gaudi.distributed.agreement import StopVote
+from lightning_gaudi.distributed.rendezvous import DEFAULT_TIMEOUT
+from lightning_gaudi.patches import signals as signal_patch
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "PREEMPTION_CHECKPOINT_NAME",
+    "Preempted",
+    "PreemptionCheckpoint",
+    "add_default_preemption",
+    "preempted_exit_code",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds from the signal to the exit by default: under the 30 s that SLURM (``KillWait``), Kubernetes
+#: (``terminationGracePeriodSeconds``) and torchrun wait before they kill, with time left for the processes to end.
+DEFAULT_GRACE_PERIOD = 25.0
+#: The file name (without ``.ckpt``) of the checkpoint saved on preemption. It starts with ``last`` so that
+#: Lightning's ``ckpt_path="last"`` and :func:`lightning_gaudi.resume.resolve_ckpt_path` (``"auto"``, ``"last"``)
+#: find it.
+PREEMPTION_CHECKPOINT_NAME = "last-preempted"
+_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+
+
+def preempted_exit_code(signum: int) -> int:
+    """The exit code of a process stopped by signal ``signum`` (the shell's convention: 143 for SIGTERM)."""
+    return 128 + int(signum)
+
+
+class Preempted(SIGTERMException):
+    """Ends ``Trainer.fit`` on every rank after a preemption; the process exits with :func:`preempted_exit_code`.
+
+    A ``SystemExit`` (Lightning's ``SIGTERMException``): the code after ``fit`` does not run, and a launcher or
+    scheduler sees a failed job, which it restarts or requeues (Kubernetes would otherwise mark a preempted pod's job
+    complete).
+
+    Attributes:
+        signum: the signal that preempted the job.
+        checkpoint: where the checkpoint was saved, or ``None`` when there was nowhere to save it.
+    """
+
+    def __init__(self, signum: int, checkpoint: str | None) -> None:
+        super().__init__(preempted_exit_code(signum))
+        self.signum = signum
+        self.checkpoint = checkpoint
+
+
+def _parse_signal(value: str | int) -> signal.Signals:
+    try:
+        if isinstance(value, str):
+            name = value.strip().upper()
+            sig = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+        else:
+            sig = signal.Signals(value)
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"PreemptionCheckpoint got signal {value!r}, which is not a signal: pass names such as 'SIGTERM' or"
+            " 'SIGUSR1'."
+        ) from None
+    if sig in _UNCATCHABLE:
+        raise ValueError(f"PreemptionCheckpoint cannot handle {sig.name}: no process can catch it. Pass 'SIGTERM'.")
+    return sig
+
+
+class PreemptionCheckpoint(Callback):
+    """Saves a checkpoint and stops every rank within ``grace_period`` seconds when the job gets SIGTERM.
+
+    Schedulers preempt with SIGTERM and kill a little later (SLURM after ``KillWait``, Kubernetes after
+    ``terminationGracePeriodSeconds``, torchrun's agent after 30 s). The signal reaches the ranks at different steps, or
+    only one of them; each rank notes it and casts it in a vote that runs in the background (one all-reduce of a CPU
+    integer per step on a separate gloo group, read a step later: no device sync and no waiting in the training
+    step). At the first optimizer-step boundary after the vote every rank stops at the same step, the checkpoint is
+    saved through the strategy's checkpoint IO (atomically: a temporary file renamed into place), and ``fit`` raises
+    :class:`Preempted` on every rank, so every process exits with ``128 + signal`` (143 for SIGTERM). A rank that has
+    not exited ``grace_period`` seconds after it learned of the signal (a save or a step too slow, a peer that hangs)
+    exits at once with the same code, without a checkpoint: the temporary file it was writing is removed, and no
+    partial checkpoint is ever left under the checkpoint's name.
+
+    The checkpoint is ``<dirpath>/last-preempted.ckpt``, replaced by each preemption. ``ckpt_path="auto"`` and
+    ``"last"`` of :func:`lightning_gaudi.resume.resolve_ckpt_path`, and Lightning's own ``ckpt_path="last"``, resume
+    from it. The HPU strategies add a default ``PreemptionCheckpoint()`` when none is configured; pass
+    ``PreemptionCheckpoint(enabled=False)`` to keep Lightning's own SIGTERM handling.
+
+    While it is active, SIGTERM during ``fit`` is handled here instead of by Lightning (whose handler runs a collective
+    inside the signal handler and, from Lightning 2.6, a blocking broadcast and a device-to-host read before every
+    training batch, both skipped). A signal that arrives during validation is acted on at the next training batch,
+    or ends the process when the grace period runs out.
+
+    Args:
+        grace_period: seconds from the signal to the exit. Set it a little below the time your scheduler waits before
+            it kills (SLURM ``KillWait``, Kubernetes ``terminationGracePeriodSeconds``), and above the time a step plus
+            a checkpoint save take.
+        dirpath: where to save; by default the folder of the Trainer's ``ModelCheckpoint``. Without either, the ranks
+            still stop together, but nothing is saved (a warning says so). Local paths or fsspec URLs.
+        filename: the checkpoint's name, without ``.ckpt``.
+        signals: the signals that preempt, by name. Add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@<seconds>``
+            warning (it then replaces Lightning's SLURM requeue handler; requeue with ``sbatch --requeue``).
+        enabled: ``False`` turns it off (and stops the HPU strategies adding the default one).
+
+    Raises:
+        ValueError: ``grace_period`` not a positive finite number of seconds, a signal that is no signal or cannot be
+            caught (SIGKILL, SIGSTOP), or a ``filename`` that is empty or holds a path separator.
+    """
+
+    def __init__(
+        self,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        dirpath: str | None = None,
+        filename: str = PREEMPTION_CHECKPOINT_NAME,
+        signals: Sequence[str] = ("SIGTERM",),
+        enabled: bool = True,
+    ) -> None:
+        if isinstance(grace_period, bool) or not isinstance(grace_period, int | float):
+            raise ValueError(f"PreemptionCheckpoint(grace_period={grace_period!r}) must be a number of seconds.")
+        if not math.isfinite(grace_period) or grace_period <= 0:
+            raise ValueError(
+                f"PreemptionCheckpoint(grace_period={grace_period!r}) must be a positive, finite number of seconds:"
+                " the time from the signal to the exit."
+            )
+        if not filename or "/" in filename or os.sep in filename:
+            raise ValueError(
+                f"PreemptionCheckpoint(filename={filename!r}) must be a file name without a folder (set dirpath for"
+                " the folder), e.g. 'last-preempted'."
+            )
+        if isinstance(signals, str | int):
+            signals = (signals,)  # type: ignore[assignment]
+        parsed = tuple(dict.fromkeys(_parse_signal(s) for s in signals))
+        if not parsed:
+            raise ValueError("PreemptionCheckpoint(signals=()) handles nothing: pass ['SIGTERM'] or enabled=False.")
+        self.grace_period = float(grace_period)
+        self.dirpath = dirpath
+        self.filename = filename
+        self.signals = parsed
+        self.enabled = enabled
+        self._trainer: pl.Trainer | None = None
+        self._vote: StopVote | None = None
+        self._requested = 0  # the first signal this rank received
+        self._agreed = 0  # the signal every rank agreed to stop for
+        self._timer: threading.Timer | None = None
+        self._took_sigterm = False
+        self._saving: str | None = None
+
+    @property
+    def requested(self) -> int:
+        """The signal this rank received during the fit (0 for none)."""
+        return self._requested
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not self.enabled or stage != "fit":
+            return
+        self._trainer = trainer
+        self._requested = self._agreed = 0
+        self._vote = StopVote(getattr(trainer.strategy, "timeout", DEFAULT_TIMEOUT))
+        self._vote.setup()
+        if signal.SIGTERM in self.signals:
+            # Lightning registers its own SIGTERM handler after setup; it registers this one in its place
+            self._took_sigterm = signal_patch.take_over_sigterm(trainer, self._on_signal)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._vote is None or threading.current_thread() is not threading.main_thread():
+            return
+        # after Lightning registered its handlers (it restores the ones from before the fit when the fit ends)
+        for sig in self.signals:
+            if sig != signal.SIGTERM:
+                signal.signal(sig, self._on_signal)
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """Where the checkpoint is saved (known once the fit has set up), or ``None`` when there is nowhere."""
+        dirpath = self.dirpath
+        if dirpath is None and self._trainer is not None:
+            callback = self._trainer.checkpoint_callback
+            dirpath = getattr(callback, "dirpath", None) if isinstance(callback, Checkpoint) else None
+        if dirpath is None:
+            return None
+        name = f"{self.filename}.ckpt"
+        text = os.fspath(dirpath)
+        return f"{text.rstrip('/')}/{name}" if "://" in text else os.path.join(text, name)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._requested:
+            return
+        self._requested = signum
+        self._arm(signum)
+        trainer = self._trainer
+        rank = trainer.global_rank if trainer is not None else 0
+        log.warning(
+            "[rank %s] lightning_gaudi: received %s; all ranks save a checkpoint and stop within %gs",
+            rank,
+            signal.Signals(signum).name,
+            self.grace_period,
+        )
+        launcher = trainer.strategy.launcher if trainer is not None else None
+        if launcher is not None:
+            launcher.kill(signum)  # the ranks this process started, so that each bounds its own exit
+
+    def _arm(self, signum: int) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(self.grace_period, self._expire, args=(signum,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self, signum: int) -> None:
+        saving = self._saving
+        print(
+            f"lightning_gaudi: the preemption grace period of {self.grace_period:g}s ran out"
+            f" {'while saving ' + saving if saving else 'before the ranks could stop together'}; exiting with code"
+            f" {preempted_exit_code(signum)} without a checkpoint from this preemption.",
+            file=sys.stderr,
+            flush=True,
+        )
+        if saving is not None:
+            _remove_own_temporaries(saving)
+        launcher = self._trainer.strategy.launcher if self._trainer is not None else None
+        if launcher is not None:
+            launcher.kill(signal.SIGKILL)
+        os._exit(preempted_exit_code(signum))
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._vote is None:
+            return
+        if not self._agreed:
+            self._agreed = self._vote.step(self._requested)
+        if self._agreed and ((batch_idx + 1) % trainer.accumulate_grad_batches == 0 or trainer.is_last_batch):
+            self._stop(trainer, self._agreed)
+
+    def _stop(self, trainer: pl.Trainer, signum: int) -> None:
+        self._arm(signum)  # a rank that learned of the signal from the vote
+        path = self.checkpoint_path
+        if path is None:
+            if trainer.is_global_zero:
+                log.warning(
+                    "lightning_gaudi: preempted at step %d without a checkpoint: the Trainer has no ModelCheckpoint"
+                    " and PreemptionCheckpoint has no dirpath",
+                    trainer.global_step,
+                )
+        else:
+            self._saving = path
+            trainer.save_checkpoint(path, weights_only=False)
+            self._saving = None
+            if trainer.is_global_zero:
+                log.warning(
+                    "lightning_gaudi: preempted by %s: saved %s at step %d; exiting with code %d",
+                    signal.Signals(signum).name,
+                    path,
+                    trainer.global_step,
+                    preempted_exit_code(signum),
+                )
+        raise Preempted(signum, path)
+
+    def _release(self, trainer: pl.Trainer) -> None:
+        if self._took_sigterm:
+            signal_patch.release_sigterm(trainer)
+            self._took_sigterm = False
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if self._vote is not None:
+            self._vote.close()  # a peer may never vote again
+            self._vote = None
+        self._release(trainer)  # the timer, once armed, keeps bounding this process's exit
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._vote is not None:
+            self._vote.finish()
+            self._vote = None
+        self._release(trainer)
+
+
+def _remove_own_temporaries(path: str) -> None:
+    """Removes the temporary files this process was writing for ``path`` (local paths; named by the checkpoint IO)."""
+    if "://" in path:
+        return  # a remote store's temporary is removed by the next save, as a stale one
+    directory, name = os.path.split(path)
+    for tmp in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}*-{os.getpid()}-*.tmp")):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def add_default_preemption(trainer: pl.Trainer) -> PreemptionCheckpoint | None:
+    """Adds a default :class:`PreemptionCheckpoint` to ``trainer.callbacks`` unless one is configured.
+
+    The HPU strategies call this when they set up, before the callbacks' ``setup`` hooks. Returns the callback added,
+    or ``None``.
+    """
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    if any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
+        return None
+    callback = PreemptionCheckpoint()
+    # before the checkpoint callbacks, which Lightning keeps last
+    first_checkpoint = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
+    callbacks.insert(first_checkpoint, callback)
+    return callback

@@ -1,0 +1,58 @@
+"""Fabric's FP8 precision plugin for HPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+from lightning.fabric.plugins import Precision
+from torch import nn
+from typing_extensions import override
+
+from lightning_gaudi.fp8.recipe import FP8Recipe
+from lightning_gaudi.fp8.training import FP8Training
+
+
+class HPUFP8Precision(Precision):
+    """Fabric's FP8 training on Gaudi 2 and later, emulated on the CPU elsewhere.
+
+    The Fabric counterpart of :class:`lightning_gaudi.fp8.HPUFP8Precision` (the Trainer's), with the same behaviour:
+    ``fabric.setup(model)`` swaps the ``nn.Linear`` layers whose shapes suit FP8 (Intel's ``te.Linear`` on a Gaudi,
+    :class:`~lightning_gaudi.fp8.FP8Linear` under emulation) and the model's forward runs in FP8 with bf16 autocast
+    for the rest. ``Fabric(accelerator="hpu", precision="fp8")`` builds it with the default recipe::
+
+        Fabric(accelerator="hpu", plugins=[HPUFP8Precision(recipe={"amax_history_len": 16})])
+
+    The model's state dict keeps ``nn.Linear``'s keys; the FP8 scaling state is this plugin's state: to keep it
+    across a restart, save and load it with the rest, e.g. ``fabric.save(path, {"model": model, "fp8":
+    fabric.strategy.precision})`` (without it, the scales start again from 1 and settle within a few steps).
+
+    Args:
+        recipe: an :class:`~lightning_gaudi.fp8.FP8Recipe`, a mapping of its fields, or ``None`` for the default.
+
+    Raises:
+        ValueError: first-generation Gaudi (no FP8), or a bad recipe.
+    """
+
+    precision = "fp8"  # type: ignore[assignment]
+
+    def __init__(self, recipe: FP8Recipe | Mapping[str, Any] | None = None) -> None:
+        self.recipe = FP8Recipe.coerce(recipe)
+        self._fp8 = FP8Training(self.recipe)
+
+    @override
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return self._fp8.convert(module)
+
+    @override
+    def forward_context(self) -> AbstractContextManager[None]:
+        return self._fp8.forward_context()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return self._fp8.state_dict()
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._fp8.load_state_dict(state_dict)

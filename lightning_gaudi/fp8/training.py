@@ -1,0 +1,134 @@
+"""What FP8 training does on the current HPU, for the Trainer's and Fabric's FP8 precision plugins alike.
+
+On a Gaudi (2 or later) the model's ``nn.Linear`` layers become the bridge's ``te.Linear`` and each step runs under
+``te.fp8_autocast`` with the recipe's ``DelayedScaling`` and under bf16 autocast for everything else. Under
+emulation they become :class:`~lightning_gaudi.fp8.linear.FP8Linear` (the same numerics on the CPU) and the step runs
+under its :func:`~lightning_gaudi.fp8.linear.fp8_autocast`, with CPU bf16 autocast in eager emulation; lazy emulation
+has no autocast, so there the other ops stay in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch import nn
+
+from lightning_gaudi import hpu
+from lightning_gaudi.fp8.convert import convert_linear_layers
+from lightning_gaudi.fp8.linear import FP8Linear, fp8_autocast
+from lightning_gaudi.fp8.recipe import FP8Recipe
+from lightning_gaudi.precision import check_precision_supported
+
+
+class FP8Training:
+    """Converts models and opens the step context for FP8 training with ``recipe`` on ``backend``.
+
+    Args:
+        recipe: the FP8 recipe.
+        backend: the HPU; the current one when ``None``.
+
+    Raises:
+        ValueError: the HPU cannot train in FP8 (first-generation Gaudi).
+    """
+
+    def __init__(self, recipe: FP8Recipe, backend: hpu.Backend | None = None) -> None:
+        backend = backend or hpu.get_backend()
+        check_precision_supported("fp8", backend)
+        self.recipe = recipe
+        self._autocast_device = backend.autocast_device_type
+        self._engine = backend.transformer_engine()
+        self._bridge_recipe = (
+            None
+            if self._engine is None
+            else self._engine.delayed_scaling(
+                fp8_format=recipe.format,
+                margin=recipe.margin,
+                interval=recipe.interval,
+                amax_history_len=recipe.amax_history_len,
+                amax_compute_algo=recipe.amax_compute_algo,
+            )
+        )
+        self._layers: dict[str, nn.Module] = {}
+
+    @property
+    def emulated(self) -> bool:
+        """Whether FP8 is emulated (:class:`~lightning_gaudi.fp8.linear.FP8Linear`) rather than Intel's."""
+        return self._engine is None
+
+    def convert(self, module: nn.Module) -> nn.Module:
+        """Replaces ``module``'s linear layers whose shapes suit FP8 (in place) and says once what it did."""
+        engine = self._engine
+        if engine is None:
+            module, conversion = convert_linear_layers(module, self._emulated_linear, _is_emulated_fp8)
+            what = f"emulated FP8 (FP8Linear, recipe {self.recipe.format})"
+            is_fp8 = _is_emulated_fp8
+        else:
+            module, conversion = convert_linear_layers(module, engine.linear, engine.is_fp8_module)
+            what = f"FP8 (Intel's te.Linear, recipe {self.recipe.format})"
+            is_fp8 = engine.is_fp8_module
+        seen: set[int] = set()
+        self._layers = {}
+        for name, layer in module.named_modules():
+            if is_fp8(layer) and id(layer) not in seen:
+                seen.add(id(layer))
+                self._layers[name] = layer
+        if not self._layers:
+            rank_zero_warn(
+                f"{conversion.summary(what)} precision='fp8' computes nothing in FP8 for this model: it has no"
+                " nn.Linear layer whose in and out features are multiples of 16."
+            )
+        elif conversion.layers:  # set up again (another fit, validate...): said already
+            rank_zero_info(conversion.summary(what))
+        return module
+
+    def _emulated_linear(self, linear: nn.Linear) -> FP8Linear:
+        return FP8Linear.from_linear(linear, self.recipe)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The FP8 layers' scaling state (amax histories and scales; Transformer Engine's metadata on a Gaudi), by
+        layer name, of the model last converted: what a checkpoint needs besides the model's weights."""
+        engine = self._engine
+        if engine is None:
+            return {name: layer.fp8_state() for name, layer in self._layers.items()}  # type: ignore[operator]
+        return {name: engine.fp8_state(layer) for name, layer in self._layers.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned into the FP8 layers of the model last converted.
+
+        Raises:
+            ValueError: the checkpoint's FP8 layers are not this model's (other names, or another recipe's shapes).
+        """
+        if set(state_dict) != set(self._layers):
+            raise ValueError(
+                f"The checkpoint holds FP8 scaling state for layers {sorted(state_dict)}, but this model's FP8 layers"
+                f" are {sorted(self._layers)}. Resume with the model (and precision) the checkpoint was written with."
+            )
+        engine = self._engine
+        for name, layer in self._layers.items():
+            if engine is None:
+                layer.load_fp8_state(state_dict[name])  # type: ignore[operator]
+            else:
+                engine.load_fp8_state(layer, state_dict[name])
+
+    def forward_context(self) -> AbstractContextManager[None]:
+        """The context a training, validation or prediction step runs in."""
+        return self._step_context()
+
+    @contextmanager
+    def _step_context(self) -> Iterator[None]:
+        with ExitStack() as stack:
+            if self._autocast_device is not None:
+                stack.enter_context(torch.autocast(self._autocast_device, dtype=torch.bfloat16))
+            if self._engine is None:
+                stack.enter_context(fp8_autocast())
+            else:
+                stack.enter_context(self._engine.fp8_autocast(self._bridge_recipe))
+            yield
+
+
+def _is_emulated_fp8(module: nn.Module) -> bool:
+    return isinstance(module, FP8Linear)

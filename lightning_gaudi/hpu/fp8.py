@@ -1,0 +1,99 @@
+"""Intel's FP8 training API on Gaudi 2 and later, as the seam hands it out.
+
+``habana_frameworks.torch.hpex.experimental.transformer_engine`` (Intel's port of Transformer Engine) provides FP8
+modules such as ``te.Linear``, the ``te.fp8_autocast(enabled=..., fp8_recipe=...)`` context and
+``recipe.DelayedScaling`` / ``recipe.Format``. :meth:`HabanaBackend.transformer_engine
+<lightning_gaudi.hpu.bridge.HabanaBackend.transformer_engine>` imports them and wraps them in
+:class:`TransformerEngine`; emulated backends have none (:meth:`Backend.transformer_engine
+<lightning_gaudi.hpu.backend.Backend.transformer_engine>` returns ``None``) and FP8 is emulated above the seam.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+#: ``recipe.Format`` member names by the recipe's format name.
+FORMAT_NAMES = {"hybrid": "HYBRID", "e4m3": "E4M3"}
+#: The state-dict entries of ``nn.Linear``: what a converted layer's state dict keeps.
+LINEAR_KEYS = ("weight", "bias")
+
+
+def _linear_keys_only(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix) and k[len(prefix) :] not in LINEAR_KEYS]:
+        del state_dict[key]
+
+
+def _keep_fp8_metadata(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    # a state dict without Transformer Engine's metadata (a plain nn.Linear's) leaves the layer's own in place
+    key = f"{prefix}_extra_state"
+    if key not in state_dict and type(module).get_extra_state is not nn.Module.get_extra_state:
+        state_dict[key] = module.get_extra_state()
+
+
+class TransformerEngine:
+    """Intel's ``transformer_engine`` module and its ``recipe`` module, used as the FP8 precision needs them.
+
+    Args:
+        te: ``habana_frameworks.torch.hpex.experimental.transformer_engine``.
+        recipe: its ``recipe`` module.
+    """
+
+    def __init__(self, te: ModuleType, recipe: ModuleType) -> None:
+        self._te = te
+        self._recipe = recipe
+
+    def linear(self, linear: nn.Linear) -> nn.Module:
+        """A ``te.Linear`` of ``linear``'s shape that holds ``linear``'s own weight and bias (no copy: tied weights
+        stay tied, and optimizers that hold the parameters keep them).
+
+        Its state dict is ``nn.Linear``'s (``weight``, ``bias``): what Transformer Engine adds (its FP8 metadata,
+        ``_extra_state``) is left out, and loading a state dict without it keeps the layer's own, so checkpoints load
+        with and without FP8. The FP8 metadata is saved apart: :meth:`fp8_state`.
+        """
+        layer: nn.Module = self._te.Linear(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            params_dtype=linear.weight.dtype,
+            skip_weight_param_allocation=True,
+        )
+        layer.weight = linear.weight
+        if linear.bias is not None:
+            layer.bias = linear.bias
+        layer.register_state_dict_post_hook(_linear_keys_only)
+        layer.register_load_state_dict_pre_hook(_keep_fp8_metadata)
+        return layer
+
+    @staticmethod
+    def fp8_state(layer: nn.Module) -> Any:
+        """A ``te.Linear``'s FP8 metadata (Transformer Engine's ``get_extra_state()``), for a checkpoint."""
+        return layer.get_extra_state()
+
+    @staticmethod
+    def load_fp8_state(layer: nn.Module, state: Any) -> None:
+        """Restores what :meth:`fp8_state` returned (``set_extra_state``)."""
+        layer.set_extra_state(state)
+
+    def is_fp8_module(self, module: nn.Module) -> bool:
+        """Whether ``module`` is one of the bridge's FP8 layers already (``te.Linear``)."""
+        return isinstance(module, self._te.Linear)
+
+    def delayed_scaling(
+        self, fp8_format: str, margin: int, interval: int, amax_history_len: int, amax_compute_algo: str
+    ) -> Any:
+        """``recipe.DelayedScaling`` with these settings (``fp8_format``: ``"hybrid"`` or ``"e4m3"``)."""
+        return self._recipe.DelayedScaling(
+            margin=margin,
+            interval=interval,
+            fp8_format=getattr(self._recipe.Format, FORMAT_NAMES[fp8_format]),
+            amax_history_len=amax_history_len,
+            amax_compute_algo=amax_compute_algo,
+        )
+
+    def fp8_autocast(self, fp8_recipe: Any) -> AbstractContextManager[Any]:
+        """``te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)``: the FP8 layers compute in FP8 inside it."""
+        return self._te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)  # type: ignore[no-any-return]

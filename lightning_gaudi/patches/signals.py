@@ -1,0 +1,136 @@
+"""SIGTERM during fit, handled by :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` instead of Lightning.
+
+Lightning 2.6's signal connector (``lightning.pytorch.trainer.connectors.signal_connector._SignalConnector``)
+registers its bound ``_sigterm_notifier_fn`` for SIGTERM when a fit starts (after the ``setup`` hooks), chained with
+the handler installed before. That handler forwards the signal to the ranks Lightning's launcher started, runs a
+``broadcast`` inside the signal handler (which pairs with whatever collective the other ranks are in, or with the next
+one, so a rank signalled twice unpairs them) and sets ``received_sigterm``, which each rank's loops read on their own.
+In addition ``_TrainingEpochLoop.advance`` broadcasts a flag from rank 0 before every training batch
+(``_broadcast_sigterm_tensor``): a blocking collective and a device-to-host read per step.
+
+:func:`take_over_sigterm` replaces both for one trainer, on its instances only: the given handler is what Lightning
+registers for SIGTERM (still chained with a handler installed before the fit, and removed by Lightning when the fit
+ends), ``received_sigterm`` stays ``False``, and the per-batch broadcast is skipped. ``tests/patches/test_signals.py``
+fails when Lightning renames or stops using either.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from lightning_gaudi.patches import registry
+
+_CONNECTOR = ("lightning.pytorch.trainer.connectors.signal_connector", "_SignalConnector")
+_NOTIFIER = "_sigterm_notifier_fn"
+_EPOCH_LOOP = ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop")
+#: The per-batch broadcast of Lightning 2.6 (older versions have none, and then nothing is skipped).
+_BROADCAST = "_broadcast_sigterm_tensor"
+
+
+class _State:
+    enabled = False
+
+
+def _class(module: str, name: str) -> Any:
+    try:  # looked up when called: a Lightning that moved it must still import lightning_gaudi
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def missing_targets() -> list[str]:
+    """What the patch relies on and this Lightning lacks; empty when everything is as checked."""
+    missing = []
+    connector = _class(*_CONNECTOR)
+    register = getattr(connector, "register_signal_handlers", None)
+    if connector is None or not callable(getattr(connector, _NOTIFIER, None)) or register is None:
+        missing.append(f"{'.'.join(_CONNECTOR)}.{_NOTIFIER}")
+    elif f"self.{_NOTIFIER}" not in inspect.getsource(register):
+        missing.append(f"{'.'.join(_CONNECTOR)}.register_signal_handlers registering self.{_NOTIFIER}")
+    loop = _class(*_EPOCH_LOOP)
+    if loop is None:
+        missing.append(".".join(_EPOCH_LOOP))
+    elif hasattr(loop, _BROADCAST) and f"self.{_BROADCAST}()" not in inspect.getsource(loop.advance):
+        missing.append(f"{'.'.join(_EPOCH_LOOP)}.advance calling self.{_BROADCAST}()")
+    return missing
+
+
+def installed() -> bool:
+    """Whether :func:`take_over_sigterm` was checked against this Lightning and may take SIGTERM over."""
+    return _State.enabled
+
+
+def install() -> bool:
+    """Checks this Lightning's signal connector and training loop (idempotent). Returns whether the patch is enabled.
+
+    On a Lightning version outside :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or one that changed
+    what the patch relies on, a warning says what still works.
+    """
+    if _State.enabled:
+        return True
+    supported = registry.LIGHTNING_SUPPORTED
+    missing = missing_targets()
+    if not supported or missing:
+        warnings.warn(
+            f"lightning_gaudi was checked against {registry.SUPPORTED_LIGHTNING} ({supported.message or 'ok'};"
+            f" missing: {missing or 'nothing'}). PreemptionCheckpoint handles only the signals other than SIGTERM;"
+            " SIGTERM is left to Lightning, which may not save a checkpoint of a multi-rank job.",
+            stacklevel=2,
+        )
+        return False
+    _State.enabled = True
+    return True
+
+
+def _skip() -> None:
+    return None
+
+
+def take_over_sigterm(trainer: Any, handler: Callable[[int, Any], None]) -> bool:
+    """Makes ``handler`` what ``trainer`` registers for SIGTERM when its fit starts, instead of Lightning's notifier.
+
+    Call it before the fit's signal handlers are registered (a callback's ``setup`` hook is). Lightning still sets the
+    handler up and restores the previous one when the fit ends; ``trainer.received_sigterm`` stays ``False``; the
+    per-batch broadcast of the SIGTERM flag is skipped.
+
+    Args:
+        trainer: a ``lightning.pytorch.Trainer``.
+        handler: ``handler(signum, frame)``, called in the main thread.
+
+    Returns:
+        Whether SIGTERM was taken over (``False`` on a Lightning this was not checked against).
+    """
+    if not installed():
+        return False
+    setattr(trainer._signal_connector, _NOTIFIER, handler)
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if hasattr(epoch_loop, _BROADCAST):
+        setattr(epoch_loop, _BROADCAST, _skip)
+    return True
+
+
+def release_sigterm(trainer: Any) -> None:
+    """Undoes :func:`take_over_sigterm` on ``trainer`` (a later fit without the callback gets Lightning's handling)."""
+    connector = trainer._signal_connector
+    if _NOTIFIER in vars(connector):
+        delattr(connector, _NOTIFIER)
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if vars(epoch_loop).get(_BROADCAST) is _skip:
+        delattr(epoch_loop, _BROADCAST)
+
+
+PATCH = registry.Patch(
+    name="signals",
+    targets=(
+        f"{'.'.join(_CONNECTOR)}.{_NOTIFIER}",
+        f"{'.'.join(_CONNECTOR)}.register_signal_handlers",
+        f"{'.'.join(_EPOCH_LOOP)}.{_BROADCAST}",
+    ),
+    requirement=registry.SUPPORTED_LIGHTNING,
+    install=install,
+    installed=installed,
+)

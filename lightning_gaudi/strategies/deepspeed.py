@@ -1,0 +1,525 @@
+"""The ``"hpu_deepspeed"`` strategy: DeepSpeed ZeRO (stages 1 to 3) over HCCL, gloo in emulation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from lightning.fabric.plugins import ClusterEnvironment
+from lightning.fabric.strategies.registry import _StrategyRegistry
+from lightning.fabric.utilities.distributed import ReduceOp
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision, Precision
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_warn
+from lightning_utilities.core.imports import RequirementCache
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+from lightning_gaudi.distributed import (
+    DEFAULT_TIMEOUT,
+    check_same_layout,
+    coerce_timeout,
+    collective_errors,
+    init_process_group,
+)
+from lightning_gaudi.hpu.deepspeed_accelerator import (
+    INTEL_FORK_INSTALL,
+    DeepSpeedMissingError,
+    is_intel_fork,
+    missing_deepspeed_message,
+    select_deepspeed_accelerator,
+)
+from lightning_gaudi.patches import deepspeed_strategy
+from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
+from lightning_gaudi.strategies._shared import (
+    DeviceResolver,
+    RankLayout,
+    all_reduce,
+    check_devices,
+    check_launch,
+    form_process_group,
+    refuse_lazy_emulation,
+)
+
+if TYPE_CHECKING:
+    import deepspeed
+    import lightning.pytorch as pl
+
+_log = logging.getLogger("lightning.pytorch.strategies.hpu_deepspeed")
+
+#: Truthy when DeepSpeed is installed (checked without importing it).
+DEEPSPEED_AVAILABLE = RequirementCache("deepspeed")
+#: The ZeRO stages DeepSpeed has: 0 (off), 1 (optimizer state), 2 (and gradients), 3 (and parameters).
+ZERO_STAGES = (0, 1, 2, 3)
+#: The names registered besides ``"hpu_deepspeed"`` (ZeRO-2), and the arguments each implies.
+DEEPSPEED_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = tuple(
+    (f"hpu_deepspeed_stage_{stage}", {"stage": stage}) for stage in (1, 2, 3)
+)
+#: Where a checkpoint directory is written before it is renamed into place, and where the one it replaces waits.
+_STAGING_SUFFIX = ".partial"
+_REPLACED_SUFFIX = ".replaced"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every mapping a ``dict`` and every list-like a ``list`` (a Hydra ``DictConfig`` included)."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _check_stage(stage: Any, where: str) -> None:
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise ValueError(
+            f"{where}={stage!r} is not a ZeRO stage. DeepSpeed has stages 0 (off), 1 (partitions the optimizer"
+            " state), 2 (and the gradients) and 3 (and the parameters); for more memory than stage 3 saves, add"
+            " `offload_optimizer=True` / `offload_parameters=True`."
+        )
+
+
+def load_config(config: Mapping[str, Any] | str | Path | None) -> dict[str, Any] | None:
+    """A DeepSpeed config as a new ``dict``, from a mapping (a Hydra node too), a JSON file, or (when ``None``) the
+    file named by Lightning's ``PL_DEEPSPEED_CONFIG_PATH``; ``None`` when there is none.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: the file is not JSON, or holds no JSON object.
+        TypeError: ``config`` is neither a mapping nor a path.
+    """
+    if config is None:
+        config = os.environ.get(DeepSpeedStrategy.DEEPSPEED_ENV_VAR)
+        if config is None:
+            return None
+    if isinstance(config, Mapping):
+        return _plain(config)  # type: ignore[no-any-return]
+    if not isinstance(config, (str, Path)):
+        raise TypeError(
+            f"`config` must be a DeepSpeed config dict or the path of a JSON file, got {type(config).__name__}."
+        )
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"The DeepSpeed config file {str(path)!r} does not exist.")
+    try:
+        loaded = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"The DeepSpeed config file {str(path)!r} is not valid JSON: {err}.") from err
+    if not isinstance(loaded, dict):
+        raise ValueError(f"The DeepSpeed config file {str(path)!r} holds a {type(loaded).__name__}, not a JSON object.")
+    return loaded
+
+
+def check_config(config: Mapping[str, Any]) -> None:
+    """Refuses what DeepSpeed or Lightning would only refuse once the processes run: an unknown ZeRO stage, a
+    ``zero_optimization`` section DeepSpeed's schema rejects, settings the Trainer owns.
+
+    Call after DeepSpeed's accelerator is chosen (it imports DeepSpeed).
+
+    Raises:
+        ValueError: see above, naming the key and the fix.
+    """
+    if "gradient_accumulation_steps" in config:
+        raise ValueError(
+            "Remove `gradient_accumulation_steps` from the DeepSpeed config: the strategy sets it from"
+            " `Trainer(accumulate_grad_batches=...)`."
+        )
+    zero = config.get("zero_optimization")
+    if zero is None or isinstance(zero, bool):
+        return
+    if not isinstance(zero, Mapping):
+        raise ValueError(f"`zero_optimization` in the DeepSpeed config must be a mapping, got {zero!r}.")
+    if "stage" in zero:
+        _check_stage(zero["stage"], "`zero_optimization.stage`")
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from pydantic import ValidationError
+
+    try:
+        DeepSpeedZeroConfig(**zero)
+    except ValidationError as err:
+        raise ValueError(f"DeepSpeed rejects the `zero_optimization` section of the config: {err}") from err
+
+
+def gradient_clipping(config: Mapping[str, Any], clip_val: float | None, algorithm: str | None) -> float:
+    """The ``gradient_clipping`` DeepSpeed must use: the Trainer's ``gradient_clip_val`` (0, no clipping, when unset),
+    never DeepSpeed's own default of 1.0.
+
+    Raises:
+        ValueError: the config sets another value than the Trainer, or the Trainer clips by value (DeepSpeed clips
+            only by norm).
+    """
+    wanted = float(clip_val or 0.0)
+    if wanted and algorithm == GradClipAlgorithmType.VALUE:
+        raise ValueError(
+            "DeepSpeed clips gradients by norm only, but the Trainer has gradient_clip_algorithm='value'. Use"
+            " `Trainer(gradient_clip_val=..., gradient_clip_algorithm='norm')`."
+        )
+    given = config.get("gradient_clipping")
+    if given is not None and float(given) != wanted:
+        trainer = f"gradient_clip_val={clip_val!r}" if clip_val else "no gradient_clip_val (no clipping)"
+        raise ValueError(
+            f"The DeepSpeed config has gradient_clipping={given!r}, but the Trainer has {trainer}. The Trainer's"
+            " setting decides: remove `gradient_clipping` from the config and set"
+            f" `Trainer(gradient_clip_val={given!r})` to clip at {given!r}."
+        )
+    return wanted
+
+
+class HPUDeepSpeedStrategy(DeepSpeedStrategy):
+    """DeepSpeed ZeRO on HPUs, one process per card: optimizer state (stage 1), gradients (2) and parameters (3)
+    partitioned across the ranks.
+
+    On Gaudi it runs Intel's DeepSpeed fork with DeepSpeed's ``"hpu"`` accelerator over HCCL; in eager emulation,
+    public DeepSpeed with its ``"cpu"`` accelerator over gloo. The accelerator is chosen (``DS_ACCELERATOR``) when the
+    strategy is created, before anything imports DeepSpeed. Ranks start, find each other and time out as with
+    ``"hpu_parallel"``. With ``accelerator="hpu"``, Lightning's names (``"deepspeed"``, ``"deepspeed_stage_3"``...) run
+    this strategy with the same settings, and ``precision`` chooses Lightning's ``DeepSpeedPrecision`` (bf16 on
+    Gaudi; fp16 from Gaudi 2 on).
+
+    Gradient clipping is the Trainer's ``gradient_clip_val`` (by norm), never DeepSpeed's default of 1.0: no clipping
+    unless the Trainer asks. A checkpoint is a directory (each rank writes its shards), written beside its final
+    name and renamed into place once every rank has written (see :meth:`save_checkpoint`); resume with
+    ``Trainer.fit(ckpt_path=that_directory)``.
+
+    Args:
+        accelerator: normally left to the Trainer (``accelerator="hpu"``).
+        zero_optimization: enable ZeRO (``False``: DeepSpeed's data parallelism alone).
+        stage: the ZeRO stage, 0 to 3 (ignored when ``config`` is given: its ``zero_optimization.stage`` decides).
+        config: a DeepSpeed config (https://www.deepspeed.ai/docs/config-json/): a dict, a Hydra node, or the path
+            of a JSON file; replaces every other ZeRO argument. ``gradient_clipping`` and
+            ``gradient_accumulation_steps`` come from the Trainer; a config that sets them otherwise is refused.
+        offload_optimizer: keep the optimizer state and its step on the host (ZeRO-Offload; DeepSpeed's CPU Adam).
+        offload_parameters: keep the parameters on the host between uses (ZeRO-3 only).
+        remote_device: where ZeRO-3 creates parameters first (``"cpu"``); the card when ``None``.
+        contiguous_gradients: copy gradients into one buffer as they are produced.
+        overlap_comm: overlap gradient reduction with the backward pass.
+        allgather_bucket_size: elements gathered at once (memory against speed).
+        reduce_bucket_size: elements reduced at once (memory against speed).
+        sub_group_size: ZeRO-3 parameters per optimizer sub-group.
+        zero_allow_untested_optimizer: allow optimizers DeepSpeed has not tested with ZeRO (any torch optimizer).
+        logging_batch_size_per_gpu: the micro-batch size DeepSpeed logs throughput with (``"auto"``: the loader's).
+        logging_level: DeepSpeed's logging level.
+        partition_activations: partition activation checkpoints across ranks (with
+            ``deepspeed.checkpointing.checkpoint``).
+        cpu_checkpointing: keep partitioned activation checkpoints on the host.
+        load_full_weights: resume ZeRO-3 from a single consolidated weights file instead of a checkpoint directory.
+        exclude_frozen_parameters: leave frozen parameters out of checkpoints.
+        parallel_devices: normally left to the Trainer (``devices=...``).
+        cluster_environment: how ranks find each other; detected by Lightning when not given.
+        precision_plugin: a ``DeepSpeedPrecision``; normally chosen from ``Trainer(precision=...)``.
+        process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
+        timeout: how long a collective, a barrier or the process-group set-up waits for its peers (a ``timedelta``
+            or seconds); default 10 minutes, as ``"hpu_parallel"``.
+        **kwargs: any other argument of Lightning's ``DeepSpeedStrategy`` (NVMe offload, loss scaling...).
+
+    Raises:
+        ImportError: DeepSpeed is not installed (or, on Gaudi, cannot drive the HPU), with the command that installs
+            it.
+        ValueError: a ZeRO stage other than 0 to 3, a bad config (see :func:`check_config`), an accelerator that is no
+            HPU, lazy emulation, or ``DS_ACCELERATOR`` set to another accelerator.
+        TypeError: an argument Lightning's ``DeepSpeedStrategy`` does not take.
+        RuntimeError: DeepSpeed was imported earlier with another accelerator.
+    """
+
+    strategy_name = "hpu_deepspeed"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (DeepSpeedStrategy,)
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        zero_optimization: bool = True,
+        stage: int = 2,
+        config: dict[str, Any] | str | Path | None = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        remote_device: str | None = None,
+        contiguous_gradients: bool = True,
+        overlap_comm: bool = True,
+        allgather_bucket_size: int = 200_000_000,
+        reduce_bucket_size: int = 200_000_000,
+        sub_group_size: int = 1_000_000_000_000,
+        zero_allow_untested_optimizer: bool = True,
+        logging_batch_size_per_gpu: str | int = "auto",
+        logging_level: int = logging.WARN,
+        partition_activations: bool = False,
+        cpu_checkpointing: bool = False,
+        load_full_weights: bool = False,
+        exclude_frozen_parameters: bool = False,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        check_hpu_accelerator(self.strategy_name, accelerator)
+        deepspeed_strategy.check_installed()
+        _check_stage(stage, "`stage`")
+        self._check_kwargs(kwargs)
+        backend = hpu.get_backend()
+        if not DEEPSPEED_AVAILABLE:
+            raise DeepSpeedMissingError(missing_deepspeed_message(backend, type(self).__name__))
+        loaded = load_config(config)
+        select_deepspeed_accelerator(backend, type(self).__name__)
+        if loaded is not None:
+            check_config(loaded)
+        if not backend.emulated:
+            self._warn_unless_intel_fork()
+        super().__init__(
+            accelerator=accelerator,
+            zero_optimization=zero_optimization,
+            stage=stage,
+            config=loaded,
+            offload_optimizer=offload_optimizer,
+            offload_parameters=offload_parameters,
+            remote_device=remote_device,
+            contiguous_gradients=contiguous_gradients,
+            overlap_comm=overlap_comm,
+            allgather_bucket_size=allgather_bucket_size,
+            reduce_bucket_size=reduce_bucket_size,
+            sub_group_size=sub_group_size,
+            zero_allow_untested_optimizer=zero_allow_untested_optimizer,
+            logging_batch_size_per_gpu=logging_batch_size_per_gpu,
+            logging_level=logging_level,
+            partition_activations=partition_activations,
+            cpu_checkpointing=cpu_checkpointing,
+            load_full_weights=load_full_weights,
+            exclude_frozen_parameters=exclude_frozen_parameters,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=coerce_timeout(timeout),
+            **kwargs,
+        )
+        self._backward_errors = collective_errors("backward (ZeRO gradient reduction)", self.timeout)
+        self._devices = DeviceResolver(type(self).__name__)
+
+    @staticmethod
+    def _check_kwargs(kwargs: dict[str, Any]) -> None:
+        import difflib
+        import inspect
+
+        accepted = set(inspect.signature(DeepSpeedStrategy.__init__).parameters) - {"self"}
+        own = set(inspect.signature(HPUDeepSpeedStrategy.__init__).parameters) - {"self", "kwargs"}
+        for name in kwargs:
+            if name not in accepted:
+                close = difflib.get_close_matches(name, sorted(accepted | own), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise TypeError(
+                    f"HPUDeepSpeedStrategy got an unexpected keyword argument {name!r}: it is neither one of its own"
+                    f" arguments nor one of Lightning's DeepSpeedStrategy's.{hint}"
+                )
+
+    @staticmethod
+    def _warn_unless_intel_fork() -> None:
+        import deepspeed
+
+        if not is_intel_fork(deepspeed.__version__):
+            rank_zero_warn(
+                f"DeepSpeed {deepspeed.__version__} is not Intel's Gaudi fork, which Intel supports on Gaudi. Install"
+                f" it with `{INTEL_FORK_INSTALL}`."
+            )
+
+    @property
+    def timeout(self) -> timedelta:
+        """How long a collective, a barrier or the process-group set-up waits for its peers."""
+        return self._timeout  # type: ignore[return-value]  # coerced to a timedelta in __init__
+
+    @property  # type: ignore[override]
+    @override
+    def accelerator(self) -> Accelerator | None:
+        return self._accelerator
+
+    @accelerator.setter
+    @override
+    def accelerator(self, accelerator: Accelerator | None) -> None:
+        check_hpu_accelerator(self.strategy_name, accelerator)
+        if accelerator is not None:
+            refuse_lazy_emulation(self.strategy_name)
+        self._accelerator = accelerator
+
+    @property  # type: ignore[override]
+    @override
+    def precision_plugin(self) -> Precision:
+        return self._precision_plugin if self._precision_plugin is not None else DeepSpeedPrecision("32-true")
+
+    @precision_plugin.setter
+    @override
+    def precision_plugin(self, precision_plugin: Precision | None) -> None:
+        if precision_plugin is not None and not isinstance(precision_plugin, DeepSpeedPrecision):
+            raise ValueError(
+                f"{self.strategy_name!r} trains through DeepSpeed's engine, which needs Lightning's DeepSpeedPrecision,"
+                f" not {type(precision_plugin).__name__}. Pass `Trainer(precision=...)` (e.g. 'bf16-mixed') and no"
+                " precision plugin."
+            )
+        self._precision_plugin = precision_plugin
+
+    def hpu_precision_plugin(self, precision: str) -> Precision | None:
+        """The precision plugin for ``Trainer(precision=precision)`` with ``accelerator="hpu"`` (asked by the
+        accelerator connector): Lightning's ``DeepSpeedPrecision``, which hands the dtype to DeepSpeed's config."""
+        return DeepSpeedPrecision(precision)  # type: ignore[arg-type]  # checked by the plugin
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        """This process's device; in emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
+        return self._devices(super().root_device)
+
+    @override
+    def set_world_ranks(self) -> None:
+        """Checks the launch against ``num_nodes`` x ``devices`` and the node, then sets the ranks (as
+        :meth:`lightning_gaudi.HPUParallelStrategy.set_world_ranks`)."""
+        check_launch(self.cluster_environment, self.parallel_devices, self.num_processes, self.num_nodes)
+        super().set_world_ranks()
+        check_devices(self.parallel_devices, type(self).__name__)
+
+    @override
+    def setup_environment(self) -> None:
+        # Lightning's DeepSpeedStrategy refuses every accelerator but CUDA here; DDP's set-up is what it runs past that
+        assert self.lightning_module is not None
+        trainer = self.lightning_module.trainer
+        self._take_gradient_clipping(trainer)
+        DDPStrategy.setup_environment(self)
+        prepare_trainer(trainer)
+
+    def _take_gradient_clipping(self, trainer: pl.Trainer) -> None:
+        assert isinstance(self.config, dict)
+        self.config["gradient_clipping"] = gradient_clipping(
+            self.config, trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+        )
+
+    @override
+    def setup_distributed(self) -> None:
+        import deepspeed
+
+        reset_seed()
+        self.set_world_ranks()
+        self._process_group_backend = self._get_process_group_backend()
+        assert self.cluster_environment is not None
+        layout = RankLayout(
+            self.global_rank, self.world_size, self.local_rank, self.node_rank, self.num_processes, self.num_nodes
+        )
+        form_process_group(
+            self._process_group_backend,
+            self.cluster_environment,
+            layout,
+            self.timeout,
+            self.root_device,
+            _log,
+            init_process_group,
+        )
+        # parts of DeepSpeed read its launcher's variables
+        os.environ.update(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
+        # adopts the process group formed above
+        deepspeed.init_distributed(self._process_group_backend, auto_mpi_discovery=False, timeout=self.timeout)
+
+    @override
+    def _setup_model_and_optimizer(
+        self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
+    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
+        return deepspeed_strategy.initialize_engine(self, model, optimizer, lr_scheduler)
+
+    @override
+    def _get_process_group_backend(self) -> str:
+        return self._process_group_backend or hpu.get_backend().collective_backend
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        with collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
+            super().barrier(name)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with collective_errors("broadcast", self.timeout):
+            return super().broadcast(obj, src)
+
+    @override
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        with collective_errors("all_gather", self.timeout):
+            check_same_layout(tensor, "all_gather", group)
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    @override
+    def reduce(
+        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
+    ) -> Tensor | Any:
+        """All-reduces ``tensor`` with HCCL's reductions (see :meth:`lightning_gaudi.HPUParallelStrategy.reduce`)."""
+        return all_reduce(tensor, group, reduce_op, self.timeout)
+
+    @override
+    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
+        with self._backward_errors:
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict, filepath: _PATH, storage_options: Any | None = None) -> None:
+        """Writes the checkpoint directory ``filepath`` (every rank its shards) as one step for readers.
+
+        Every rank writes into ``<name>.partial`` beside it; once all have, rank zero renames it to ``filepath``. A
+        checkpoint that replaces one of the same name (``last.ckpt``) first moves the old one to
+        ``<name>.replaced``, then renames the new one into place and deletes the old: a crash leaves either the
+        complete old or the complete new checkpoint under ``filepath``, except in the instant between the two renames,
+        when the old one is still whole under ``<name>.replaced``. The directory must be on a file system every rank
+        writes to (as DeepSpeed requires); URLs are refused.
+
+        Raises:
+            ValueError: ``filepath`` is a URL (DeepSpeed writes with local file I/O).
+        """
+        path: str = self.broadcast(str(filepath))
+        if "://" in path:
+            raise ValueError(
+                f"DeepSpeed writes its checkpoint directory with local file I/O; {path!r} is a URL. Save to a"
+                " local or mounted path shared by every rank, then copy it."
+            )
+        final = Path(path)
+        staging = final.with_name(final.name + _STAGING_SUFFIX)
+        if self.is_global_zero and staging.exists():
+            shutil.rmtree(staging)  # left by a run that crashed while writing
+        self.barrier("hpu_deepspeed.save_checkpoint.staging")
+        super().save_checkpoint(checkpoint, staging, storage_options)
+        self.barrier("hpu_deepspeed.save_checkpoint.written")
+        if self.is_global_zero:
+            replaced = final.with_name(final.name + _REPLACED_SUFFIX)
+            if final.exists():
+                if replaced.exists():
+                    shutil.rmtree(replaced)
+                final.rename(replaced)
+            staging.rename(final)
+            if replaced.exists():
+                shutil.rmtree(replaced)
+        self.barrier("hpu_deepspeed.save_checkpoint.renamed")
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        hpu.explain_error(exception)
+        if self.launcher is not None:
+            # the job has failed: the ranks this process started would wait for it in a collective until the timeout
+            self.launcher.kill(signal.SIGKILL)
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        """Registers ``"hpu_deepspeed"`` (ZeRO-2) and ``"hpu_deepspeed_stage_1"`` to ``_3``, whether or not DeepSpeed
+        is installed: using them without it raises the error that says how to install it."""
+        strategy_registry.register(
+            cls.strategy_name, cls, description=f"{cls.__name__} (DeepSpeed ZeRO-2 on HPUs)", override=True
+        )
+        for name, init_params in DEEPSPEED_VARIANTS:
+            strategy_registry.register(
+                name, cls, description=f"{cls.__name__} {init_params}", override=True, **init_params
+            )

@@ -1,0 +1,546 @@
+"""The ``"hpu_fsdp"`` strategy: torch's FullyShardedDataParallel over HCCL (gloo in emulation)."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import logging
+import os
+import shutil
+import signal
+import uuid
+from collections.abc import Callable, Generator, Iterable
+from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+import torch.distributed.checkpoint as dcp
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.strategies.registry import _StrategyRegistry
+from lightning.fabric.utilities.distributed import ReduceOp
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.plugins import TorchSyncBatchNorm
+from lightning.pytorch.plugins.precision import FSDPPrecision, Precision
+from lightning.pytorch.strategies import FSDPStrategy, Strategy
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffload,
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    FullyShardedDataParallel,
+    MixedPrecision,
+    OptimStateKeyType,
+    ShardingStrategy,
+    StateDictType,
+)
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, enable_wrap
+from torch.nn import Module
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout, collective_errors, init_process_group
+from lightning_gaudi.fsdp_precision import FSDP_PRECISIONS, HPUFSDPPrecision
+from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
+from lightning_gaudi.strategies._shared import (
+    DeviceResolver,
+    RankLayout,
+    all_reduce,
+    check_devices,
+    check_launch,
+    form_process_group,
+)
+from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+_log = logging.getLogger("lightning.pytorch.strategies.hpu_fsdp")
+
+#: The sharding strategies by name (``HYBRID_SHARD`` needs ``device_mesh``).
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+#: What the strategy sets itself on ``FullyShardedDataParallel``, or takes as its own argument.
+_SET_BY_STRATEGY = ("module", "device_id", "cpu_offload", "mixed_precision", "sharding_strategy")
+#: Written by rank 0 into a sharded checkpoint beside the shards: everything but the model and optimizer states.
+#: Lightning's FSDP strategy recognises a sharded checkpoint directory by this file.
+METADATA_FILENAME = "meta.pt"
+
+WrapPolicy = set[type[Module]] | list[type[Module] | str] | Callable[[Module, bool, int], bool] | ModuleWrapPolicy
+
+
+def _module_classes(policy: Iterable[type[Module] | str], argument: str) -> set[type[Module]]:
+    """The module classes of a set or list of classes or dotted class paths (a config names them by path)."""
+    classes: set[type[Module]] = set()
+    for entry in policy:
+        cls: object = entry
+        if isinstance(entry, str):
+            module_path, _, name = entry.rpartition(".")
+            try:
+                cls = getattr(importlib.import_module(module_path), name) if module_path else None
+            except (ImportError, AttributeError) as err:
+                raise ValueError(f"`{argument}` names {entry!r}, which cannot be imported: {err}.") from err
+        if not (isinstance(cls, type) and issubclass(cls, Module)):
+            raise ValueError(
+                f"`{argument}` must hold torch.nn.Module classes (or their dotted paths); got {entry!r}. To wrap each"
+                " transformer block, pass its class, e.g. {MyBlock} or ['my_pkg.model.MyBlock']."
+            )
+        classes.add(cls)
+    return classes
+
+
+def _policy(policy: WrapPolicy | None, argument: str) -> Any:
+    # any collection of classes or paths: a Hydra config gives a ListConfig
+    if isinstance(policy, Iterable) and not isinstance(policy, (str, ModuleWrapPolicy)) and not callable(policy):
+        return _module_classes(policy, argument)
+    return policy
+
+
+def _sharding_strategy(value: ShardingStrategy | str) -> ShardingStrategy | str:
+    if isinstance(value, ShardingStrategy):
+        return value
+    if not isinstance(value, str) or value.upper() not in SHARDING_STRATEGIES:
+        close = difflib.get_close_matches(str(value).upper(), SHARDING_STRATEGIES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"`sharding_strategy={value!r}` is not a sharding strategy; use one of"
+            f" {', '.join(repr(s) for s in SHARDING_STRATEGIES)} or a torch.distributed.fsdp.ShardingStrategy.{hint}"
+        )
+    return value.upper()
+
+
+def _check_state_dict_type(value: object) -> None:
+    if value not in ("full", "sharded"):
+        raise ValueError(
+            f"`state_dict_type={value!r}` must be 'full' (one file, gathered on rank 0) or 'sharded' (a directory with"
+            " each rank's shard)."
+        )
+
+
+def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> None:
+    accepted = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self", *_SET_BY_STRATEGY}
+    for name in kwargs:
+        if name in _SET_BY_STRATEGY:
+            raise TypeError(f"`{name}` is set by HPUFSDPStrategy itself when it wraps the model; remove it.")
+        if name not in accepted:
+            close = difflib.get_close_matches(name, sorted(accepted), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else f" It takes: {', '.join(sorted(accepted))}."
+            raise TypeError(
+                f"HPUFSDPStrategy got an unexpected keyword argument {name!r}: it is neither one of its own arguments"
+                f" nor one of torch.distributed.fsdp.FullyShardedDataParallel's.{hint}"
+            )
+
+
+class HPUFSDPStrategy(FSDPStrategy):
+    """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card.
+
+    Each rank keeps only its shard of the parameters, gradients and optimizer states (``FULL_SHARD``), gathering a
+    layer's full parameters just for its forward and backward: per-rank model and optimizer memory falls to about
+    1 / world size of DDP's, for more communication. On Gaudi the process group uses HCCL and FSDP runs on the HPU
+    device in eager mode, with or without ``torch.compile`` (Intel supports FSDP on Gaudi 2 in eager mode only; lazy
+    mode is refused); in eager emulation it runs on the CPU over gloo. With ``accelerator="hpu"``, Lightning's own
+    ``"fsdp"`` name runs this strategy. Launching, multi-node runs and launch checks are those of
+    :class:`~lightning_gaudi.HPUParallelStrategy`.
+
+    Checkpoints: with ``state_dict_type="full"`` rank 0 gathers the full weights and optimizer states and writes one
+    file through :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (atomic: a temporary file renamed into place);
+    it loads into any strategy. With ``"sharded"`` every rank writes its shard (torch distributed checkpoint) into a
+    directory; the directory is built under a temporary name beside the target and renamed into place once every rank
+    has written, so a crash never leaves a partial checkpoint under the target name. Overwriting an existing
+    checkpoint moves the old one aside first: between those two renames (microseconds) the target name is absent and
+    the previous checkpoint sits under ``.<name>.old-<id>``. A sharded checkpoint resumes on the same world size; a
+    full one on any. Sharded checkpoints need a file system every rank sees (local paths only).
+
+    Args:
+        accelerator: normally left to the Trainer (``accelerator="hpu"``).
+        parallel_devices: normally left to the Trainer (``devices=...``).
+        cluster_environment: how ranks find each other; detected by Lightning when not given.
+        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO`; writes full checkpoints.
+        precision_plugin: an :class:`~lightning_gaudi.HPUFSDPPrecision`; normally ``Trainer(precision=...)``.
+        process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
+        timeout: how long a collective, a barrier or the process-group set-up waits for its peers (a ``timedelta``
+            or seconds; default 10 minutes, as :class:`~lightning_gaudi.HPUParallelStrategy`).
+        cpu_offload: must stay ``None``/``False``: CPU offload of parameters is not offered on HPUs (Intel documents
+            FSDP on Gaudi without it, and in emulation the parameters already live in host memory).
+        mixed_precision: torch's ``MixedPrecision`` config; by default it follows the precision plugin.
+        auto_wrap_policy: which submodules become their own FSDP unit (sharded and gathered one at a time): a set or
+            list of module classes or their dotted paths (e.g. the transformer block), or a torch wrap policy.
+            Without one the whole model is one unit, gathered whole for every forward.
+        activation_checkpointing_policy: which submodules recompute their activations in the backward instead of
+            storing them, in the same forms.
+        sharding_strategy: ``"FULL_SHARD"`` (parameters, gradients and optimizer states; default),
+            ``"SHARD_GRAD_OP"`` (gradients and optimizer states), ``"NO_SHARD"`` (like DDP), ``"HYBRID_SHARD"``
+            (full sharding within a node, replication across nodes; needs ``device_mesh``), or a
+            ``torch.distributed.fsdp.ShardingStrategy``.
+        state_dict_type: ``"full"`` or ``"sharded"`` checkpoints (see above).
+        device_mesh: for ``HYBRID_SHARD``, ``(replicas, shards)`` (product: the world size) or a ``DeviceMesh``.
+        **kwargs: any other ``FullyShardedDataParallel`` argument (``limit_all_gathers``, ``forward_prefetch``...),
+            checked against its signature here.
+
+    Raises:
+        ValueError: an unknown sharding strategy or ``state_dict_type``, CPU offload, a wrap policy that names no
+            module class, a bad ``timeout``, a non-HPU accelerator.
+        TypeError: a keyword argument ``FullyShardedDataParallel`` does not take (with the closest name).
+    """
+
+    strategy_name = "hpu_fsdp"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        cpu_offload: bool | CPUOffload | None = None,
+        mixed_precision: MixedPrecision | None = None,
+        auto_wrap_policy: WrapPolicy | None = None,
+        activation_checkpointing_policy: WrapPolicy | None = None,
+        sharding_strategy: ShardingStrategy | Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = (
+            "FULL_SHARD"
+        ),
+        state_dict_type: Literal["full", "sharded"] = "full",
+        device_mesh: tuple[int, int] | DeviceMesh | None = None,
+        **kwargs: Any,
+    ) -> None:
+        check_hpu_accelerator(self.strategy_name, accelerator)
+        if cpu_offload is True or (isinstance(cpu_offload, CPUOffload) and cpu_offload.offload_params):
+            raise ValueError(
+                f"HPUFSDPStrategy got `cpu_offload={cpu_offload!r}`: CPU offload is not offered on HPUs. Intel"
+                " documents FSDP on Gaudi without it, and under emulation the parameters already live in host memory,"
+                " so it would change nothing there. Remove it (strategy 'fsdp_cpu_offload' maps to it), shard over"
+                " more cards, or use activation_checkpointing_policy to save activation memory."
+            )
+        _check_state_dict_type(state_dict_type)
+        _check_fsdp_kwargs(kwargs)
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io or HPUCheckpointIO(),
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=coerce_timeout(timeout),
+            cpu_offload=None,
+            mixed_precision=mixed_precision,
+            auto_wrap_policy=_policy(auto_wrap_policy, "auto_wrap_policy"),
+            activation_checkpointing_policy=_policy(activation_checkpointing_policy, "activation_checkpointing_policy"),
+            sharding_strategy=_sharding_strategy(sharding_strategy),  # type: ignore[arg-type]  # a checked name
+            state_dict_type=state_dict_type,
+            device_mesh=device_mesh,
+            **kwargs,
+        )
+        self._devices = DeviceResolver(type(self).__name__)
+        self._backward_errors = collective_errors("backward (gradient reduce-scatter)", self.timeout)
+
+    @property
+    def timeout(self) -> timedelta:
+        """How long a collective, a barrier or the process-group set-up waits for its peers."""
+        return self._timeout  # type: ignore[return-value]  # coerced to a timedelta in __init__
+
+    @property
+    def state_dict_type(self) -> str:
+        """``"full"`` or ``"sharded"``: how checkpoints are written (settable between saves)."""
+        return self._state_dict_type
+
+    @state_dict_type.setter
+    def state_dict_type(self, value: Literal["full", "sharded"]) -> None:
+        _check_state_dict_type(value)
+        self._state_dict_type = value
+
+    @property  # type: ignore[override]
+    @override
+    def accelerator(self) -> Accelerator | None:
+        return self._accelerator
+
+    @accelerator.setter
+    @override
+    def accelerator(self, accelerator: Accelerator | None) -> None:
+        check_hpu_accelerator(self.strategy_name, accelerator)
+        if accelerator is not None:
+            refuse_lazy_mode(self.strategy_name)
+        self._accelerator = accelerator
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        """This process's device; in emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
+        return self._devices(super().root_device)
+
+    @property
+    def fsdp_device(self) -> torch.device:
+        """The ``device_id`` FSDP is given: the root device, with an index on a Gaudi (one process drives one card,
+        index 0, and torch's FSDP takes no index-less accelerator device); the CPU in eager emulation."""
+        device = self.root_device
+        if device.type == "cpu" or device.index is not None:
+            return device
+        return torch.device(device.type, 0)
+
+    @property  # type: ignore[override]
+    @override
+    def precision_plugin(self) -> FSDPPrecision:
+        plugin = self._precision_plugin
+        if plugin is not None:
+            assert isinstance(plugin, FSDPPrecision)
+            return plugin
+        self._precision_plugin = HPUFSDPPrecision("32-true")  # kept: the strategy binds the sharded module to it
+        return self._precision_plugin
+
+    @precision_plugin.setter
+    @override
+    def precision_plugin(self, precision_plugin: Precision | None) -> None:
+        if precision_plugin is not None and not isinstance(precision_plugin, HPUFSDPPrecision):
+            name = getattr(precision_plugin, "precision", "32-true")
+            raise TypeError(
+                f"HPUFSDPStrategy trains with an HPUFSDPPrecision plugin (autocast on the HPU, FSDP's mixed-precision"
+                f" casts), got {type(precision_plugin).__name__}. Pass `Trainer(precision={name!r})` or"
+                f" `plugins=[lightning_gaudi.HPUFSDPPrecision({name!r})]`."
+            )
+        self._precision_plugin = precision_plugin
+
+    def hpu_precision_plugin(self, precision: str) -> Precision:
+        """The precision plugin for ``Trainer(precision=...)`` (the connector asks; see
+        :mod:`lightning_gaudi.patches.connector`).
+
+        Raises:
+            ValueError: a precision FSDP does not train in here (``"fp8"``).
+        """
+        if precision not in FSDP_PRECISIONS:
+            raise ValueError(
+                f"`precision={precision!r}` does not run with strategy 'hpu_fsdp'; use one of"
+                f" {', '.join(repr(p) for p in FSDP_PRECISIONS)}."
+            )
+        return HPUFSDPPrecision(precision)  # type: ignore[arg-type]  # checked against the literal's values above
+
+    @override
+    def set_world_ranks(self) -> None:
+        """Checks the launch against ``num_nodes`` x ``devices`` and the node, then sets the ranks (as
+        :meth:`HPUParallelStrategy.set_world_ranks <lightning_gaudi.HPUParallelStrategy.set_world_ranks>`)."""
+        check_launch(self.cluster_environment, self.parallel_devices, self.num_processes, self.num_nodes)
+        super().set_world_ranks()
+        check_devices(self.parallel_devices, type(self).__name__)
+
+    @override
+    def setup_environment(self) -> None:
+        # The process group is formed here, on HCCL (gloo in emulation), before Lightning's set-up, which then finds
+        # it formed; a device mesh given as a tuple is built on the HPU device type, not CUDA.
+        reset_seed()
+        self.set_world_ranks()
+        self._process_group_backend = self._get_process_group_backend()
+        assert self.cluster_environment is not None
+        layout = RankLayout(
+            self.global_rank, self.world_size, self.local_rank, self.node_rank, self.num_processes, self.num_nodes
+        )
+        form_process_group(
+            self._process_group_backend,
+            self.cluster_environment,
+            layout,
+            self.timeout,
+            self.root_device,
+            _log,
+            init_process_group,
+        )
+        mesh = self.kwargs.get("device_mesh")
+        if isinstance(mesh, tuple):
+            self.kwargs["device_mesh"] = init_device_mesh(self.root_device.type, mesh)
+        super().setup_environment()
+        if self.lightning_module is not None:
+            prepare_trainer(self.lightning_module.trainer)
+
+    @override
+    def _get_process_group_backend(self) -> str:
+        return self._process_group_backend or hpu.get_backend().collective_backend
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        if type(self._layer_sync) is TorchSyncBatchNorm:  # Trainer(sync_batchnorm=True)
+            self._layer_sync = HPUSyncBatchNorm()
+        super().setup(trainer)
+        plugin = self.precision_plugin
+        if isinstance(plugin, HPUFSDPPrecision) and isinstance(self.model, FullyShardedDataParallel):
+            plugin.bind(self.model)  # gradient clipping by norm needs the root module (the norm spans every shard)
+
+    @override
+    def _setup_model(self, model: Module) -> Module:
+        if any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
+            return super()._setup_model(model)  # wrapped by the user (or by an earlier stage): Lightning's handling
+        wrapped = FullyShardedDataParallel(
+            module=model,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=self.fsdp_device,  # Lightning passes the device's index: none on the CPU nor on "hpu"
+            **self.kwargs,
+        )
+        # Lightning's set-up of the wrapped model (metrics to the device, activation checkpointing), without its
+        # warning that the auto-wrap policy, applied just now, was ignored
+        kwargs = self.kwargs
+        self.kwargs = {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"}
+        try:
+            return super()._setup_model(wrapped)
+        finally:
+            self.kwargs = kwargs
+
+    @contextmanager
+    @override
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        with enable_wrap(
+            wrapper_cls=FullyShardedDataParallel,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=self.fsdp_device,
+            **self.kwargs,
+        ):
+            yield
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        with collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
+            super().barrier(name)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with collective_errors("broadcast", self.timeout):
+            return super().broadcast(obj, src)
+
+    @override
+    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
+        with self._backward_errors:
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def reduce(
+        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
+    ) -> Tensor | Any:
+        """All-reduces ``tensor`` with HCCL's reductions (see :meth:`HPUParallelStrategy.reduce
+        <lightning_gaudi.HPUParallelStrategy.reduce>`)."""
+        return all_reduce(tensor, group, reduce_op, self.timeout)
+
+    def _full_state_dict_context(self, rank0_only: bool = True) -> AbstractContextManager[Any]:
+        # Gathered to host memory on a Gaudi, as Lightning does on CUDA. Not on the CPU: there torch's offload is a
+        # no-op move followed by freeing the gathered parameters' storage, which the state dict still views
+        offload = self.root_device.type != "cpu"
+        assert self.model is not None
+        return FullyShardedDataParallel.state_dict_type(
+            module=self.model,
+            state_dict_type=StateDictType.FULL_STATE_DICT,
+            state_dict_config=FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only),
+            optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only),
+        )
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if self._state_dict_type != "full":
+            return super().lightning_module_state_dict()
+        assert self.model is not None
+        with self._full_state_dict_context():
+            return self.model.state_dict()
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Tensor]:
+        if self._state_dict_type != "full":
+            return super().optimizer_state(optimizer)
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer.optimizer
+        assert self.model is not None
+        with self._full_state_dict_context():
+            state = FullyShardedDataParallel.optim_state_dict(self.model, optimizer)
+            if self.is_global_zero:  # keyed by parameter index, as a plain optimizer's: loads without FSDP too
+                state = FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
+            return state
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        if self._state_dict_type != "sharded":
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError("HPUFSDPStrategy writes sharded checkpoints itself; it takes no `storage_options`.")
+        location = os.fspath(filepath)
+        if "://" in location and not location.startswith("file://"):
+            raise ValueError(
+                f"HPUFSDPStrategy writes sharded checkpoints to local paths only (every rank writes its shard through"
+                f" torch's file-system writer); got {location!r}. Save to a shared local or mounted path, or set"
+                " state_dict_type='full' (one file, written through the checkpoint IO, which takes URLs)."
+            )
+        path = Path(self.broadcast(location.removeprefix("file://")))
+        staging = path.with_name(f".{path.name}.tmp-{self.broadcast(uuid.uuid4().hex)}")
+        if self.is_global_zero:
+            staging.mkdir(parents=True)
+        self.barrier("sharded checkpoint: staging directory")
+        state = {"model": checkpoint.pop("state_dict")}
+        for index, optimizer_state in enumerate(checkpoint.pop("optimizer_states", [])):
+            state[f"optimizer_{index}"] = optimizer_state
+        try:
+            dcp.save(state, checkpoint_id=staging)  # every rank writes its shard; collective
+            if self.is_global_zero:
+                self.checkpoint_io.save_checkpoint(checkpoint, staging / METADATA_FILENAME)
+            self.barrier("sharded checkpoint: shards written")
+        except BaseException:
+            if self.is_global_zero:
+                shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, stays as it was
+            raise
+        if self.is_global_zero:
+            _replace(staging, path)
+        self.barrier("sharded checkpoint: in place")
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        hpu.explain_error(exception)
+        if self.launcher is not None:
+            # the job has failed: the ranks this process started would wait for it in a collective until the timeout
+            self.launcher.kill(signal.SIGKILL)
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(
+            cls.strategy_name, cls, description="Fully Sharded Data Parallel on HPUs", override=True
+        )
+        strategy_registry.register(
+            "hpu_fsdp_sharded_checkpoint",
+            cls,
+            description="Fully Sharded Data Parallel on HPUs, sharded checkpoints",
+            override=True,
+            state_dict_type="sharded",
+        )
+
+
+def refuse_lazy_mode(strategy_name: str) -> None:
+    """Raises a clear error when sharded training is asked for in lazy mode (real or emulated)."""
+    backend = hpu.get_backend()
+    if not backend.is_lazy():
+        return
+    if backend.emulated:
+        why = "torch's Lazy Tensor Core tensors cannot cross gloo collectives"
+        fix = f"Emulate with {hpu.EMULATE_ENV}=eager"
+    else:
+        why = "Intel supports FSDP on Gaudi in eager mode (with or without torch.compile) only"
+        fix = "Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or 'eager' (PT_HPU_LAZY_MODE=0)"
+    raise ValueError(f"{strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'.")
+
+
+def _replace(staging: Path, path: Path) -> None:
+    """Renames the complete ``staging`` directory to ``path``, moving a previous checkpoint there aside first."""
+    previous = None
+    if path.exists() or path.is_symlink():
+        previous = path.with_name(f".{path.name}.old-{uuid.uuid4().hex}")
+        path.rename(previous)
+    staging.rename(path)
+    if previous is not None:
+        if previous.is_dir() and not previous.is_symlink():
+            shutil.rmtree(previous)
+        else:
+            previous.unlink()

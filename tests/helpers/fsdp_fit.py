@@ -1,0 +1,90 @@
+"""A real 2-process ``hpu_fsdp`` fit under eager emulation, for ``tests/test_fsdp_emulated.py``.
+
+Run as ``python fsdp_fit.py OUT_DIR MODE STEPS [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
+launcher re-runs it for rank 1. ``MODE`` is ``fit`` (train ``STEPS`` steps, then save the run as a sharded checkpoint
+``OUT_DIR/sharded.ckpt`` and as a full one ``OUT_DIR/full.ckpt``) or ``resume`` (resume from ``CKPT`` up to ``STEPS``
+steps). Each rank writes ``OUT_DIR/<MODE>-rank<r>.json``: its batches, how many parameter and optimizer-state elements
+it held during training, and the full weights (gathered) at the start and the end of training.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from models import RegressionModel, regression_loader, trainer_kwargs
+from torch.distributed.fsdp import FullyShardedDataParallel
+
+from lightning_gaudi import HPUFSDPStrategy
+
+MOMENTUM = 0.9
+
+
+class MomentumModel(RegressionModel):
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=MOMENTUM)
+
+
+def full_weights(trainer: Trainer, module: torch.nn.Module) -> dict[str, list[Any]]:
+    """Every rank's view of the whole model: FSDP gathers the shards (a collective: call it on every rank)."""
+    with FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False):
+        return {name: tensor.detach().cpu().tolist() for name, tensor in module.state_dict().items()}
+
+
+class FSDPProbe(Callback):
+    def __init__(self) -> None:
+        self.facts: dict[str, Any] = {"batches": [], "parameter_elements": [], "optimizer_state_elements": []}
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        model = trainer.strategy.model
+        self.facts.update(
+            wrapper=type(model).__name__,
+            process_group_backend=torch.distributed.get_backend(),
+            world_size=trainer.world_size,
+            global_rank=trainer.global_rank,
+            start_step=trainer.global_step,
+            total_parameters=sum(p.numel() for p in pl_module.parameters()),
+            start=full_weights(trainer, pl_module),
+        )
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.facts["batches"].append([tensor.tolist() for tensor in batch])
+        # outside forward and backward each parameter is this rank's shard of it
+        self.facts["parameter_elements"].append(sum(p.numel() for p in trainer.strategy.model.parameters()))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        optimizer = trainer.optimizers[0]
+        held = sum(t.numel() for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t))
+        self.facts["optimizer_state_elements"].append(held)
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self.facts.update(final=full_weights(trainer, pl_module), steps=trainer.global_step)
+
+
+def main() -> None:
+    out, mode, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    seed_everything(0, verbose=False)
+    model = MomentumModel()
+    probe = FSDPProbe()
+    strategy = HPUFSDPStrategy(state_dict_type="sharded")
+    trainer = Trainer(
+        accelerator="hpu", strategy=strategy, devices=2, callbacks=[probe], **trainer_kwargs(max_steps=steps)
+    )
+    loader = regression_loader(samples=32, batch_size=4)
+    if mode == "fit":
+        probe.facts["initial"] = {name: t.tolist() for name, t in model.state_dict().items()}
+        trainer.fit(model, train_dataloaders=loader)
+        trainer.save_checkpoint(out / "sharded.ckpt")
+        strategy.state_dict_type = "full"
+        trainer.save_checkpoint(out / "full.ckpt")
+    else:
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=sys.argv[4])
+    (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
+
+
+if __name__ == "__main__":
+    main()

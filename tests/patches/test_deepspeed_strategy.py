@@ -1,0 +1,55 @@
+"""The DeepSpeed-strategy patch (``lightning_gaudi/patches/deepspeed_strategy.py``): the steps of Lightning's
+``DeepSpeedStrategy`` that ``HPUDeepSpeedStrategy`` replaces.
+
+The canaries fail when Lightning changes those methods or stops calling ``_setup_model_and_optimizer`` to build the
+engine, or when its CUDA refusal moves (then the HPU strategy's bypass of it needs a look).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+
+from lightning_gaudi import HPUDeepSpeedStrategy
+from lightning_gaudi.patches import deepspeed_strategy
+
+
+def test_installed_after_import() -> None:
+    assert deepspeed_strategy.installed()
+    assert deepspeed_strategy.PATCH.installed()
+
+
+def test_lightnings_methods_are_as_checked() -> None:
+    """Canary: the methods relied on, with their parameters, and the engine built through the overridden one."""
+    assert deepspeed_strategy.missing_targets() == [], "Lightning changed DeepSpeedStrategy's steps replaced here"
+    assert "only supported on CUDA GPUs" in inspect.getsource(DeepSpeedStrategy.setup_environment)
+    assert "deepspeed.initialize(" in inspect.getsource(DeepSpeedStrategy._setup_model_and_optimizer)
+    assert "device_rank=self.root_device.index" in inspect.getsource(DeepSpeedStrategy._setup_model_and_optimizer)
+    assert '"gradient_clipping" not in self.config' in inspect.getsource(
+        DeepSpeedStrategy._format_batch_size_and_grad_accum_config
+    )
+    assert DeepSpeedStrategy.__mro__[1] is DDPStrategy  # the HPU strategy runs DDPStrategy.setup_environment
+
+
+def test_the_hpu_strategy_overrides_what_it_says() -> None:
+    for name in ("setup_environment", "setup_distributed", "_setup_model_and_optimizer"):
+        assert name in vars(HPUDeepSpeedStrategy), name
+
+
+def test_a_changed_lightning_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    def changed(self, model, optimizer):  # type: ignore[no-untyped-def]
+        raise AssertionError
+
+    monkeypatch.setattr(DeepSpeedStrategy, "_setup_model_and_optimizer", changed)
+    assert deepspeed_strategy.missing_targets() == [
+        "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._setup_model_and_optimizer(self, model, optimizer,"
+        " lr_scheduler)"
+    ]
+
+
+def test_refuses_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deepspeed_strategy._State, "enabled", False)
+    with pytest.raises(RuntimeError, match=r"HPUDeepSpeedStrategy was checked against lightning>=2.5,<2.7"):
+        deepspeed_strategy.check_installed()

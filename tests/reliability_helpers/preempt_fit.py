@@ -1,0 +1,92 @@
+"""A fit that trains until it is preempted, for ``tests/test_preemption.py``.
+
+``python preempt_fit.py OUT_DIR [--devices N] [--grace S] [--slow-save S] [--step-sleep S] [--torchrun]`` with
+``LIGHTNING_GAUDI_EMULATE=eager``. With 2 devices Lightning's popen launcher re-runs this script for rank 1 (under
+``--torchrun`` torchrun starts both). Each rank writes ``OUT_DIR/rank<r>.pid`` when training starts and
+``OUT_DIR/rank<r>.step`` (its global step) after every batch (the callbacks' batch-end hooks run first, so a
+checkpoint saved there is one step later) and ``OUT_DIR/rank<r>.ended`` (the time) when ``fit`` returns or raises.
+Checkpoints go to ``OUT_DIR/ckpt`` (the ``ModelCheckpoint`` folder, which saves nothing by itself here).
+``--slow-save S`` makes pickling the checkpoint take S seconds (the temporary file is open by then), for a grace period
+that runs out during the save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "helpers"))
+from models import RegressionModel, regression_loader, trainer_kwargs
+
+from lightning_gaudi import HPUParallelStrategy, SingleHPUStrategy
+from lightning_gaudi.callbacks import PreemptionCheckpoint
+
+
+class SlowPickle:
+    """Takes ``seconds`` to pickle (and unpickles to 0)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        time.sleep(self.seconds)
+        return (int, (0,))
+
+
+class Preemptible(RegressionModel):
+    def __init__(self, out: Path, step_sleep: float, slow_save: float) -> None:
+        super().__init__()
+        self.out = out
+        self.step_sleep = step_sleep
+        self.slow_save = slow_save
+
+    def on_train_start(self) -> None:
+        (self.out / f"rank{self.global_rank}.pid").write_text(str(os.getpid()))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        time.sleep(self.step_sleep)
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        (self.out / f"rank{self.global_rank}.step").write_text(str(self.trainer.global_step))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.slow_save:
+            checkpoint["slow"] = SlowPickle(self.slow_save)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--grace", type=float, default=20.0)
+    parser.add_argument("--slow-save", type=float, default=0.0)
+    parser.add_argument("--step-sleep", type=float, default=0.05)
+    parser.add_argument("--torchrun", action="store_true")
+    args = parser.parse_args()
+    seed_everything(0)
+    strategy = HPUParallelStrategy(timeout=60) if args.devices > 1 or args.torchrun else SingleHPUStrategy()
+    checkpoints = ModelCheckpoint(dirpath=args.out / "ckpt", save_top_k=0, save_last=False)
+    kwargs = trainer_kwargs(max_steps=100_000, max_epochs=None, enable_checkpointing=True)
+    trainer = Trainer(
+        accelerator="hpu",
+        devices=args.devices,
+        strategy=strategy,
+        callbacks=[checkpoints, PreemptionCheckpoint(grace_period=args.grace)],
+        **kwargs,
+    )
+    try:
+        trainer.fit(Preemptible(args.out, args.step_sleep, args.slow_save), regression_loader())
+    finally:
+        (args.out / f"rank{trainer.global_rank}.ended").write_text(f"{time.time()}")
+
+
+if __name__ == "__main__":
+    main()
