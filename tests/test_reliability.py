@@ -126,13 +126,14 @@ def test_a_two_rank_checkpoint_resumes_on_one_device(two_node_run: Path, eager_h
         torch.testing.assert_close(model.state_dict()[f"net.{name}"], value, rtol=0, atol=1e-6)
 
 
-#: (killed rank, step after which it dies); checkpoints every 5 steps, 15 steps in all.
-KILLS = ((1, 12), (0, 7), (1, 3))
+#: (killed rank, step after which it dies); checkpoints every 5 steps, 15 steps in all. Rank 0 (the store's host) dies
+#: after a checkpoint; rank 1 dies before the first, so the restart starts over from nothing.
+KILLS = ((0, 7), (1, 3))
 
 
 @pytest.mark.subprocess
 def test_a_killed_rank_resumes_and_finishes_every_time(tmp_path: Path) -> None:
-    """Three torchrun jobs in a row, each losing a rank mid-epoch; all must reach max_steps with the right weights."""
+    """Two torchrun jobs in a row, each losing a rank mid-epoch; all must reach max_steps with the right weights."""
     every, max_steps = 5, 15
     for run, (rank, step) in enumerate(KILLS):
         out = tmp_path / f"run{run}"

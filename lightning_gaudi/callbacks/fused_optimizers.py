@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
@@ -90,8 +91,10 @@ class FusedOptimizers(Callback):
         clip_norm: clip by norm with the fused clipper.
 
     Raises:
-        ValueError: an optimizer name it cannot replace; at fit start, an optimizer of a listed type with an option
-            the fused kernels lack (``amsgrad``, ``maximize``, Adam's coupled ``weight_decay``...).
+        ValueError: an optimizer name it cannot replace; at set-up, FSDP (each rank holds a slice of the
+            parameters, which a fused clipper would clip by the slice's own norm, and a param group can be empty on
+            one rank; DeepSpeed's engine owns its optimizer and clipping, which this callback then leaves alone); at fit start, an optimizer of a listed type with an option the fused
+            kernels lack (``amsgrad``, ``maximize``, Adam's coupled ``weight_decay``...).
     """
 
     def __init__(self, optimizers: Iterable[str] = REPLACEABLE, clip_norm: bool = True) -> None:
@@ -107,6 +110,17 @@ class FusedOptimizers(Callback):
         self.clip_norm = clip_norm
         self._clippers: dict[tuple[int, float], tuple[list[Tensor], hpu.ClipNorm]] = {}
         self._clip_override: precision_plugin.Override | None = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        strategy = trainer.strategy
+        if isinstance(strategy, (FSDPStrategy, ModelParallelStrategy)):
+            raise ValueError(
+                f"FusedOptimizers does not work with {type(strategy).__name__}: the strategy gives each rank a slice"
+                " of the parameters, which the fused clipper would clip by the slice's own norm. Remove the"
+                " FusedOptimizers callback (Hydra: `~callbacks.fused_optimizers`); the strategy clips with"
+                " `Trainer(gradient_clip_val=...)` by the norm over all ranks."
+            )
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

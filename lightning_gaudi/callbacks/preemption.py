@@ -115,7 +115,8 @@ class PreemptionCheckpoint(Callback):
             still stop together, but nothing is saved (a warning says so). Local paths or fsspec URLs.
         filename: the checkpoint's name, without ``.ckpt``.
         signals: the signals that preempt, by name. Add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@<seconds>``
-            warning (it then replaces Lightning's SLURM requeue handler; requeue with ``sbatch --requeue``).
+            warning (it then replaces Lightning's SLURM requeue handler; requeue with ``sbatch --requeue``). Signals
+            other than SIGTERM are handled from the start of training (after the sanity check).
         enabled: ``False`` turns it off (and stops the HPU strategies adding the default one).
 
     Raises:

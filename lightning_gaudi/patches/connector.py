@@ -320,7 +320,7 @@ def _check_and_init_precision(original: Any) -> Any:
         if self._precision_flag == "fp8" and self._precision_plugin_flag is None:
             from lightning_gaudi.patches import fp8_precision_name  # it imports this module
 
-            return fp8_precision_name.trainer_plugin(self.accelerator)
+            return fp8_precision_name.trainer_plugin(self.accelerator, self.strategy)
         if not isinstance(self.accelerator, HPUAccelerator):
             return original(self)
         if self._precision_plugin_flag is not None:

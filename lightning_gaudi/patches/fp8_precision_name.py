@@ -71,14 +71,23 @@ def _refuse(accelerator: Any, owner: str) -> None:
     )
 
 
-def trainer_plugin(accelerator: Any) -> Any:
-    """The Trainer's plugin for ``precision="fp8"`` on ``accelerator``.
+def trainer_plugin(accelerator: Any, strategy: Any = None) -> Any:
+    """The Trainer's plugin for ``precision="fp8"`` on ``accelerator`` under ``strategy``.
 
     Raises:
-        ValueError: ``accelerator`` is not the HPU, or the HPU cannot train in FP8 (first-generation Gaudi).
+        ValueError: ``accelerator`` is not the HPU, the HPU cannot train in FP8 (first-generation Gaudi), or the
+            strategy shards the model (FSDP, DeepSpeed), with which FP8 is not supported.
     """
     if not isinstance(accelerator, HPUAccelerator):
         _refuse(accelerator, "Trainer")
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+
+    if isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)):
+        raise ValueError(
+            f"`precision='fp8'` is not supported with {type(strategy).__name__}: the FP8 layers and their scaling"
+            " state are not sharded. Train FP8 with strategy='hpu_parallel' (or 'hpu_single'), or keep the sharded"
+            " strategy with precision='bf16-mixed'."
+        )
     from lightning_gaudi.fp8 import HPUFP8Precision  # here: lightning_gaudi.fp8 imports lightning_gaudi.precision
 
     return HPUFP8Precision()

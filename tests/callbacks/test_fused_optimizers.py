@@ -237,3 +237,9 @@ def test_16_mixed_fused_clipping_unscales_once_per_step(eager_hpu: hpu.Backend, 
     trainer = _fit(model, fused=True, gradient_clip_val=0.05, plugins=[plugin])
     assert trainer.global_step == 4
     assert all(n == pytest.approx(0.05, rel=1e-3) for n in model.clipped_norms if n > 0.0)
+
+
+def test_fsdp_is_refused_with_the_fix(eager_hpu: hpu.Backend) -> None:
+    trainer = quiet_trainer(devices=2, strategy="hpu_fsdp")
+    with pytest.raises(ValueError, match=r"FusedOptimizers does not work with HPU.*Remove the FusedOptimizers"):
+        FusedOptimizers().setup(trainer, nn.Linear(2, 2), "fit")  # type: ignore[arg-type]

@@ -103,6 +103,12 @@ def test_other_accelerators_refuse_fp8_with_the_fix(clean_hpu_env: pytest.Monkey
         build(accelerator="cpu", devices=1, precision="fp9")
 
 
+@pytest.mark.parametrize("strategy", ["hpu_fsdp", "hpu_deepspeed_stage_2"])
+def test_sharded_strategies_refuse_fp8_before_any_process_starts(eager_hpu: hpu.Backend, strategy: str) -> None:
+    with pytest.raises(ValueError, match=r"precision='fp8'.* not supported with HPU.*'hpu_parallel'"):
+        Trainer(accelerator="hpu", devices=2, strategy=strategy, precision="fp8")
+
+
 def test_first_generation_gaudi_refuses_fp8(clean_hpu_env: pytest.MonkeyPatch) -> None:
     clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
     clean_hpu_env.setenv(hpu.DEVICE_NAME_ENV, "GAUDI")
