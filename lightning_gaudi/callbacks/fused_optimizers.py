@@ -93,8 +93,9 @@ class FusedOptimizers(Callback):
     Raises:
         ValueError: an optimizer name it cannot replace; at set-up, FSDP (each rank holds a slice of the
             parameters, which a fused clipper would clip by the slice's own norm, and a param group can be empty on
-            one rank; DeepSpeed's engine owns its optimizer and clipping, which this callback then leaves alone); at fit start, an optimizer of a listed type with an option the fused
-            kernels lack (``amsgrad``, ``maximize``, Adam's coupled ``weight_decay``...).
+            one rank; DeepSpeed's engine owns its optimizer and clipping, which this callback then leaves alone); at
+            fit start, an optimizer of a listed type with an option the fused kernels lack (``amsgrad``,
+            ``maximize``, Adam's coupled ``weight_decay``...).
     """
 
     def __init__(self, optimizers: Iterable[str] = REPLACEABLE, clip_norm: bool = True) -> None:
