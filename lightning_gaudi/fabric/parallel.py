@@ -36,7 +36,6 @@ from lightning_gaudi.strategies._shared import (
     PARALLEL_VARIANTS,
     DeviceResolver,
     FirstGradientsRelease,
-    RankLayout,
     all_reduce,
     check_devices,
     check_launch,
@@ -214,18 +213,7 @@ class HPUParallelStrategy(HPUStrategyMixin, DDPStrategy):
         environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
         environment.set_world_size(self.num_nodes * self.num_processes)
         rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
-        layout = RankLayout(
-            self.global_rank, self.world_size, self.local_rank, self.node_rank, self.num_processes, self.num_nodes
-        )
-        form_process_group(
-            self.process_group_backend,
-            environment,
-            layout,
-            self.timeout,
-            self.root_device,
-            _log,
-            init_process_group,
-        )
+        form_process_group(self, self.process_group_backend, _log, init_process_group)
 
     @override
     def setup_module(self, module: Module) -> DistributedDataParallel:

@@ -16,9 +16,8 @@ import logging
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -218,41 +217,55 @@ class DeviceResolver:
         return resolved
 
 
-@dataclass(frozen=True)
-class RankLayout:
-    """Where this process sits in a data-parallel run."""
+class DistributedStrategy(Protocol):
+    """What :func:`form_process_group` reads of an HPU strategy (the Trainer's or Fabric's): its ranks, where the main
+    process listens, the timeout and the device."""
 
-    global_rank: int
-    world_size: int
-    local_rank: int
-    node_rank: int
-    num_processes: int
-    num_nodes: int
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def local_rank(self) -> int: ...
+
+    @property
+    def node_rank(self) -> int: ...
+
+    @property
+    def num_processes(self) -> int: ...
+
+    @property
+    def num_nodes(self) -> int: ...
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None: ...
+
+    @property
+    def timeout(self) -> timedelta: ...
+
+    @property
+    def root_device(self) -> torch.device: ...
 
 
 def form_process_group(
-    process_group_backend: str,
-    cluster_environment: ClusterEnvironment,
-    layout: RankLayout,
-    timeout: timedelta,
-    root_device: torch.device,
-    log: logging.Logger,
-    init: Callable[..., None],
+    strategy: DistributedStrategy, process_group_backend: str, log: logging.Logger, init: Callable[..., None]
 ) -> None:
-    """Prepares the HPU's collectives (``initialize_distributed_hpu`` on a Gaudi) and forms the process group, unless
-    one exists, logging Lightning-style start-up lines (each rank's, then rank zero's summary) on ``log``.
+    """Prepares the HPU's collectives (``initialize_distributed_hpu`` on a Gaudi) and forms ``strategy``'s process
+    group, unless one exists, logging Lightning-style start-up lines (each rank's, then rank zero's summary) on ``log``.
 
     Args:
+        strategy: the strategy, its ranks already set.
         process_group_backend: "hccl" on a Gaudi, "gloo" in emulation, or the user's choice.
-        cluster_environment: where the main process listens.
-        layout: this process's ranks.
-        timeout: how long the set-up, and each collective afterwards, waits for its peers.
-        root_device: this process's device, for the start-up line.
         log: a logger under Lightning's (``lightning.pytorch`` or ``lightning.fabric``), so its handler applies.
         init: :func:`lightning_gaudi.distributed.init_process_group` (the caller's reference to it).
     """
+    cluster_environment = strategy.cluster_environment
+    assert cluster_environment is not None
+    global_rank, world_size = strategy.global_rank, strategy.world_size
     backend = hpu.get_backend()
-    backend.init_distributed(layout.world_size, layout.global_rank, layout.local_rank)
+    backend.init_distributed(world_size, global_rank, strategy.local_rank)
     if dist.is_initialized():
         return
     # torch's env:// rendezvous reads these (as in Lightning's DDP strategies); the agent-store path takes them as
@@ -261,25 +274,25 @@ def form_process_group(
     os.environ["MASTER_PORT"] = str(cluster_environment.main_port)
     emulated = f" emulated on the CPU ({backend.name} mode)" if backend.emulated else ""
     log.info(
-        f"Initializing distributed: GLOBAL_RANK: {layout.global_rank}, MEMBER: {layout.global_rank + 1}/"
-        f"{layout.world_size} on HPU {layout.local_rank} of node {layout.node_rank}"
-        f" ({backend.device_name()}{emulated}, device {root_device})"
+        f"Initializing distributed: GLOBAL_RANK: {global_rank}, MEMBER: {global_rank + 1}/"
+        f"{world_size} on HPU {strategy.local_rank} of node {strategy.node_rank}"
+        f" ({backend.device_name()}{emulated}, device {strategy.root_device})"
     )
     init(
         process_group_backend,
-        rank=layout.global_rank,
-        world_size=layout.world_size,
-        timeout=timeout,
+        rank=global_rank,
+        world_size=world_size,
+        timeout=strategy.timeout,
         master_addr=cluster_environment.main_address,
         master_port=cluster_environment.main_port,
     )
-    if layout.global_rank == 0:
+    if global_rank == 0:
         stand_in = f", {process_group_backend} standing in for HCCL" if backend.emulated else ""
         log.info(
             f"{'-' * 100}\n"
             f"distributed_backend={process_group_backend}\n"
-            f"All distributed processes registered. Starting with {layout.world_size} processes\n"
-            f"HPUs: {layout.num_processes} per node x {layout.num_nodes} node(s), {backend.device_name()}{emulated}"
+            f"All distributed processes registered. Starting with {world_size} processes\n"
+            f"HPUs: {strategy.num_processes} per node x {strategy.num_nodes} node(s), {backend.device_name()}{emulated}"
             f"{stand_in}\n"
             f"{'-' * 100}\n"
         )

@@ -47,7 +47,6 @@ from lightning_gaudi.patches import deepspeed_strategy
 from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
 from lightning_gaudi.strategies._shared import (
     DeviceResolver,
-    RankLayout,
     all_reduce,
     check_devices,
     check_launch,
@@ -409,19 +408,7 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
         reset_seed()
         self.set_world_ranks()
         self._process_group_backend = self._get_process_group_backend()
-        assert self.cluster_environment is not None
-        layout = RankLayout(
-            self.global_rank, self.world_size, self.local_rank, self.node_rank, self.num_processes, self.num_nodes
-        )
-        form_process_group(
-            self._process_group_backend,
-            self.cluster_environment,
-            layout,
-            self.timeout,
-            self.root_device,
-            _log,
-            init_process_group,
-        )
+        form_process_group(self, self._process_group_backend, _log, init_process_group)
         # parts of DeepSpeed read its launcher's variables
         os.environ.update(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
         # adopts the process group formed above

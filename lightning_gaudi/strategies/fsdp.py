@@ -52,7 +52,6 @@ from lightning_gaudi.fsdp_precision import FSDP_PRECISIONS, HPUFSDPPrecision
 from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
 from lightning_gaudi.strategies._shared import (
     DeviceResolver,
-    RankLayout,
     all_reduce,
     check_devices,
     check_launch,
@@ -337,19 +336,7 @@ class HPUFSDPStrategy(FSDPStrategy):
         reset_seed()
         self.set_world_ranks()
         self._process_group_backend = self._get_process_group_backend()
-        assert self.cluster_environment is not None
-        layout = RankLayout(
-            self.global_rank, self.world_size, self.local_rank, self.node_rank, self.num_processes, self.num_nodes
-        )
-        form_process_group(
-            self._process_group_backend,
-            self.cluster_environment,
-            layout,
-            self.timeout,
-            self.root_device,
-            _log,
-            init_process_group,
-        )
+        form_process_group(self, self._process_group_backend, _log, init_process_group)
         mesh = self.kwargs.get("device_mesh")
         if isinstance(mesh, tuple):
             self.kwargs["device_mesh"] = init_device_mesh(self.root_device.type, mesh)

@@ -37,7 +37,6 @@ from lightning_gaudi.strategies._shared import (
     PARALLEL_VARIANTS,
     DeviceResolver,
     FirstGradientsRelease,
-    RankLayout,
     all_reduce,
     check_devices,
     check_launch,
@@ -187,19 +186,8 @@ class HPUParallelStrategy(DDPStrategy):
         reset_seed()
         self.set_world_ranks()
         self._process_group_backend = self._get_process_group_backend()
-        assert self.cluster_environment is not None
-        layout = RankLayout(
-            self.global_rank, self.world_size, self.local_rank, self.node_rank, self.num_processes, self.num_nodes
-        )
-        form_process_group(
-            self._process_group_backend,
-            self.cluster_environment,
-            layout,
-            self.timeout,
-            self.root_device,
-            _log,
-            init_process_group,  # this module's reference, which the tests replace
-        )
+        # init_process_group: this module's reference, which the tests replace
+        form_process_group(self, self._process_group_backend, _log, init_process_group)
 
     @property
     def timeout(self) -> timedelta:
