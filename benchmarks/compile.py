@@ -19,7 +19,7 @@ Three measurements, each short, one at a time:
   compile times).
 - ``ddp``: a 2-process ``hpu_parallel`` fit in compile mode of an 8-layer MLP (eight 1 MiB linear layers) for a few
   ``bucket_cap_mb`` values: how many sub-graphs dynamo's DDPOptimizer splits the compiled forward into (one per DDP
-  gradient bucket, read by :class:`lightning_gaudi.patches.dynamo.DDPSplitRecorder`) and the step time after
+  gradient bucket, read by :class:`lightning_gaudi.callbacks.dynamo.DDPSplitRecorder`) and the step time after
   warm-up (rank 0). ``aot_eager`` by default (the split does not depend on the backend; ``--ddp-backend inductor``
   for real step times).
 
@@ -404,7 +404,7 @@ def _ddp_child(bucket_cap_mb: float, steps: int, out: Path) -> None:
     import lightning_gaudi  # noqa: F401 - registers "hpu"
     from lightning_gaudi import HPUParallelStrategy
     from lightning_gaudi.callbacks import HPUCompile
-    from lightning_gaudi.patches import dynamo
+    from lightning_gaudi.callbacks import dynamo
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")

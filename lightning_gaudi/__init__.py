@@ -14,11 +14,12 @@ import logging
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightning_gaudi import fabric, patches
+from lightning_gaudi import emulation, fabric, patches, routing
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.fsdp_precision import HPUFSDPPrecision
 from lightning_gaudi.hpu.runtime import RecipeCache, Runtime, configure
+from lightning_gaudi.optimizers import fuse_optimizer
 from lightning_gaudi.precision import HPUPrecision
 from lightning_gaudi.strategies import HPUDeepSpeedStrategy, HPUFSDPStrategy, HPUParallelStrategy, SingleHPUStrategy
 
@@ -36,6 +37,7 @@ __all__ = [
     "Runtime",
     "SingleHPUStrategy",
     "configure",
+    "fuse_optimizer",
     "register",
 ]
 
@@ -49,7 +51,7 @@ if not _log.handlers:
 
 def register() -> None:
     """Registers the HPU accelerator and strategies with Lightning (the Trainer's registries and Fabric's) and
-    installs the patches (:mod:`.patches`).
+    installs the patches (:mod:`.patches`, with the routing policy of :mod:`.routing`, and :mod:`.emulation`'s).
 
     Runs at import; safe to call again.
     """
@@ -59,7 +61,9 @@ def register() -> None:
     HPUDeepSpeedStrategy.register_strategies(StrategyRegistry)
     HPUFSDPStrategy.register_strategies(StrategyRegistry)
     fabric.register()
+    routing.install()
     patches.install_all()
+    emulation.install_all()
 
 
 register()

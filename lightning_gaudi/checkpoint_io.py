@@ -1,21 +1,7 @@
 """Checkpoints that hold only CPU tensors and are never seen half-written, on a local disk or behind a URL.
 
-How a checkpoint reaches its path depends on where the path points:
-
-- a local path (or ``file://``): ``torch.save`` into a temporary file beside it, ``fsync``, then ``os.replace``
-  over the final name, and an ``fsync`` of the directory. Atomic: a reader sees the old file or the new one.
-- an object store (``s3://``, ``gs://``/``gcs://``, ``az://``/``abfs://``/``abfss://``, ``oci://``, ``oss://``):
-  serialized in memory, then written to the final key in one upload (``fs.pipe_file``). These stores have no
-  rename, but an object appears only when its upload completes, so a reader sees the old object or the new one. It
-  holds a second copy of the checkpoint in host memory while it uploads (as Lightning's own writer does).
-- any other fsspec URL (``memory://``, ``sftp://``, ``hdfs://``, ...): written to a temporary file beside the
-  target, then moved over it with ``fs.mv``. That is atomic where the file system's move is (``memory://``: one
-  assignment; sftp and HDFS: a rename), and NOT where ``fs.mv`` copies and deletes: a reader of the final path
-  could then see a partial copy, though a killed save still leaves the old file or a stray temporary.
-
-Temporary files are named ``.<name>.<writer>-<pid>-<nonce>.tmp``, where ``writer`` identifies the machine (host
-and process namespace). A save removes the stale ones in its directory first (see :func:`remove_stale_temporaries`),
-so a save killed half-way does not keep a checkpoint's worth of disk forever.
+A local path gets a temporary, ``fsync`` and ``os.replace``; an object store one upload; another fsspec URL a
+temporary moved with ``fs.mv``. Each save first removes stale temporaries (:func:`remove_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -73,11 +59,7 @@ class CheckpointDiskFullError(OSError):
 
 
 def _filesystem(path: _PATH) -> tuple[AbstractFileSystem | None, str]:
-    """``(None, local path)`` for a local path or ``file://`` URL, else ``(fsspec file system, path within it)``.
-
-    Raises:
-        ValueError: the URL's protocol is unknown to fsspec, or its package (e.g. ``s3fs``) is not installed.
-    """
+    """``(None, local path)`` for a local path or ``file://`` URL, else ``(fsspec file system, path within it)``."""
     text = os.fspath(path)
     if "://" not in text and "::" not in text:
         return None, text
@@ -95,14 +77,8 @@ def _filesystem(path: _PATH) -> tuple[AbstractFileSystem | None, str]:
 
 
 def atomic_torch_save(obj: Any, path: _PATH) -> None:
-    """``torch.save`` ``obj`` to ``path`` (local or an fsspec URL) so that no reader sees a half-written file.
-
-    See the module docstring for how each kind of path is written, and where a URL's write is not atomic.
-
-    Raises:
-        CheckpointDiskFullError: the file system filled up (or hit its quota) during the write; the partial file was
-            removed and a previous checkpoint under ``path`` is untouched.
-    """
+    """``torch.save`` ``obj`` to ``path`` (local or an fsspec URL) so that no reader sees a half-written file; a full
+    disk raises :class:`CheckpointDiskFullError` after removing the partial file."""
     fs, target = _filesystem(path)
     if fs is None:
         _save_local(obj, target)
@@ -115,31 +91,14 @@ def atomic_torch_save(obj: Any, path: _PATH) -> None:
 
 
 def remove_stale_temporaries(dirpath: _PATH) -> list[str]:
-    """Removes the temporaries that killed saves of :func:`atomic_torch_save` left in ``dirpath``.
-
-    Only files named like this module's temporaries are considered, and one is stale when its writer cannot be
-    writing it any more:
-
-    - written by this process: no save of this process is writing it now;
-    - written by another process on this machine (same host and process namespace): that process is gone;
-    - written on another machine (whose processes cannot be seen from here): nothing has been written to it for
-      :data:`STALE_TEMPORARY_AGE_S` seconds (a save in progress keeps writing to it).
-
-    So a rank on another node that is saving into a shared directory never loses its file. A process that was
-    suspended mid-save for longer than that age on another machine would: its save then fails at the final rename.
-
-    Returns:
-        The paths removed (none when ``dirpath`` does not exist).
-    """
+    """Removes (and returns) the temporaries in ``dirpath`` whose writer is gone: not this process's current saves,
+    of a dead process of this machine, or (another machine's) untouched for :data:`STALE_TEMPORARY_AGE_S` seconds."""
     return _remove_stale(*_filesystem(dirpath))
 
 
 class HPUCheckpointIO(TorchCheckpointIO):
-    """Saves checkpoints with every tensor moved to the CPU, atomically (see :func:`atomic_torch_save`).
-
-    A checkpoint saved on an HPU, real or emulated, loads on a CPU-only machine and back. Paths may be fsspec URLs
-    (``s3://bucket/run/``, ``memory://run/``); loading and removing go through fsspec as in Lightning.
-    """
+    """Saves checkpoints with every tensor moved to the CPU, atomically (:func:`atomic_torch_save`); paths may be
+    fsspec URLs."""
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -157,7 +116,7 @@ def _protocols(fs: AbstractFileSystem) -> set[str]:
 
 @functools.cache
 def _writer_id() -> str:
-    """This machine as seen by process ids: the host name and the pid namespace (containers share host names)."""
+    """This machine as seen by process ids: the host name and the pid namespace."""
     try:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
@@ -175,13 +134,10 @@ def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
     removed = []
     now = time.time()
     for path, mtime in _temporaries(fs, directory):
-        if not _is_stale(_basename(fs, path), mtime, now):
+        if not _is_stale(os.path.basename(path) if fs is None else posixpath.basename(path), mtime, now):
             continue
         try:
-            if fs is None:
-                os.unlink(path)
-            else:
-                fs.rm_file(path)
+            os.unlink(path) if fs is None else fs.rm_file(path)
         except FileNotFoundError:
             continue  # another process removed it first
         except OSError as error:
@@ -190,10 +146,6 @@ def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
         log.info("lightning_gaudi: removed %s, left by an interrupted checkpoint save", path)
         removed.append(path)
     return removed
-
-
-def _basename(fs: AbstractFileSystem | None, path: str) -> str:
-    return os.path.basename(path) if fs is None else posixpath.basename(path)
 
 
 def _temporaries(fs: AbstractFileSystem | None, directory: str) -> list[tuple[str, float]]:
@@ -268,8 +220,7 @@ def _save_local(obj: Any, path: str) -> None:
     tmp = os.path.join(directory, name)
 
     def write() -> None:
-        # created as open(path, "wb") creates a file (mode 0o666 less the umask; default ACLs apply), where
-        # tempfile.mkstemp would make it 0o600, unreadable to the rest of a team
+        # mode 0o666 less the umask, as open(path, "wb"); tempfile.mkstemp would make it 0o600
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -325,11 +276,7 @@ _TORCH_SHORT_WRITE = ("unexpected pos", "file write failed")
 
 
 def _disk_full_error(error: BaseException, path: str, tmp: str) -> CheckpointDiskFullError | None:
-    """A clear error when ``error`` (or what caused it) says the disk is full, else ``None``.
-
-    ``torch.save`` reports a full disk as ``[enforce fail at inline_container.cc] . unexpected pos N vs M`` (its
-    writer stopped short), and closing the file as ``OSError(ENOSPC)``.
-    """
+    """A clear error when ``error`` or its causes say the disk is full (torch's short write, ENOSPC), else ``None``."""
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:

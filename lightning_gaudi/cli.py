@@ -1,19 +1,8 @@
 """The ``lightning-gaudi`` console script: Lightning's CLI with the HPU accelerator, strategies and runtime.
 
-    lightning-gaudi fit --model my_pkg.MyModule --data my_pkg.MyData
-    lightning-gaudi fit --model my_pkg.MyModule --trainer.strategy hpu_parallel --trainer.devices 2
-    lightning-gaudi fit --model my_pkg.MyModule --trainer.strategy lightning_gaudi.HPUParallelStrategy \\
-        --trainer.strategy.bucket_cap_mb 100 --trainer.devices 2
-    lightning-gaudi fit --model my_pkg.MyModule --runtime.execution_mode lazy --runtime.int64_support true
-    lightning-gaudi fit --config run.yaml --ckpt_path auto
-    lightning-gaudi validate|test|predict --config run.yaml --ckpt_path CKPT
-
-The Trainer defaults to ``accelerator="hpu"`` on one card (pass ``--trainer.devices 8`` for a Gaudi server); every
-other Trainer default is Lightning's own. ``--runtime.*`` are the fields of :class:`~lightning_gaudi.Runtime`,
-applied before the Trainer is built; without Intel's bridge and without ``LIGHTNING_GAUDI_EMULATE`` the HPU is
-emulated on the CPU in eager mode, and the CLI says so. ``--model``/``--data`` take any LightningModule and
-LightningDataModule by class path. The example GPT has its own config: ``python examples/cli.py fit --config
-examples/gpt_recipe/cli.yaml``.
+lightning-gaudi fit --model my_pkg.MyModule --data my_pkg.MyData --trainer.devices 2 --trainer.strategy hpu_parallel
+lightning-gaudi fit --model my_pkg.MyModule --runtime.execution_mode lazy --runtime.int64_support true
+lightning-gaudi fit --config run.yaml --ckpt_path auto
 """
 
 from __future__ import annotations
@@ -32,11 +21,8 @@ TRAINER_DEFAULTS: dict[str, Any] = {"accelerator": "hpu", "devices": 1}
 
 
 class GaudiCLI(LightningCLI):
-    """:class:`~lightning.pytorch.cli.LightningCLI` on the HPU, with the runtime settings as ``--runtime.*``.
-
-    ``--model`` and ``--data`` accept any subclass of LightningModule and LightningDataModule (subclass mode).
-    ``--ckpt_path auto|last`` follow :mod:`lightning_gaudi.resume` in the checkpoint callback's folder.
-    """
+    """:class:`~lightning.pytorch.cli.LightningCLI` on the HPU in subclass mode, with ``--runtime.*`` and
+    ``--ckpt_path auto|last`` (:mod:`lightning_gaudi.resume`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("subclass_mode_model", True)

@@ -1,12 +1,4 @@
-"""Batches whose shapes stay few: variable-length sequences padded to a small set of bucket lengths.
-
-A graph compiler compiles one graph per input shape: Gaudi's lazy mode at every new shape, ``torch.compile`` with
-static shapes at every new shape until its recompile limit (then it runs uncompiled). Padding each batch to its
-longest sample (what transformers' ``DataCollatorWithPadding`` does) makes almost every batch a new shape; padding
-every batch to the longest sample of the data set makes one shape but computes mostly padding when lengths vary.
-:class:`BucketedPadCollate` sits between the two: each batch is padded to the smallest of a few bucket lengths that
-holds it, so there is one graph per bucket and the padding stays bounded.
-"""
+"""Variable-length sequences padded to a few bucket lengths: one compiled graph per bucket, bounded padding."""
 
 from __future__ import annotations
 
@@ -30,32 +22,16 @@ def _is_sequence(value: Any) -> bool:
 class BucketedPadCollate:
     """A ``collate_fn`` that pads a batch of tokenized samples to the smallest bucket length that holds it.
 
-    Each sample is a mapping such as a Hugging Face tokenizer returns (``input_ids``, ``attention_mask``,
-    ``token_type_ids``, per-token or per-sample ``labels``), its sequences as lists or 1-D tensors. Every sequence
-    key is padded to the smallest bucket not shorter than its longest sequence in the batch (so labels of another
-    length, as in sequence-to-sequence data, get a bucket of their own); per-sample values (an int label) are
-    stacked. ``input_ids`` are padded with ``pad_token_id``, ``labels`` with ``label_pad_token_id`` (ignored by
-    torch's cross entropy), ``attention_mask`` with 0 (and created from the ``input_ids`` lengths when the samples
-    have none), any other key with ``pad_values.get(key, 0)``.
-
-    Example::
-
-        collate = BucketedPadCollate(buckets=[64, 128, 256, 512], pad_token_id=tokenizer.pad_token_id)
-        loader = DataLoader(tokenized, batch_size=32, collate_fn=collate)
+    Samples are tokenizer outputs (lists or 1-D tensors); each sequence key gets its own bucket, per-sample values are
+    stacked, ``attention_mask`` is created when missing.
 
     Args:
-        buckets: the padded lengths, e.g. ``[64, 128, 256, 512]`` (:meth:`quantile_buckets` picks them from the
-            data's lengths).
-        pad_token_id: what pads ``input_ids``.
-        label_pad_token_id: what pads per-token ``labels``.
-        padding_side: ``"right"``, or ``"left"`` (decoder-only models that generate).
+        buckets: the padded lengths, e.g. ``[64, 128, 256, 512]`` (see :meth:`quantile_buckets`).
+        pad_token_id, label_pad_token_id: what pads ``input_ids`` and per-token ``labels``.
+        padding_side: ``"right"`` or ``"left"``.
         truncate: cut sequences longer than the largest bucket instead of raising.
         sequence_keys: the keys to pad; by default every key whose value is a list or a 1-D tensor.
         pad_values: pad values for other keys, e.g. ``{"token_type_ids": 0, "position_ids": 0}``.
-
-    Raises:
-        ValueError: empty or non-positive ``buckets``, an unknown ``padding_side``; when called, a sequence longer
-            than the largest bucket (without ``truncate``), or samples with different keys.
     """
 
     def __init__(
@@ -89,11 +65,7 @@ class BucketedPadCollate:
         self.pad_values.update(pad_values or {})
 
     def bucket_length(self, length: int) -> int:
-        """The smallest bucket not shorter than ``length``.
-
-        Raises:
-            ValueError: ``length`` exceeds the largest bucket and ``truncate`` is off.
-        """
+        """The smallest bucket not shorter than ``length`` (the largest under ``truncate``, else ``ValueError``)."""
         index = bisect.bisect_left(self.buckets, length)
         if index < len(self.buckets):
             return self.buckets[index]
@@ -141,15 +113,8 @@ class BucketedPadCollate:
 
     @staticmethod
     def quantile_buckets(lengths: Sequence[int], count: int, multiple_of: int = 8) -> list[int]:
-        """``count`` bucket lengths at the quantiles of ``lengths`` (the data's sequence lengths), the last one its
-        longest, each rounded up to a multiple of ``multiple_of``.
-
-        A batch is padded to its longest sample, so batches land in the upper buckets more often than single
-        samples would; measure the padding on the real batches (``benchmarks/compile.py`` does).
-
-        Raises:
-            ValueError: no lengths, or a ``count`` or ``multiple_of`` below 1.
-        """
+        """``count`` bucket lengths at the quantiles of the data's sequence ``lengths`` (the last its longest), each
+        rounded up to a multiple of ``multiple_of``. Batches land in the upper buckets more often than samples do."""
         if not lengths or count < 1 or multiple_of < 1:
             raise ValueError(
                 f"quantile_buckets needs lengths, count >= 1 and multiple_of >= 1; got {len(lengths)} lengths,"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterable
+from contextlib import contextmanager, nullcontext
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -10,10 +11,13 @@ import torch
 from lightning.fabric.utilities.types import Optimizable
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
-from torch.optim import Optimizer
+from torch.optim import LBFGS, Optimizer
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.optimizers import fused_clip_grad_norm
 
 _Precision = Literal["bf16-mixed", "16-mixed"]
 _FP16_PRECISIONS = ("16-mixed", "16-true")
@@ -91,15 +95,57 @@ def check_precision_supported(precision: str | int | Precision, backend: hpu.Bac
         )
 
 
+class OpListMode(TorchFunctionMode):
+    """Runs listed ops in a fixed dtype inside autocast: the emulation of Gaudi's autocast list files.
+
+    Floating inputs of an op named in ``fp32_ops`` are cast to float32 and those of one in ``bf16_ops`` to bfloat16,
+    and the op runs with autocast off, so its output has that dtype. Other ops follow the device's autocast policy.
+    """
+
+    def __init__(self, device_type: str, bf16_ops: Iterable[str], fp32_ops: Iterable[str]) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.dtypes = {name: torch.bfloat16 for name in bf16_ops} | {name: torch.float32 for name in fp32_ops}
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        dtype = self.dtypes.get(getattr(func, "__name__", "").strip("_"))
+        if dtype is None or not torch.is_autocast_enabled(self.device_type):
+            return func(*args, **kwargs)
+
+        def cast(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+                return value.to(dtype)
+            return value
+
+        with torch.autocast(self.device_type, enabled=False):
+            return func(*tree_map(cast, args), **tree_map(cast, kwargs))
+
+
 class HPUPrecision(MixedPrecision):
     """Automatic mixed precision with ``torch.autocast`` on the HPU device type.
 
     On Gaudi autocast runs on device type ``"hpu"``; in eager emulation it is CPU autocast with the same dtype.
     Lazy emulation has no autocast and refuses mixed precision (use ``"bf16-true"`` there).
 
+    Optimizers from :func:`~lightning_gaudi.fuse_optimizer` are clipped by norm with the fused clipper. Under
+    ``"16-mixed"`` every optimizer's gradients are unscaled after backward, fused ones included (Lightning leaves
+    those scaled and refuses to clip them), so clipping sees true gradients; a step with inf or NaN gradients is
+    still skipped.
+
     Args:
         precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
         scaler: a ``torch.amp.GradScaler`` for ``"16-mixed"``; one is made when not given.
+
+    Attributes:
+        op_lists: ops run in a fixed dtype inside autocast (emulation only), entered with autocast in every
+            training, validation, test and predict step; :class:`~lightning_gaudi.callbacks.BF16Autocast` sets it.
 
     Raises:
         ValueError: an unsupported precision for this device (see :func:`check_precision_supported`).
@@ -115,10 +161,13 @@ class HPUPrecision(MixedPrecision):
         check_precision_supported(precision, backend)
         assert backend.autocast_device_type is not None
         super().__init__(precision, device=backend.autocast_device_type, scaler=scaler)
-        # ids of optimizers that unscale in step(): unscaled here for clipping, or whose backward was skipped, since
-        # their last step
-        self._unscaled: set[int] = set()
-        self._backward_skipped: set[int] = set()
+        self.op_lists: OpListMode | None = None
+
+    @override
+    @contextmanager
+    def forward_context(self) -> Generator[None, None, None]:
+        with super().forward_context(), nullcontext() if self.op_lists is None else self.op_lists:
+            yield
 
     @override
     def optimizer_step(  # type: ignore[override]
@@ -128,21 +177,20 @@ class HPUPrecision(MixedPrecision):
         closure: Callable[[], Any],
         **kwargs: Any,
     ) -> Any:
-        if self.scaler is None or not _unscales_in_step(optimizer):
+        if self.scaler is None:
             return super().optimizer_step(optimizer, model, closure, **kwargs)
-        key = id(optimizer)
-
-        def closure_noting_a_skipped_backward() -> Any:
-            result = closure()
-            if result is None and model.automatic_optimization:
-                self._backward_skipped.add(key)  # no scaler step follows, so nothing may be unscaled
+        if isinstance(optimizer, LBFGS):
+            raise ValueError("precision='16-mixed' cannot drive LBFGS (AMP); use 'bf16-mixed' or '32-true'.")
+        result = closure()
+        stepped = result is not None or not model.automatic_optimization  # else Lightning skipped the backward
+        if stepped:
+            self.scaler.unscale_(optimizer)  # type: ignore[arg-type]
+        self._after_closure(model, optimizer)  # on_before_optimizer_step, then clipping
+        if not stepped:
             return result
-
-        try:
-            return super().optimizer_step(optimizer, model, closure_noting_a_skipped_backward, **kwargs)
-        finally:
-            self._unscaled.discard(key)
-            self._backward_skipped.discard(key)
+        output = self.scaler.step(optimizer, **kwargs)  # type: ignore[arg-type]  # skipped on inf or NaN
+        self.scaler.update()
+        return output
 
     @override
     def clip_gradients(
@@ -151,27 +199,10 @@ class HPUPrecision(MixedPrecision):
         clip_val: int | float = 0.0,
         gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
     ) -> None:
-        """Clips gradients, fused optimizers' included (Lightning refuses those under ``"16-mixed"``).
+        # gradients are unscaled (optimizer_step), so fused optimizers may be clipped too
+        Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
-        Without a scaler (bf16) there is nothing to unscale. With one, an optimizer that unscales inside its own
-        ``step()`` (a fused one) gets ``scaler.unscale_`` first, so clipping sees true gradients; ``scaler.step`` then
-        hands it the inf check instead of the scale, and a step with inf or NaN gradients is still skipped.
-        """
-        if self.scaler is None:
-            Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
-            return
-        if clip_val > 0 and _unscales_in_step(optimizer):
-            key = id(optimizer)
-            if key not in self._unscaled and key not in self._backward_skipped:
-                self.scaler.unscale_(optimizer)
-                self._unscaled.add(key)
-            Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
-            return
-        super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
-
-
-def _unscales_in_step(optimizer: Any) -> bool:
-    # imported here: the patches package imports this module (the connector patch builds HPUPrecision)
-    from lightning_gaudi.patches import amp_unscaling
-
-    return amp_unscaling.installed() and amp_unscaling.unscales_in_step(optimizer)
+    @override
+    def clip_grad_by_norm(self, optimizer: Optimizer, clip_val: int | float) -> None:
+        if not fused_clip_grad_norm(optimizer, clip_val):
+            super().clip_grad_by_norm(optimizer, clip_val)

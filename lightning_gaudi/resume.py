@@ -1,36 +1,11 @@
-"""Resume policy: which checkpoint a (re)started run continues from.
+"""Resume policy: which checkpoint a (re)started run continues from (:func:`resolve_ckpt_path`).
 
-A job restarted by its launcher (``torchrun --max-restarts``, a SLURM requeue) runs the same command again, so the
-command itself has to find where training stopped. :func:`resolve_ckpt_path` turns a policy into the path to pass
-to ``Trainer.fit(ckpt_path=...)``:
+- ``"auto"``: the newest checkpoint in the directory that verifies, or ``None`` (start fresh);
+- ``"last"``: the newest of ``last.ckpt``, ``last-v<N>.ckpt`` and ``last-preempted.ckpt``; it must verify;
+- a path (or fsspec URL): that checkpoint; it must verify; ``None``: start fresh.
 
-- ``"auto"``: the newest checkpoint in the directory that verifies, or ``None`` (start fresh) when there is none.
-  This is the policy for jobs that may be restarted: the first attempt starts fresh, every later one resumes.
-  Checkpoints that fail verification are skipped, and a warning names each with what is wrong.
-- ``"last"``: the newest of the ``last.ckpt`` that ``ModelCheckpoint(save_last=True)`` keeps (a copy or a link), its
-  versions (``last-v1.ckpt``) and the ``last-preempted.ckpt`` that
-  :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` saves; it must exist and verify.
-- a path: that checkpoint; it must exist and verify.
-- ``None``: start fresh.
-
-"Newest" is the highest ``global_step`` (then ``epoch``) recorded in the checkpoint, with the modification time
-breaking ties, so copying or touching a file does not change the order. A run rewound to an earlier checkpoint
-and saving again beside later ones is therefore resumed from the later ones: give the rewound run its own folder.
-
-A checkpoint verifies (:func:`verify_checkpoint`) when it is a whole ``torch.save`` archive, every member matches
-the CRC-32 recorded when it was written (``torch.save`` records one per member), the pickled object parses (it is
-read with a reader that imports and runs nothing), and every tensor storage it refers to is in the archive. That
-catches truncated files, zeroed or altered bytes (an interrupted copy, a disk error) and a damaged pickle, and
-costs one read of the file: 0.07 to 0.12 s for a 100 MB checkpoint from the page cache on a busy 2-core machine,
-no more than ``torch.load`` of the same file (0.09 to 0.24 s); from a disk, the time to read it once, after which
-``torch.load`` finds it in the page cache. Ordering reads only the zip index and the small pickle of each
-checkpoint, never the tensors (20 ms for a checkpoint of 1,000 tensors). Archives saved with
-``torch.utils.serialization.config.save.compute_crc32 = False`` record no CRC-32s: their structure and pickle are
-checked, not their tensor data, and a warning says so.
-
-Paths may be fsspec URLs (``s3://bucket/run/ckpts``, ``memory://run``) as in Lightning. Every rank resolves the
-policy itself, so the checkpoint directory must be one all ranks see (as for any Lightning resume), and nothing may
-be writing to it while a job starts (true after a launcher restart: every worker of the previous attempt is gone).
+"Newest": the highest ``global_step``, then ``epoch``, then mtime. A checkpoint verifies when its members match their
+CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor storages are present.
 """
 
 from __future__ import annotations
@@ -86,15 +61,8 @@ class CheckpointDamagedError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What the resume policy reads from a checkpoint without loading its tensors.
-
-    Attributes:
-        path: the checkpoint, as given (a local path or a URL).
-        global_step: the ``global_step`` Lightning recorded, or ``None`` (not a Lightning checkpoint).
-        epoch: the ``epoch`` Lightning recorded, or ``None``.
-        mtime_ns: its modification time (``-1`` when the file system does not tell).
-        crc_checked: whether the tensor data was checked against recorded CRC-32s (:func:`verify_checkpoint` only).
-    """
+    """What the resume policy reads from a checkpoint without loading its tensors (``None``: not recorded;
+    ``mtime_ns`` -1: unknown; ``crc_checked``: the tensor data was checked against recorded CRC-32s)."""
 
     path: str
     global_step: int | None
@@ -104,28 +72,18 @@ class CheckpointInfo:
 
 
 def read_checkpoint_info(path: _PATH) -> CheckpointInfo:
-    """The step and epoch recorded in a checkpoint, reading only its zip index and its pickle (not the tensors).
-
-    Raises:
-        CheckpointDamagedError: the file is missing, not a whole ``torch.save`` archive, or its pickle is damaged.
-    """
+    """The step and epoch recorded in a checkpoint (reading its zip index and pickle); :class:`CheckpointDamagedError`
+    when it is missing, incomplete or damaged."""
     return _inspect(os.fspath(path), verify_data=False)
 
 
 def verify_checkpoint(path: _PATH) -> CheckpointInfo:
-    """:func:`read_checkpoint_info`, after checking every byte of the checkpoint (see the module docstring).
-
-    Raises:
-        CheckpointDamagedError: the file is missing, incomplete, or damaged (named member, or the pickle).
-    """
+    """:func:`read_checkpoint_info`, after checking every byte of the checkpoint (see the module docstring)."""
     return _inspect(os.fspath(path), verify_data=True)
 
 
 def is_complete_checkpoint(path: _PATH) -> bool:
-    """Whether ``path`` verifies (:func:`verify_checkpoint`): whole, undamaged, with a readable pickle.
-
-    Follows symbolic links: a link whose target is missing or damaged is not complete.
-    """
+    """Whether ``path`` (following links) verifies (:func:`verify_checkpoint`)."""
     try:
         verify_checkpoint(path)
     except (CheckpointDamagedError, OSError):
@@ -134,16 +92,8 @@ def is_complete_checkpoint(path: _PATH) -> bool:
 
 
 def latest(dirpath: _PATH) -> str | None:
-    """The newest checkpoint (``*.ckpt``) in ``dirpath`` that verifies, or ``None``.
-
-    Newest is the highest recorded ``global_step``, then ``epoch``, then modification time. ``None`` also when
-    ``dirpath`` does not exist yet (a first run). Checkpoints that fail verification are skipped, and one warning
-    names each of them with what is wrong.
-
-    Example::
-
-        trainer.fit(model, ckpt_path=lightning_gaudi.resume.latest("checkpoints/"))
-    """
+    """The newest checkpoint (``*.ckpt``) in ``dirpath`` that verifies, or ``None`` (also when ``dirpath`` does not
+    exist yet); one warning names the checkpoints skipped."""
     text = os.fspath(dirpath)
     fs, directory = _filesystem(text)
     names = _checkpoint_names(fs, directory, text)
@@ -173,18 +123,10 @@ def latest(dirpath: _PATH) -> str | None:
 
 
 def resolve_ckpt_path(ckpt_path: _PATH | None, dirpath: _PATH | None = None) -> str | None:
-    """The checkpoint to resume from under a resume policy (see the module docstring).
-
-    Args:
-        ckpt_path: ``"auto"``, ``"last"``, a checkpoint path or URL, or ``None`` (start fresh).
-        dirpath: the checkpoint directory (``ModelCheckpoint(dirpath=...)``); needed by ``"auto"`` and ``"last"``.
-
-    Returns:
-        A path for ``Trainer.fit(ckpt_path=...)``, or ``None`` to start from scratch.
+    """The checkpoint to resume from under ``ckpt_path`` (``"auto"``, ``"last"``, a path or ``None``) in ``dirpath``.
 
     Raises:
-        ValueError: a policy without ``dirpath``.
-        CheckpointDamagedError: the checkpoint (``"last"`` or the path) is incomplete or damaged (a ``ValueError``).
+        ValueError: a policy without ``dirpath``, or a damaged checkpoint (:class:`CheckpointDamagedError`).
         FileNotFoundError: the named checkpoint (or ``last.ckpt``) does not exist.
     """
     if ckpt_path is None:
@@ -213,11 +155,7 @@ def resolve_ckpt_path(ckpt_path: _PATH | None, dirpath: _PATH | None = None) -> 
 
 
 def resolve_in_checkpoint_dir(ckpt_path: _PATH | None, checkpoint: Checkpoint | None) -> str | None:
-    """:func:`resolve_ckpt_path` in the folder of a ``ModelCheckpoint`` callback (the Hydra app's and the CLI's).
-
-    ``"auto"`` starts fresh when there is no such callback, or when its folder is only decided at fit time (a
-    ``ModelCheckpoint`` without ``dirpath``): nothing can have been saved there by an earlier attempt.
-    """
+    """:func:`resolve_ckpt_path` in ``checkpoint``'s folder; ``"auto"`` starts fresh when it has none yet."""
     dirpath = getattr(checkpoint, "dirpath", None)
     if dirpath is None and ckpt_path is not None and os.fspath(ckpt_path) == "auto":
         return None
@@ -272,11 +210,8 @@ def _last(dirpath: str) -> str:
     return max(infos, key=_newest_first).path
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Reading a torch.save archive without loading it
-# ---------------------------------------------------------------------------------------------------------------------
-
 _INCOMPLETE = "incomplete (not a whole torch.save archive: a copy or save was interrupted)"
+_MISSING = "missing (no such file, or a link to one)"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip member's local header (the "PK\x03\x04" record)
 
 
@@ -285,24 +220,20 @@ def _inspect(text: str, verify_data: bool) -> CheckpointInfo:
     try:
         mtime_ns = os.stat(path).st_mtime_ns if fs is None else int(fs.modified(path).timestamp() * 1e9)
     except FileNotFoundError:
-        raise CheckpointDamagedError(text, "missing (no such file, or a link to one)") from None
+        raise CheckpointDamagedError(text, _MISSING) from None
     except (NotImplementedError, OSError, ValueError):
         mtime_ns = -1
     try:
-        with _open(fs, path) as raw:
+        with open(path, "rb") if fs is None else fs.open(path, "rb") as raw:
             return _inspect_archive(text, raw, mtime_ns, verify_data)
     except CheckpointDamagedError:
         raise
     except (zipfile.BadZipFile, EOFError, ValueError, struct.error):
         raise CheckpointDamagedError(text, _INCOMPLETE) from None
     except FileNotFoundError:
-        raise CheckpointDamagedError(text, "missing (no such file, or a link to one)") from None
+        raise CheckpointDamagedError(text, _MISSING) from None
     except IsADirectoryError:
         raise CheckpointDamagedError(text, "a directory, not a checkpoint file") from None
-
-
-def _open(fs: AbstractFileSystem | None, path: str) -> IO[bytes]:
-    return open(path, "rb") if fs is None else fs.open(path, "rb")
 
 
 def _inspect_archive(text: str, raw: IO[bytes], mtime_ns: int, verify_data: bool) -> CheckpointInfo:
@@ -384,17 +315,10 @@ class _Opaque:
     def __call__(self, *args: object, **kwargs: object) -> _Opaque:
         return _Opaque()
 
-    def __setstate__(self, state: object) -> None:
+    def _ignore(self, *args: object) -> None:
         pass
 
-    def __setitem__(self, key: object, value: object) -> None:
-        pass
-
-    def append(self, value: object) -> None:
-        pass
-
-    def extend(self, values: object) -> None:
-        pass
+    __setstate__ = __setitem__ = append = extend = _ignore
 
 
 class _Probe(pickle.Unpickler):

@@ -1,12 +1,16 @@
 """Rules about how the package is put together, checked on its source.
 
-1. No module of ``lightning_gaudi`` is part of an import cycle through module-level imports.
+1. No module of ``lightning_gaudi`` is part of an import cycle, counting every import (function-level ones too; only
+   ``if TYPE_CHECKING:`` blocks are left out).
 2. ``habana_frameworks`` and ``torch._lazy`` are used only under ``lightning_gaudi/hpu/`` (the seam to the HPU).
-3. Lightning's and torch's private internals are touched only under ``lightning_gaudi/patches/``.
+3. Lightning's and torch's private internals are touched only under ``lightning_gaudi/patches/``,
+   ``lightning_gaudi/emulation/`` and ``lightning_gaudi/callbacks/dynamo.py``.
 4. ``import lightning_gaudi`` does not import Hydra, OmegaConf or torchmetrics.
+5. ``lightning_gaudi/patches/`` (the bottom layer) imports nothing of the package but ``lightning_gaudi.patches`` and
+   ``lightning_gaudi.hpu``.
 
-The first three read the source with :mod:`ast` (nothing is imported); the helpers are tested on small made-up
-packages too, so a broken scanner cannot pass silently.
+Rules 1-3 and 5 read the source with :mod:`ast` (nothing is imported); the helpers are tested on small made-up packages
+too, so a broken scanner cannot pass silently.
 """
 
 from __future__ import annotations
@@ -59,24 +63,22 @@ def _is_type_checking(test: ast.expr) -> bool:
 _TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # TryStar: Python 3.11+
 
 
-def module_level_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The imports run when the module is imported: not in functions, not under ``if TYPE_CHECKING:``.
+def all_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import in ``body``, at any depth (functions and classes included), except under ``if TYPE_CHECKING:``.
 
-    Class bodies, ``try``/``with`` blocks and other ``if`` branches run at import time, so their imports count.
+    A function-level import is an import cycle that waits for the first call: it counts.
     """
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                yield from module_level_imports(node.body)
-            yield from module_level_imports(node.orelse)
-        elif isinstance(node, _TRY):
-            for block in (node.body, node.orelse, node.finalbody, *(handler.body for handler in node.handlers)):
-                yield from module_level_imports(block)
-        elif isinstance(node, ast.With | ast.AsyncWith | ast.For | ast.AsyncFor | ast.While | ast.ClassDef):
-            yield from module_level_imports(node.body)
-            yield from module_level_imports(getattr(node, "orelse", []))
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from all_imports(node.orelse)
+        else:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    yield from all_imports([child])
+                else:
+                    yield from all_imports([n for n in ast.iter_child_nodes(child) if isinstance(n, ast.stmt)])
 
 
 def _resolve_from(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -93,7 +95,7 @@ def _ancestors(name: str) -> list[str]:
 
 
 def import_graph(sources: Mapping[str, tuple[Path, ast.Module]], package: str = PACKAGE) -> dict[str, dict[str, int]]:
-    """Module-level imports between the package's modules: ``{importer: {imported: line}}``.
+    """Imports between the package's modules (:func:`all_imports`): ``{importer: {imported: line}}``.
 
     ``from package.x import name`` goes to ``package.x.name`` when that is a module, else to ``package.x``.
     Importing ``a.b.c`` also runs ``a.b``'s ``__init__``: an edge to each such package, except those the importer
@@ -102,7 +104,7 @@ def import_graph(sources: Mapping[str, tuple[Path, ast.Module]], package: str = 
     graph: dict[str, dict[str, int]] = {name: {} for name in sources}
     for importer, (path, tree) in sources.items():
         is_package = path.name == "__init__.py"
-        for node in module_level_imports(tree.body):
+        for node in all_imports(tree.body):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -231,7 +233,7 @@ def test_cycle_finder_sees_what_it_should(tmp_path: Path) -> None:
             "__init__.py": "from pkg.a import A\n",
             "a.py": "from pkg import b\nA = 1\n",  # `b` is a submodule: an edge to pkg.b, not to pkg
             "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n",
-            "c.py": "def f():\n    from pkg import d\n",  # function-level: not an edge
+            "c.py": "def f():\n    from pkg import d\n",  # function-level: an edge too
             "d.py": "from pkg.sub.e import E\n",  # runs pkg/sub/__init__ first: an edge to pkg.sub
             "sub/__init__.py": "try:\n    from pkg.d import x\nexcept ImportError:\n    pass\n",
             "sub/e.py": "from . import f\nE = 1\n",
@@ -241,11 +243,11 @@ def test_cycle_finder_sees_what_it_should(tmp_path: Path) -> None:
     graph = import_graph(sources, "pkg")
     assert graph["pkg.a"] == {"pkg.b": 1}
     assert graph["pkg.b"] == {}
-    assert graph["pkg.c"] == {}
+    assert graph["pkg.c"] == {"pkg.d": 2}
     assert graph["pkg.d"] == {"pkg.sub": 1, "pkg.sub.e": 1}
     assert graph["pkg.sub.e"] == {"pkg.sub.f": 1}
     assert graph["pkg.sub.f"] == {"pkg.c": 1}
-    assert find_cycles(graph) == [["pkg.d", "pkg.sub", "pkg.d"]]
+    assert find_cycles(graph) == [["pkg.c", "pkg.d", "pkg.sub.e", "pkg.sub.f", "pkg.c"]]
     assert find_cycles({"x": {"x": 1}}) == [["x", "x"]]
 
 
@@ -253,7 +255,7 @@ def test_no_import_cycles() -> None:
     graph = import_graph(package_sources())
     assert graph[PACKAGE], "the scan found no imports in lightning_gaudi/__init__.py: the scanner is broken"
     cycles = find_cycles(graph)
-    assert not cycles, "module-level import cycles in lightning_gaudi:\n" + "\n".join(
+    assert not cycles, "import cycles in lightning_gaudi (function-level imports count):\n" + "\n".join(
         _describe(graph, cycle) for cycle in cycles
     )
 
@@ -323,7 +325,7 @@ def test_bridge_and_lazy_tensor_core_only_under_hpu() -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 
 #: Names of Lightning's and torch's private internals: they may appear (as names, attributes or strings) only in
-#: lightning_gaudi/patches/.
+#: :data:`PRIVATE_ALLOWED`.
 PRIVATE_NAMES = frozenset(
     {
         # Lightning's trainer internals
@@ -401,15 +403,73 @@ def test_private_scanner_sees_every_form() -> None:
     assert sorted({line for line, _ in private_uses(tree)}) == [2, 3, 4, 5, 6, 7, 11]
 
 
-def test_private_internals_only_under_patches() -> None:
+#: Where Lightning's and torch's private internals may be touched: the shims, the emulator, the dynamo readers.
+PRIVATE_ALLOWED = (PACKAGE_DIR / "patches", PACKAGE_DIR / "emulation", PACKAGE_DIR / "callbacks" / "dynamo.py")
+
+
+def test_private_internals_only_under_patches_emulation_and_dynamo() -> None:
     found = []
     for _, (path, tree) in package_sources().items():
-        if path.is_relative_to(PACKAGE_DIR / "patches"):
+        if any(path.is_relative_to(allowed) for allowed in PRIVATE_ALLOWED):
             continue
         found += [f"{_relative(path)}:{line}: {what}" for line, what in sorted(set(private_uses(tree)))]
     assert not found, (
-        "Lightning/torch private internals used outside lightning_gaudi/patches/ (move the code into a patch"
-        " module, version-guarded and with a canary test):\n" + "\n".join(found)
+        "Lightning/torch private internals used outside lightning_gaudi/patches/, emulation/ and callbacks/dynamo.py"
+        " (move the code into a patch module, version-guarded and with a canary test):\n" + "\n".join(found)
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 5. patches/ is the bottom layer
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: What a module under lightning_gaudi/patches/ may import of the package.
+PATCHES_MAY_IMPORT = (f"{PACKAGE}.patches", f"{PACKAGE}.hpu")
+
+
+def package_imports(module: str, path: Path, tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` for each import of ``lightning_gaudi`` (or one of its modules) in ``tree``."""
+    for node in all_imports(tree.body):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            base = _resolve_from(module, path.name == "__init__.py", node)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        yield from ((node.lineno, name) for name in names if name == PACKAGE or name.startswith(f"{PACKAGE}."))
+
+
+def _allowed_in_patches(name: str) -> bool:
+    return any(name == prefix or name.startswith(f"{prefix}.") for prefix in PATCHES_MAY_IMPORT)
+
+
+def test_patch_import_scanner_sees_every_form(tmp_path: Path) -> None:
+    text = (
+        "from lightning_gaudi import hpu, strategies\n"
+        "from lightning_gaudi.patches import registry\n"
+        "from . import connector\n"
+        "def f():\n    from lightning_gaudi.routing import common\n"
+        "import lightning_gaudi.precision\n"
+    )
+    found = package_imports(f"{PACKAGE}.patches.x", tmp_path / "x.py", ast.parse(text))
+    assert [(line, name) for line, name in found if not _allowed_in_patches(name)] == [
+        (1, f"{PACKAGE}.strategies"),
+        (5, f"{PACKAGE}.routing.common"),
+        (6, f"{PACKAGE}.precision"),
+    ]
+
+
+def test_patches_import_only_patches_and_the_hpu_seam() -> None:
+    found = []
+    for module, (path, tree) in package_sources().items():
+        if path.is_relative_to(PACKAGE_DIR / "patches"):
+            found += [
+                f"{_relative(path)}:{line}: {name}"
+                for line, name in package_imports(module, path, tree)
+                if not _allowed_in_patches(name)
+            ]
+    assert not found, (
+        "lightning_gaudi/patches/ is the bottom layer: it may import only lightning_gaudi.patches and"
+        " lightning_gaudi.hpu (take policy as hooks, e.g. from lightning_gaudi.routing):\n" + "\n".join(found)
     )
 
 

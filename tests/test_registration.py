@@ -30,7 +30,7 @@ STRATEGIES = {
     "hpu_fsdp": (HPUFSDPStrategy, {}),
     "hpu_fsdp_sharded_checkpoint": (HPUFSDPStrategy, {"state_dict_type": "sharded"}),
 }
-#: Registered whether or not DeepSpeed is installed (built in tests/test_deepspeed_strategy.py, which needs it).
+#: Registered whether or not DeepSpeed is installed (built in tests/strategies/test_deepspeed.py, which needs it).
 DEEPSPEED_STRATEGIES = {
     "hpu_deepspeed": (HPUDeepSpeedStrategy, {}),
     **{f"hpu_deepspeed_stage_{stage}": (HPUDeepSpeedStrategy, {"stage": stage}) for stage in (1, 2, 3)},
@@ -73,6 +73,7 @@ PUBLIC = {
     "Runtime",
     "SingleHPUStrategy",
     "configure",
+    "fuse_optimizer",
     "register",
 }
 

@@ -16,10 +16,11 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from torch import Tensor, nn
 from torchmetrics.text import Perplexity
 
-from lightning_gaudi import hpu
+from lightning_gaudi import HPUAccelerator, fuse_optimizer, hpu
 
 Attention = Callable[..., Tensor]
 
@@ -191,6 +192,11 @@ class GPTLanguageModel(L.LightningModule):
             lr=self.lr,
             betas=self.betas,
         )
+        # Gaudi's FusedAdamW (fused clipping under bf16-mixed) on an HPU, built before the scheduler; sharded
+        # strategies, whose ranks hold slices of the parameters, keep torch's
+        sharded = isinstance(self.trainer.strategy, (FSDPStrategy, DeepSpeedStrategy))
+        if isinstance(self.trainer.accelerator, HPUAccelerator) and not sharded:
+            optimizer = fuse_optimizer(optimizer)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warmup = min(self.warmup_steps, total)
         floor = self.min_lr_ratio

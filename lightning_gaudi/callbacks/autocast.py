@@ -2,58 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Iterable
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
 from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.hpu.autocast_lists import check_op_names
-from lightning_gaudi.patches.precision_plugin import Override, override_method
+from lightning_gaudi.precision import HPUPrecision, OpListMode
 
-
-def _op_name(func: Callable[..., Any]) -> str:
-    return getattr(func, "__name__", "").strip("_")
-
-
-class OpListMode(TorchFunctionMode):
-    """Runs listed ops in a fixed dtype inside autocast: the emulation of Gaudi's autocast list files.
-
-    Floating inputs of an op named in ``fp32_ops`` are cast to float32 and those of one in ``bf16_ops`` to bfloat16,
-    and the op runs with autocast off, so its output has that dtype. Other ops follow the device's autocast policy.
-    """
-
-    def __init__(self, device_type: str, bf16_ops: Iterable[str], fp32_ops: Iterable[str]) -> None:
-        super().__init__()
-        self.device_type = device_type
-        self.dtypes = {name: torch.bfloat16 for name in bf16_ops} | {name: torch.float32 for name in fp32_ops}
-
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        dtype = self.dtypes.get(_op_name(func))
-        if dtype is None or not torch.is_autocast_enabled(self.device_type):
-            return func(*args, **kwargs)
-
-        def cast(value: Any) -> Any:
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
-                return value.to(dtype)
-            return value
-
-        with torch.autocast(self.device_type, enabled=False):
-            return func(*tree_map(cast, args), **tree_map(cast, kwargs))
+__all__ = ["BF16Autocast", "OpListMode"]
 
 
 class BF16Autocast(Callback):
@@ -62,8 +22,10 @@ class BF16Autocast(Callback):
     The op lists are runtime settings (:class:`~lightning_gaudi.hpu.runtime.Runtime`): on a Gaudi the bridge reads
     them once, when it loads, so set them with ``lightning_gaudi.configure(autocast_bf16_ops=...,
     autocast_fp32_ops=...)`` before building the Trainer (the Hydra app's ``runtime`` group and the CLI's
-    ``--runtime.*`` do that). This callback then checks that the bridge got them. Under eager emulation it applies
-    the lists to CPU autocast (:class:`OpListMode`); lazy emulation has no autocast.
+    ``--runtime.*`` do that). This callback then checks that the bridge got them. Under eager emulation it hands the
+    lists to the Trainer's :class:`~lightning_gaudi.HPUPrecision` (its ``op_lists``, a
+    :class:`~lightning_gaudi.precision.OpListMode` entered with autocast in every step) until the end of the run;
+    lazy emulation has no autocast.
 
     Defaults: a list left as ``None`` is the runtime's list, and with neither the device keeps its own policy (the
     bridge's built-in list on Gaudi, torch's CPU autocast policy under emulation). Under emulation ops named in
@@ -76,7 +38,7 @@ class BF16Autocast(Callback):
 
     Raises:
         ValueError: an unknown op name (with close matches), or an op in both lists; at set-up, a Trainer whose
-            precision is not ``bf16-mixed``.
+            precision is not ``bf16-mixed``, or whose precision plugin is not ``HPUPrecision`` where lists apply.
         RuntimeError: at set-up on a Gaudi, lists that the bridge did not load.
     """
 
@@ -86,7 +48,7 @@ class BF16Autocast(Callback):
         both = sorted(set(self.bf16_ops or ()) & set(self.fp32_ops or ()))
         if both:
             raise ValueError(f"{both} are in both `bf16_ops` and `fp32_ops`; name each op in one list only.")
-        self._autocast_override: Override | None = None
+        self._plugin: HPUPrecision | None = None
 
     def _check_bridge_lists(self, runtime: hpu.Runtime) -> None:
         given = {
@@ -119,18 +81,17 @@ class BF16Autocast(Callback):
         fp32_ops = self.fp32_ops if self.fp32_ops is not None else runtime.autocast_fp32_ops
         if bf16_ops is None and fp32_ops is None:
             return
-        original = plugin.autocast_context_manager
-        op_lists = OpListMode(plugin.device, bf16_ops or (), fp32_ops or ())  # built once, entered per step
-
-        @contextmanager
-        def with_op_lists() -> Iterator[None]:
-            with original(), op_lists:
-                yield
-
-        self._autocast_override = override_method(plugin, "autocast_context_manager", with_op_lists)
+        if not isinstance(plugin, HPUPrecision):
+            raise ValueError(
+                f"BF16Autocast applies its op lists through lightning_gaudi.HPUPrecision, not"
+                f" {type(plugin).__qualname__}. Pass `Trainer(precision='bf16-mixed')` or"
+                " `plugins=[lightning_gaudi.HPUPrecision('bf16-mixed')]`."
+            )
+        plugin.op_lists = OpListMode(plugin.device, bf16_ops or (), fp32_ops or ())  # built once, entered per step
+        self._plugin = plugin
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._autocast_override is not None:
-            self._autocast_override.restore()  # back to the class's method
-            self._autocast_override = None
+        if self._plugin is not None:
+            self._plugin.op_lists = None
+            self._plugin = None

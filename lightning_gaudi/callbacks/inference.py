@@ -16,25 +16,14 @@ from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.hpu import runtime
-from lightning_gaudi.patches import dynamo
+from lightning_gaudi.callbacks import dynamo
 
 EVAL_STAGES = ("validate", "test", "predict")
 
 
 class HPUGraphs(Callback):
-    """Captures the module's forward as an HPU graph for validation, test and predict (lazy mode).
-
-    The first evaluation batch records the graph (``wrap_in_hpu_graph``); later batches of the same shapes replay it,
-    which removes the host's per-batch graph building. Training never runs through the captured graph: the plain
-    forward is put back when evaluation ends, and the captured one reused at the next evaluation. Outside lazy mode
-    it warns once and does nothing (use :class:`HPUCompile` there). Under emulation the wrap is the identity.
-
-    Args:
-        stages: which of ``"validate"``, ``"test"``, ``"predict"`` use the graph.
-
-    Raises:
-        ValueError: an unknown stage.
-    """
+    """Captures the module's forward as an HPU graph for the evaluation ``stages`` in lazy mode; training runs the
+    plain forward. Outside lazy mode it warns and does nothing (use :class:`HPUCompile` there)."""
 
     def __init__(self, stages: Iterable[str] = EVAL_STAGES) -> None:
         self.stages = tuple(stages)
@@ -51,7 +40,7 @@ class HPUGraphs(Callback):
         if not self._active:
             rank_zero_warn("HPUGraphs does nothing outside lazy mode (PT_HPU_LAZY_MODE=1); use HPUCompile there.")
 
-    def _enter(self, pl_module: pl.LightningModule, stage: str) -> None:
+    def _enter(self, stage: str, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._active or stage not in self.stages:
             return
         self._entered = True
@@ -63,7 +52,7 @@ class HPUGraphs(Callback):
         elif self._wrapped is not None:
             pl_module.forward = self._wrapped  # type: ignore[method-assign]
 
-    def _leave(self, pl_module: pl.LightningModule) -> None:
+    def _leave(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._entered:
             return
         self._entered = False
@@ -73,29 +62,10 @@ class HPUGraphs(Callback):
             vars(pl_module).pop("forward", None)
         self._plain = None
 
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._enter(pl_module, "validate")
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._leave(pl_module)
-
-    @override
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._enter(pl_module, "test")
-
-    @override
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._leave(pl_module)
-
-    @override
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._enter(pl_module, "predict")
-
-    @override
-    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._leave(pl_module)
+    on_validation_start = functools.partialmethod(_enter, "validate")
+    on_test_start = functools.partialmethod(_enter, "test")
+    on_predict_start = functools.partialmethod(_enter, "predict")
+    on_validation_end = on_test_end = on_predict_end = _leave
 
 
 #: What ``HPUCompile`` passes to ``torch.compile`` besides the backend.
@@ -127,12 +97,8 @@ def _blocks(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 def compile_targets(pl_module: nn.Module, regional: bool = False) -> list[tuple[str, nn.Module]]:
     """The modules :class:`HPUCompile` compiles in ``pl_module``, by qualified name.
 
-    Whole-model: every direct child with parameters (the elements of a child ``nn.ModuleList``/``nn.ModuleDict``,
-    which has no forward of its own). These are what ``training_step``, ``validation_step`` and ``predict_step``
-    call (``self.model(**batch)``, ``self.net(x)``, ``self(x)`` through ``forward``); children without parameters
-    (losses, torchmetrics metrics) are left alone: they hold no network, and metrics sync to the host. Regional:
-    inside each of those, every block of a repeated container (an ``nn.ModuleList``, or an ``nn.Sequential`` of
-    blocks of one class), instead of the whole child; a child without repeated blocks is compiled whole.
+    Every direct child with parameters (or the elements of a child ``nn.ModuleList``/``nn.ModuleDict``); with
+    ``regional``, each block of their repeated containers instead, where they have any.
     """
     tops: list[tuple[str, nn.Module]] = []
     for name, child in pl_module.named_children():
@@ -160,14 +126,8 @@ _entries: dict[tuple[type[nn.Module], ...], Callable[..., Any]] = {}
 
 
 def _entry(module: nn.Module) -> Callable[..., Any]:
-    """A frame dynamo traces for the forward of one of torch's own modules, one code object per structure.
-
-    Dynamo never starts tracing inside torch's own files, so compiling ``nn.Sequential.forward`` (what
-    ``nn.Sequential(...).compile()`` does) compiles nothing; a frame of lightning_gaudi's that calls it is traced,
-    and torch's modules are inlined into it. Dynamo caches graphs, and counts recompilations against its limit, per
-    code object: one per structure (the module types of the subtree) lets modules built alike share their graphs
-    and keeps others out of their count.
-    """
+    """A frame dynamo traces for the forward of one of torch's own modules (dynamo never starts tracing in torch's
+    files), one code object per structure, so modules built alike share their graphs and recompilation count."""
     key = tuple(type(m) for m in module.modules())
     if key in _entries:
         return _entries[key]
@@ -178,16 +138,8 @@ def _entry(module: nn.Module) -> Callable[..., Any]:
 
 
 class CompiledForward:
-    """A module's forward run through ``torch.compile``, set as the module's ``forward`` attribute.
-
-    The module's parameters, buffers and ``state_dict`` names are untouched (no ``_orig_mod.``), and its hooks run
-    as before, around the compiled forward. A deep copy of the module (EMA, SWA) gets a compiled forward of its own;
-    a pickled module is restored uncompiled.
-
-    Attributes:
-        code: the code object dynamo caches the graphs under.
-        called: whether the compiled forward has run.
-    """
+    """A module's forward through ``torch.compile``, set as its ``forward`` attribute (names and hooks untouched; a
+    deep copy compiles its own; a pickle is uncompiled). ``code``: dynamo's cache key; ``called``: whether it ran."""
 
     def __init__(self, module: nn.Module, compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         self._module = module
@@ -226,35 +178,13 @@ def _compile_mode() -> bool:
 
 
 class HPUCompile(Callback):
-    """Compiles the modules the training, validation and predict steps call with ``torch.compile`` (eager mode).
+    """Compiles the modules the steps call (:func:`compile_targets`) with ``torch.compile`` in eager mode.
 
-    What is compiled (see :func:`compile_targets`): every direct child of the LightningModule that has parameters,
-    so ``self.model(**batch)`` in a Hugging Face style module is compiled; or, with ``regional=True``, each block of
-    their repeated layers (``nn.ModuleList``), compiled once and reused by every block of the same class, which cuts
-    the cold compile time (optimum-habana's ``use_regional_compilation``). Each module's ``forward`` is replaced in
-    place, so checkpoints keep the plain parameter names and load into an uncompiled model and back; the plain
-    forward is put back at teardown. The backend is the HPU's: ``hpu_backend`` on a Gaudi, and in eager emulation
-    ``LIGHTNING_GAUDI_COMPILE_BACKEND`` (``inductor`` when unset; it needs a C++ compiler).
-
-    In compile mode (``lightning_gaudi.configure(execution_mode="compile")``, Hydra ``runtime.execution_mode=compile``)
-    the HPU strategies add a default ``HPUCompile()`` when none is configured. When the first step ran without any
-    compiled graph, a warning says why. :class:`~lightning_gaudi.callbacks.GraphDiagnostics` reports recompilations
-    and graph breaks.
+    Each ``forward`` is replaced in place until teardown; in compile mode the HPU strategies add a default one.
 
     Args:
-        regional: compile the repeated blocks instead of the whole child modules.
-        dynamic: ``torch.compile``'s ``dynamic``: ``None`` (static first, then dynamic for a dimension whose size
-            changed), ``True`` (dynamic from the start), ``False`` (a new graph for every new shape, up to
-            ``torch._dynamo.config.recompile_limit``, then uncompiled).
-        fullgraph: make a graph break an error instead of a split graph.
-        mode: ``torch.compile``'s ``mode`` (e.g. ``"max-autotune"``; an inductor setting).
-        options: ``torch.compile``'s backend ``options``.
-
-    Raises:
-        ValueError: at construction, a ``backend`` (the HPU decides it), another unknown argument, or both ``mode``
-            and ``options``; at setup, lazy mode, an unknown emulation backend, or a DDP ``bucket_cap_mb`` that
-            dynamo's DDPOptimizer cannot split graphs for.
-        RuntimeError: at setup in emulation, ``inductor`` without a C++ compiler.
+        regional: compile the repeated blocks instead of the whole child modules (faster cold compile).
+        dynamic, fullgraph, mode, options: ``torch.compile``'s (``mode`` and ``options`` exclude each other).
     """
 
     def __init__(
@@ -287,10 +217,7 @@ class HPUCompile(Callback):
                 f"HPUCompile got both `mode={mode!r}` and `options`; torch.compile takes one of them. Put the mode's"
                 " settings into `options`, or drop `options`."
             )
-        self.regional = regional
-        self.dynamic = dynamic
-        self.fullgraph = fullgraph
-        self.mode = mode
+        self.regional, self.dynamic, self.fullgraph, self.mode = regional, dynamic, fullgraph, mode
         self.options = dict(options) if options is not None else None
         self.compiled: dict[str, CompiledForward] = {}
         self._saved: dict[str, tuple[nn.Module, Any]] = {}
@@ -304,12 +231,7 @@ class HPUCompile(Callback):
 
     @staticmethod
     def backend_name(backend: hpu.Backend) -> str:
-        """The ``torch.compile`` backend for ``backend``, checked where it is emulated.
-
-        Raises:
-            ValueError: in emulation, a ``LIGHTNING_GAUDI_COMPILE_BACKEND`` that torch does not know.
-            RuntimeError: in emulation, ``inductor`` without a C++ compiler.
-        """
+        """The ``torch.compile`` backend for ``backend``, checked where it is emulated."""
         name = backend.compile_backend
         if not backend.emulated:
             return name
@@ -365,7 +287,7 @@ class HPUCompile(Callback):
         self._log = dynamo.CompilationLog()
         self._check_pending = True
 
-    def _first_batch_done(self) -> None:
+    def _first_batch_done(self, *args: Any, **kwargs: Any) -> None:
         if not self._check_pending:
             return
         self._check_pending = False
@@ -397,26 +319,7 @@ class HPUCompile(Callback):
             " because dynamo skips code in torch's own files; HPUCompile calls them through a frame of its own."
         )
 
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._first_batch_done()
-
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._first_batch_done()
-
-    on_test_batch_end = on_validation_batch_end
-    on_predict_batch_end = on_validation_batch_end
+    on_train_batch_end = on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _first_batch_done
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -454,10 +357,7 @@ def _check_ddp_buckets(trainer: pl.Trainer) -> None:
 
 
 def add_default_compile(trainer: pl.Trainer) -> HPUCompile | None:
-    """In compile mode, puts a default :class:`HPUCompile` first in ``trainer.callbacks`` unless one is configured.
-
-    The HPU strategies call this when they set up. Returns the callback added, or ``None``.
-    """
+    """In compile mode, puts a default :class:`HPUCompile` first in ``trainer.callbacks`` unless one is configured."""
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
     if any(isinstance(c, HPUCompile) for c in callbacks) or not _compile_mode():
         return None

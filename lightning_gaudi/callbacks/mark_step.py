@@ -15,21 +15,9 @@ from lightning_gaudi import hpu
 
 
 class MarkStep(Callback):
-    """Calls ``mark_step`` at the points Intel recommends for lazy mode; does nothing in eager or compile mode.
-
-    Per optimizer step it cuts the graph after backward and after the optimizer step: 2 per step, ``k + 1`` with
-    ``accumulate_grad_batches=k``. It also cuts after every validation, test and predict batch. In lazy mode the HPU
-    strategies add a default ``MarkStep()`` (first in the callback list) when none is configured; pass your own to
-    change the points, or ``MarkStep(enabled=False)`` to turn it off.
-
-    Args:
-        after_forward: also cut after the forward pass, before backward, so the device runs the forward graph while
-            the host builds the backward one (optimum-habana's ``pipelining_fwd_bwd``). Adds one per micro-batch.
-        after_backward: cut after each backward pass.
-        after_optimizer_step: cut after each optimizer step.
-        after_eval_batch: cut after each validation, test and predict batch.
-        enabled: ``False`` turns every point off (and stops the strategy adding the default one).
-    """
+    """Calls ``mark_step`` at the points Intel recommends for lazy mode (after backward, the optimizer step and each
+    evaluation batch; ``after_forward`` also before backward, optimum-habana's ``pipelining_fwd_bwd``). Does nothing
+    outside lazy mode; ``enabled=False`` also stops the HPU strategies adding a default one."""
 
     def __init__(
         self,
@@ -44,7 +32,6 @@ class MarkStep(Callback):
         self.after_optimizer_step = after_optimizer_step
         self.after_eval_batch = after_eval_batch
         self.enabled = enabled
-        # the backend's mark_step, bound in setup; every point is off until then
         self._mark: Callable[[], None] = lambda: None
         self._stepped = False
         self._forward = self._backward = self._step = self._eval = False
@@ -85,29 +72,15 @@ class MarkStep(Callback):
             self._stepped = False
             self._mark()
 
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def _eval_batch_end(self, *args: Any, **kwargs: Any) -> None:
         if self._eval:
             self._mark()
 
-    # the same cut after every evaluation batch, whichever loop runs it
-    on_test_batch_end = on_validation_batch_end
-    on_predict_batch_end = on_validation_batch_end
+    on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _eval_batch_end
 
 
 def add_default_mark_step(trainer: pl.Trainer) -> MarkStep | None:
-    """In lazy mode, puts a default :class:`MarkStep` first in ``trainer.callbacks`` unless one is configured.
-
-    The HPU strategies call this when they set up. Returns the callback added, or ``None``.
-    """
+    """In lazy mode, puts a default :class:`MarkStep` first in ``trainer.callbacks`` unless one is configured."""
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
     if not hpu.get_backend().is_lazy() or any(isinstance(c, MarkStep) for c in callbacks):
         return None

@@ -1,23 +1,14 @@
-"""Device memory in GiB at every logging step, as optimum-habana reports it."""
+"""Device memory through Lightning's ``DeviceStatsMonitor``, at the steps Lightning writes the module's metrics."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import DeviceStatsMonitor
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
-
-from lightning_gaudi import hpu
-from lightning_gaudi.patches import logging_cadence
-
-_GIB = 1024**3
-#: Logged name -> the ``memory_stats`` key it comes from.
-MEMORY_METRICS = {
-    "memory_allocated (GB)": "InUse",
-    "max_memory_allocated (GB)": "MaxInUse",
-    "total_memory_available (GB)": "Limit",
-}
 
 
 def check_interval(name: str, value: Any, allow_zero: bool = False) -> None:
@@ -28,71 +19,40 @@ def check_interval(name: str, value: Any, allow_zero: bool = False) -> None:
         raise ValueError(f"`{name}={value!r}` must be {kind} number of steps.")
 
 
-class MemoryStats(Callback):
-    """Logs ``memory_allocated (GB)``, ``max_memory_allocated (GB)`` and ``total_memory_available (GB)``.
+class MemoryStats(DeviceStatsMonitor):
+    """Lightning's ``DeviceStatsMonitor`` over :meth:`~lightning_gaudi.HPUAccelerator.get_device_stats`.
 
-    The values are the bridge's ``memory_stats()`` ``InUse``, ``MaxInUse`` and ``Limit`` in GiB, rounded to 2 places,
-    written to the Trainer's loggers by the rank-zero process only, on the steps Lightning writes the module's own
-    logged metrics (every ``log_every_n_steps`` batches that stepped, not while gradients accumulate), so their rows
-    line up. Between logging steps nothing is read. Under emulation the same names carry what the host can honestly
-    measure: this process's resident memory, its peak, and the machine's physical memory.
+    Logs the bridge's ``memory_stats`` (``hpu/InUse (GiB)``, ``hpu/MaxInUse (GiB)``, ``hpu/Limit (GiB)``, the
+    allocation counters...) as ``MemoryStats.on_train_batch_end/hpu/InUse (GiB)`` and so on (also at batch start,
+    and in validation and test), on the steps Lightning writes the module's own logged metrics (every
+    ``Trainer(log_every_n_steps=...)``), so their rows line up; between those steps nothing is read. Under emulation
+    the same names carry what the host can honestly measure: this process's resident memory, its peak, and the
+    machine's physical memory. Unlike ``DeviceStatsMonitor``, a Trainer without a logger is not an error: nothing
+    is logged.
 
     Args:
-        log_every_n_steps: the interval in batches that stepped, by Lightning's rule; the Trainer's
-            ``log_every_n_steps`` when ``None`` (with ``log_every_n_steps=0`` Lightning logs nothing, and neither
-            does this callback).
+        log_every_n_steps: deprecated and ignored: the interval is the Trainer's ``log_every_n_steps``.
+        cpu_stats: also log the host's CPU statistics (``DeviceStatsMonitor``'s argument).
 
     Raises:
-        ValueError: an interval that is not a positive integer.
+        ValueError: a ``log_every_n_steps`` that is not a positive integer.
     """
 
-    def __init__(self, log_every_n_steps: int | None = None) -> None:
+    def __init__(self, log_every_n_steps: int | None = None, cpu_stats: bool | None = None) -> None:
         if log_every_n_steps is not None:
             check_interval("log_every_n_steps", log_every_n_steps)
+            warnings.warn(
+                f"MemoryStats(log_every_n_steps={log_every_n_steps}) is deprecated and ignored: MemoryStats logs on the"
+                f" Trainer's cadence, like DeviceStatsMonitor. Pass `Trainer(log_every_n_steps={log_every_n_steps})`.",
+                FutureWarning,
+                stacklevel=2,
+            )
         self.log_every_n_steps = log_every_n_steps
-        self._writes = False
-        self._lightning_cadence = True
-        self._last_step = -1
+        super().__init__(cpu_stats=cpu_stats)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._writes = trainer.is_global_zero and bool(trainer.loggers)  # decided once, not at every batch
-        self._lightning_cadence = logging_cadence.installed()
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._last_step = trainer.global_step  # after a resume restored it
-
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if not self._writes:
+        if stage == "fit" and not trainer.loggers:
+            rank_zero_warn("MemoryStats logs nothing: the Trainer has no logger.")
             return
-        if self._lightning_cadence:
-            step = logging_cadence.train_log_step(trainer, self.log_every_n_steps)
-        else:
-            step = self._optimizer_step_to_log(trainer)
-        if step is None:
-            return
-        metrics = read_memory_metrics()
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
-
-    def _optimizer_step_to_log(self, trainer: pl.Trainer) -> int | None:
-        # Lightning's cadence from public state, exact with one optimizer: its logging step is the optimizer step
-        # just taken, minus one
-        interval = self.log_every_n_steps
-        if interval is None:
-            interval = int(getattr(trainer, "log_every_n_steps", 50))
-        step = trainer.global_step
-        if not interval or step == self._last_step:  # no optimizer step in this batch
-            return None
-        self._last_step = step
-        return step - 1 if step % interval == 0 else None
-
-
-def read_memory_metrics(backend: hpu.Backend | None = None) -> dict[str, float]:
-    """The three memory metrics, in GiB rounded to 2 places."""
-    stats = (backend or hpu.get_backend()).memory_stats()
-    return {name: round(stats[key] / _GIB, 2) for name, key in MEMORY_METRICS.items()}
+        super().setup(trainer, pl_module, stage)

@@ -33,12 +33,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Seconds from the signal to the exit by default: under the 30 s that SLURM (``KillWait``), Kubernetes
-#: (``terminationGracePeriodSeconds``) and torchrun wait before they kill, with time left for the processes to end.
+#: Seconds from the signal to the exit: under the 30 s SLURM, Kubernetes and torchrun wait before they kill.
 DEFAULT_GRACE_PERIOD = 25.0
-#: The file name (without ``.ckpt``) of the checkpoint saved on preemption. It starts with ``last`` so that
-#: Lightning's ``ckpt_path="last"`` and :func:`lightning_gaudi.resume.resolve_ckpt_path` (``"auto"``, ``"last"``)
-#: find it.
+#: The preemption checkpoint's file name (without ``.ckpt``); ``last`` first so that ``ckpt_path="last"`` finds it.
 PREEMPTION_CHECKPOINT_NAME = "last-preempted"
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
@@ -49,16 +46,8 @@ def preempted_exit_code(signum: int) -> int:
 
 
 class Preempted(SIGTERMException):
-    """Ends ``Trainer.fit`` on every rank after a preemption; the process exits with :func:`preempted_exit_code`.
-
-    A ``SystemExit`` (Lightning's ``SIGTERMException``): the code after ``fit`` does not run, and a launcher or
-    scheduler sees a failed job, which it restarts or requeues (Kubernetes would otherwise mark a preempted pod's job
-    complete).
-
-    Attributes:
-        signum: the signal that preempted the job.
-        checkpoint: where the checkpoint was saved, or ``None`` when there was nowhere to save it.
-    """
+    """Ends ``Trainer.fit`` on every rank after a preemption: a ``SystemExit`` with :func:`preempted_exit_code`, so a
+    scheduler sees a failed job and requeues it. ``checkpoint`` is where it was saved (``None``: nowhere)."""
 
     def __init__(self, signum: int, checkpoint: str | None) -> None:
         super().__init__(preempted_exit_code(signum))
@@ -86,42 +75,15 @@ def _parse_signal(value: str | int) -> signal.Signals:
 class PreemptionCheckpoint(Callback):
     """Saves a checkpoint and stops every rank within ``grace_period`` seconds when the job gets SIGTERM.
 
-    Schedulers preempt with SIGTERM and kill a little later (SLURM after ``KillWait``, Kubernetes after
-    ``terminationGracePeriodSeconds``, torchrun's agent after 30 s). The signal reaches the ranks at different steps, or
-    only one of them; each rank notes it and casts it in a vote that runs in the background (one all-reduce of a CPU
-    integer per step on a separate gloo group, read a step later: no device sync and no waiting in the training
-    step). At the first optimizer-step boundary after the vote every rank stops at the same step, the checkpoint is
-    saved through the strategy's checkpoint IO (atomically: a temporary file renamed into place), and ``fit`` raises
-    :class:`Preempted` on every rank, so every process exits with ``128 + signal`` (143 for SIGTERM). A rank that has
-    not exited ``grace_period`` seconds after it learned of the signal (a save or a step too slow, a peer that hangs)
-    exits at once with the same code, without a checkpoint: the temporary file it was writing is removed, and no
-    partial checkpoint is ever left under the checkpoint's name.
-
-    The checkpoint is ``<dirpath>/last-preempted.ckpt``, replaced by each preemption. ``ckpt_path="auto"`` and
-    ``"last"`` of :func:`lightning_gaudi.resume.resolve_ckpt_path`, and Lightning's own ``ckpt_path="last"``, resume
-    from it. The HPU strategies add a default ``PreemptionCheckpoint()`` when none is configured; pass
-    ``PreemptionCheckpoint(enabled=False)`` to keep Lightning's own SIGTERM handling.
-
-    While it is active, SIGTERM during ``fit`` is handled here instead of by Lightning (whose handler runs a collective
-    inside the signal handler and, from Lightning 2.6, a blocking broadcast and a device-to-host read before every
-    training batch, both skipped). A signal that arrives during validation is acted on at the next training batch,
-    or ends the process when the grace period runs out.
+    The ranks agree in a background vote (:class:`~lightning_gaudi.distributed.agreement.StopVote`), stop at the same
+    optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise :class:`Preempted` (exit 143 for SIGTERM); a rank
+    still running after ``grace_period`` exits at once. It replaces Lightning's SIGTERM handling during ``fit``.
 
     Args:
-        grace_period: seconds from the signal to the exit. Set it a little below the time your scheduler waits before
-            it kills (SLURM ``KillWait``, Kubernetes ``terminationGracePeriodSeconds``), and above the time a step plus
-            a checkpoint save take.
-        dirpath: where to save; by default the folder of the Trainer's ``ModelCheckpoint``. Without either, the ranks
-            still stop together, but nothing is saved (a warning says so). Local paths or fsspec URLs.
-        filename: the checkpoint's name, without ``.ckpt``.
-        signals: the signals that preempt, by name. Add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@<seconds>``
-            warning (it then replaces Lightning's SLURM requeue handler; requeue with ``sbatch --requeue``). Signals
-            other than SIGTERM are handled from the start of training (after the sanity check).
+        grace_period: seconds from the signal to the exit: below the scheduler's kill delay, above a step plus a save.
+        dirpath, filename: where to save (default: the ``ModelCheckpoint``'s folder) and the name without ``.ckpt``.
+        signals: the signals that preempt, by name; add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@<seconds>``.
         enabled: ``False`` turns it off (and stops the HPU strategies adding the default one).
-
-    Raises:
-        ValueError: ``grace_period`` not a positive finite number of seconds, a signal that is no signal or cannot be
-            caught (SIGKILL, SIGSTOP), or a ``filename`` that is empty or holds a path separator.
     """
 
     def __init__(
@@ -190,7 +152,7 @@ class PreemptionCheckpoint(Callback):
 
     @property
     def checkpoint_path(self) -> str | None:
-        """Where the checkpoint is saved (known once the fit has set up), or ``None`` when there is nowhere."""
+        """Where the checkpoint is saved (known once the fit has set up), or ``None``."""
         dirpath = self.dirpath
         if dirpath is None and self._trainer is not None:
             callback = self._trainer.checkpoint_callback
@@ -214,9 +176,12 @@ class PreemptionCheckpoint(Callback):
             signal.Signals(signum).name,
             self.grace_period,
         )
-        launcher = trainer.strategy.launcher if trainer is not None else None
+        self._kill_launched(signum)  # so that each rank this process started bounds its own exit
+
+    def _kill_launched(self, signum: int) -> None:
+        launcher = self._trainer.strategy.launcher if self._trainer is not None else None
         if launcher is not None:
-            launcher.kill(signum)  # the ranks this process started, so that each bounds its own exit
+            launcher.kill(signum)
 
     def _arm(self, signum: int) -> None:
         if self._timer is None:
@@ -235,9 +200,7 @@ class PreemptionCheckpoint(Callback):
         )
         if saving is not None:
             _remove_own_temporaries(saving)
-        launcher = self._trainer.strategy.launcher if self._trainer is not None else None
-        if launcher is not None:
-            launcher.kill(signal.SIGKILL)
+        self._kill_launched(signal.SIGKILL)
         os._exit(preempted_exit_code(signum))
 
     @override
@@ -296,7 +259,7 @@ class PreemptionCheckpoint(Callback):
 
 
 def _remove_own_temporaries(path: str) -> None:
-    """Removes the temporary files this process was writing for ``path`` (local paths; named by the checkpoint IO)."""
+    """Removes the temporary files this process was writing for a local ``path``."""
     if "://" in path:
         return  # a remote store's temporary is removed by the next save, as a stale one
     directory, name = os.path.split(path)
@@ -306,11 +269,7 @@ def _remove_own_temporaries(path: str) -> None:
 
 
 def add_default_preemption(trainer: pl.Trainer) -> PreemptionCheckpoint | None:
-    """Adds a default :class:`PreemptionCheckpoint` to ``trainer.callbacks`` unless one is configured.
-
-    The HPU strategies call this when they set up, before the callbacks' ``setup`` hooks. Returns the callback added,
-    or ``None``.
-    """
+    """Adds a default :class:`PreemptionCheckpoint` to ``trainer.callbacks`` unless one is configured; returns it."""
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
     if any(isinstance(c, PreemptionCheckpoint) for c in callbacks):
         return None

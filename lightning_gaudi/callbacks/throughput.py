@@ -29,7 +29,7 @@ def default_batch_size(batch: Any) -> int:
 
 
 def default_tokens(batch: Any) -> int | None:
-    """The element count of ``batch["input_ids"]`` when the batch is a mapping that has it (else ``None``)."""
+    """The element count of ``batch["input_ids"]``, or ``None``."""
     if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), Tensor):
         return int(batch["input_ids"].numel())
     return None
@@ -47,24 +47,10 @@ def _first_tensor(batch: Any) -> Tensor | None:
 
 
 class HPUThroughputMonitor(Callback):
-    """Logs samples/s, steps/s and tokens/s per epoch and summarises them at the end of fit.
+    """Logs ``throughput/samples_per_sec``, ``steps_per_sec`` and ``tokens_per_sec`` per epoch; summarises the fit.
 
-    Time is measured on the host around training batches: the first ``warmup_steps`` training batches of the fit
-    (graph compilation) and the time spent in validation and checkpointing are left out. Sample and token counts
-    come from tensor shapes, known on the host. The only device work is once per epoch: a ``synchronize`` so queued
-    work is counted, and one all-reduce that makes the numbers global over ranks (samples and tokens summed, time
-    the slowest rank's).
-
-    Logged per epoch (through ``LightningModule.log``, so every logger gets them): ``throughput/samples_per_sec``,
-    ``throughput/steps_per_sec`` and, when batches carry tokens, ``throughput/tokens_per_sec``.
-
-    Args:
-        warmup_steps: training batches to leave out at the start of fit.
-        batch_size_fn: the number of samples in a batch; by default the leading dimension of its first tensor.
-        tokens_fn: the number of tokens in a batch, or ``None``; by default ``batch["input_ids"].numel()``.
-
-    Raises:
-        ValueError: a negative ``warmup_steps``.
+    Host time around training batches after the first ``warmup_steps``; one ``synchronize`` and all-reduce per epoch.
+    ``batch_size_fn``/``tokens_fn`` count a batch (default :func:`default_batch_size`, :func:`default_tokens`).
     """
 
     def __init__(
@@ -86,17 +72,15 @@ class HPUThroughputMonitor(Callback):
         self._reset_epoch()
 
     def _reset_epoch(self) -> None:
-        self._elapsed = 0.0
-        self._samples = 0
-        self._steps = 0
-        self._tokens = 0
+        self._elapsed, self._samples, self._steps, self._tokens, self._step_before = 0.0, 0, 0, 0, 0
         self._has_tokens = False
         self._batch_start: float | None = None
         self._last_end: float | None = None
-        self._step_before = 0
 
-    def _pause(self) -> None:
+    def _pause(self, *args: Any, **kwargs: Any) -> None:
         self._last_end = None  # the gap until the next batch is not training time
+
+    on_validation_start = on_save_checkpoint = _pause
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -135,16 +119,6 @@ class HPUThroughputMonitor(Callback):
         if tokens is not None:
             self._tokens += tokens
             self._has_tokens = True
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._pause()
-
-    @override
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        self._pause()
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

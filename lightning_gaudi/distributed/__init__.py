@@ -1,16 +1,4 @@
-"""The launch environment, rank launching, process-group formation and collective errors, one job per module.
-
-- :mod:`~lightning_gaudi.distributed.environment`: :class:`LaunchEnvironment`, the launcher's variables parsed and
-  validated once (which launcher, ranks, ``MASTER_ADDR``/``MASTER_PORT``, SLURM's layout, the shared run id);
-- :mod:`~lightning_gaudi.distributed.launcher`: :func:`launch_local_ranks`, one process per local card;
-- :mod:`~lightning_gaudi.distributed.rendezvous`: :func:`init_process_group`, restart-safe process-group formation
-  (:class:`PortInUseError` when ``MASTER_PORT`` is taken);
-- :mod:`~lightning_gaudi.distributed.errors`: :class:`CollectiveTimeoutError` / :class:`PeerLostError` for a peer that
-  hung or died; user errors pass through unchanged;
-- :mod:`~lightning_gaudi.distributed.consistency`: :func:`check_same_layout`, the same tensor layout on every rank.
-
-Nothing here imports Lightning at module level.
-"""
+"""Launch environment, rank launching, process-group formation and collective errors; no Lightning import."""
 
 from lightning_gaudi.distributed.consistency import CollectiveMismatchError, check_same_layout
 from lightning_gaudi.distributed.environment import (

@@ -1,11 +1,4 @@
-"""Agreeing on a step at which every rank stops, without a device sync or a blocking collective per step.
-
-A signal reaches the ranks of a job at different steps (or only one of them), and a checkpoint of a data-parallel job
-needs every rank at the same step. :class:`StopVote` runs one small all-reduce (the maximum of each rank's request)
-per step on its own gloo process group, on CPU tensors: it is started at the end of step ``k`` and its result read at
-the end of step ``k + 1``, by which time it has long finished. Every rank reads the same result after the same number
-of steps, so they stop together, one step after the first request. Nothing here imports Lightning.
-"""
+"""Agreeing on a step at which every rank stops, without a device sync or a blocking collective per step."""
 
 from __future__ import annotations
 
@@ -21,13 +14,8 @@ __all__ = ["StopVote"]
 
 
 class StopVote:
-    """One vote per step on whether (and why) to stop; the answer arrives one step later, the same on every rank.
-
-    In a single process (no process group, or a group of one) the answer is the request itself, at once.
-
-    Args:
-        timeout: how long the vote's process group waits for a peer (the strategy's timeout).
-    """
+    """One vote per step on whether (and why) to stop, answered one step later, the same on every rank: an async MAX
+    all-reduce of a CPU integer on its own gloo group (``timeout``); in a single process, the request itself."""
 
     def __init__(self, timeout: timedelta) -> None:
         self.timeout = timeout
@@ -49,15 +37,8 @@ class StopVote:
                 self._group = dist.new_group(backend="gloo", timeout=self.timeout)
 
     def step(self, request: int) -> int:
-        """Casts this rank's ``request`` (0: go on) and returns the vote cast at the previous call (0 the first time).
-
-        The result is the largest request of any rank, the same on all of them. Every rank must call this the same
-        number of times. Waiting costs nothing unless a peer is more than a step behind.
-
-        Raises:
-            CollectiveTimeoutError: a peer did not vote within the timeout.
-            PeerLostError: a peer died.
-        """
+        """Casts ``request`` (0: go on); returns the largest request of the previous call on any rank (0 at first).
+        Every rank must call this equally often."""
         if self._group is None:
             return request
         result = 0
@@ -71,15 +52,14 @@ class StopVote:
         return result
 
     def finish(self) -> None:
-        """Waits for the vote in flight (after the last step, when every rank has cast the same number), then
-        :meth:`close`."""
+        """Waits for the vote in flight, then :meth:`close`."""
         if self._work is not None:
             with self._errors:
                 self._work.wait()
         self.close()
 
     def close(self) -> None:
-        """Forgets the vote in flight and releases the group (after a failure, when a peer may never vote again)."""
+        """Forgets the vote in flight and releases the group (after a failure)."""
         group, work, self._group, self._work = self._group, self._work, None, None
         idle = work is None or work.is_completed()  # a group with a vote in flight is left to the process's exit
         if group is not None and idle and dist.is_available() and dist.is_initialized():

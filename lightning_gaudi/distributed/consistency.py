@@ -1,11 +1,4 @@
-"""A check that every rank hands a collective the same tensor layout, before the collective runs.
-
-Gloo does not report a shape or dtype mismatch as an error: the rank that receives more bytes than it expects is
-aborted (``SIGABRT``, "Received data size doesn't match expected size"), and its peer gets wrong data or a
-"Connection reset by peer" that reads like a dead process (see :mod:`lightning_gaudi.distributed.errors`).
-:func:`check_same_layout` exchanges a small fixed-size description of each rank's tensor first, so every rank raises
-the same :class:`CollectiveMismatchError` naming each rank's shape and dtype instead.
-"""
+"""A check that every rank hands a collective the same tensor layout, before gloo aborts or returns garbage."""
 
 from __future__ import annotations
 
@@ -40,16 +33,8 @@ def _describe(row: list[int], dtypes: dict[int, torch.dtype]) -> str:
 
 
 def check_same_layout(tensor: Tensor, what: str, group: Any | None = None) -> None:
-    """Raises :class:`CollectiveMismatchError` on every rank unless all ranks of ``group`` pass one shape and dtype.
-
-    Costs one all_gather of ``11`` integers (and a host sync to read them); does nothing without a process group or
-    with a single rank.
-
-    Args:
-        tensor: this rank's input to the collective.
-        what: the collective, for the message (``"all_gather"``, ``"all_reduce"``).
-        group: the process group of the collective; the default group when ``None``.
-    """
+    """Raises :class:`CollectiveMismatchError` on every rank unless all ranks of ``group`` pass one shape and dtype
+    (one all_gather of 11 integers and a host sync)."""
     if not dist.is_available() or not dist.is_initialized():
         return
     world = dist.get_world_size(group)

@@ -1,15 +1,5 @@
-"""The launch environment: who started this process and where it sits in the job, parsed and checked once.
-
-:meth:`LaunchEnvironment.from_env` reads the variables a launcher sets (torchrun/torchelastic, SLURM's ``srun``,
-LSF's ``jsrun``, MPI, or a plain ``LOCAL_RANK`` launcher such as Lightning's own popen launcher) into one frozen
-value; a malformed value fails there, naming the variable. :meth:`LaunchEnvironment.validate` then checks the launch
-against the Trainer's ``num_nodes`` x ``devices`` before any process starts, connects or writes anything. Each
-mistake it catches would otherwise surface late and obscurely: an ``int()`` traceback deep in a launcher, a hang at
-the first collective, or ranks that silently train on the wrong shards.
-
-Nothing here imports Lightning at module level, so :mod:`lightning_gaudi.hpu` can use it; the launcher checks are the
-same environment-variable checks Lightning's cluster environments make, in our own words.
-"""
+"""The launcher's variables (torchrun, SLURM, LSF, MPI, ``LOCAL_RANK``) parsed once into :class:`LaunchEnvironment`
+and checked against the Trainer's ``num_nodes`` x ``devices`` before any process starts."""
 
 from __future__ import annotations
 
@@ -38,8 +28,7 @@ RUN_ID_ENV = "LIGHTNING_GAUDI_RUN_ID"
 #: Which launcher started the process: ``"none"`` when no launcher did (a plain ``python train.py``).
 Launcher = Literal["torchelastic", "slurm", "lsf", "mpi", "local", "none"]
 
-#: The variables torchrun, Lightning's popen launcher and most other launchers set; :meth:`LaunchEnvironment.validate`
-#: checks the values that came from these against ``num_nodes`` x ``devices``.
+#: The generic launcher variables whose values :meth:`LaunchEnvironment.validate` checks.
 _GENERIC = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"})
 _LSF_REQUIRED = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")
 _SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
@@ -83,17 +72,7 @@ def _master_port(environ: Mapping[str, str]) -> int | None:
 
 
 def parse_slurm_tasks_per_node(value: str) -> list[int]:
-    """SLURM's compact task list, e.g. ``"4(x2),3"`` -> ``[4, 4, 3]`` (tasks on each node of the allocation).
-
-    Args:
-        value: the text of ``SLURM_TASKS_PER_NODE``.
-
-    Returns:
-        The number of tasks on each node, in node order.
-
-    Raises:
-        InvalidLaunchError: the text is not in SLURM's format.
-    """
+    """SLURM's compact task list (``SLURM_TASKS_PER_NODE``), e.g. ``"4(x2),3"`` -> ``[4, 4, 3]``."""
     counts: list[int] = []
     for item in value.split(","):
         match = _TASKS_ITEM.match(item.strip())
@@ -107,21 +86,8 @@ def parse_slurm_tasks_per_node(value: str) -> list[int]:
 
 @dataclass(frozen=True)
 class SlurmLayout:
-    """What SLURM says about the job and its tasks (``None`` where the variable is unset).
-
-    Attributes:
-        job_id: ``SLURM_JOB_ID``.
-        step_id: ``SLURM_STEP_ID`` (the ``srun`` step).
-        job_name: ``SLURM_JOB_NAME`` (``bash`` or ``interactive`` means: not a SLURM launch, see Lightning's docs).
-        procid: ``SLURM_PROCID``, the task's global rank.
-        localid: ``SLURM_LOCALID``, the task's rank on its node.
-        nodeid: ``SLURM_NODEID``, the node's rank in the allocation.
-        ntasks: ``SLURM_NTASKS``, tasks in the job step.
-        nnodes: ``SLURM_NNODES``, nodes in the allocation.
-        ntasks_per_node: ``SLURM_NTASKS_PER_NODE`` (set by ``--ntasks-per-node``).
-        tasks_per_node: ``SLURM_TASKS_PER_NODE`` expanded, one count per node.
-        tasks_per_node_text: ``SLURM_TASKS_PER_NODE`` as SLURM wrote it, e.g. ``"4(x2),3"``.
-    """
+    """What SLURM says about the job: each field is the ``SLURM_<NAME>`` variable (``None`` where unset);
+    ``tasks_per_node`` is ``SLURM_TASKS_PER_NODE`` expanded, ``tasks_per_node_text`` as SLURM wrote it."""
 
     job_id: str | None = None
     step_id: str | None = None
@@ -137,11 +103,7 @@ class SlurmLayout:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> SlurmLayout | None:
-        """The layout from ``environ``, or ``None`` when no SLURM variable read here is set.
-
-        Raises:
-            InvalidLaunchError: a SLURM variable is malformed.
-        """
+        """The layout from ``environ``, or ``None`` when no SLURM variable is set; a malformed one raises."""
         text = environ.get("SLURM_TASKS_PER_NODE") or None
         layout = cls(
             job_id=environ.get("SLURM_JOB_ID"),
@@ -164,16 +126,7 @@ class SlurmLayout:
         return self.ntasks is not None and self.job_name not in _SLURM_INTERACTIVE_NAMES
 
     def check(self, num_devices: int, num_nodes: int) -> None:
-        """Checks the allocation against the Trainer: one task per HPU, as many nodes as ``num_nodes``.
-
-        Args:
-            num_devices: processes (HPUs) per node, the Trainer's ``devices``.
-            num_nodes: the Trainer's ``num_nodes``.
-
-        Raises:
-            InvalidLaunchError: the nodes run different task counts, or the tasks per node, the nodes or the tasks in
-                all differ from what the Trainer needs.
-        """
+        """Raises :class:`InvalidLaunchError` unless the allocation runs one task per HPU on ``num_nodes`` nodes."""
         fix = (
             f" Allocate with `--nodes={num_nodes} --ntasks-per-node={num_devices}` (one task per HPU), or set the"
             " Trainer's devices/num_nodes to match the allocation."
@@ -244,30 +197,10 @@ def _run_id(environ: Mapping[str, str]) -> str | None:
 
 @dataclass(frozen=True)
 class LaunchEnvironment:
-    """Who started this process and where it sits in the job, from the launcher's environment variables.
+    """Who started this process and where it sits in the job; build it with :meth:`from_env`.
 
-    Build it with :meth:`from_env`. Each rank value comes from the generic variable where it is set (``WORLD_SIZE``,
-    ``RANK``, ``LOCAL_RANK``, ``NODE_RANK``/``GROUP_RANK``, ``LOCAL_WORLD_SIZE``), else from the detected launcher's
-    own (``SLURM_NTASKS``/``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID``/``SLURM_NTASKS_PER_NODE`` or this
-    node's entry of ``SLURM_TASKS_PER_NODE``, ``JSM_NAMESPACE_*`` under LSF, ``OMPI_COMM_WORLD_*``/``PMI_*`` under
-    MPI); ``SLURM_PROCID`` counts as the global rank whenever it is set. :meth:`source` names the variable each value
-    came from.
-
-    Attributes:
-        launcher: which launcher started the process (see :data:`Launcher`).
-        world_size: processes in the job.
-        global_rank: this process's rank in the job.
-        local_rank: this process's rank on its node.
-        node_rank: the node's rank (``NODE_RANK``, else ``GROUP_RANK``; torchrun's ``GROUP_RANK`` first under it).
-        local_world_size: processes on this node.
-        master_addr: ``MASTER_ADDR``, where rank 0's store listens.
-        master_port: ``MASTER_PORT`` (1 to 65535).
-        run_id: an id every rank of this launch computes alike, or ``None`` when no launcher provides one (see
-            :meth:`from_env`).
-        agent_store: whether a torchelastic agent hosts the store and outlives this worker
-            (``TORCHELASTIC_USE_AGENT_STORE=True``, torchrun's default).
-        slurm: what SLURM says, when any SLURM variable is set.
-        sources: ``(attribute, variable)`` for each rank value read from the environment.
+    Each rank value comes from the generic variable where set (``WORLD_SIZE``, ``RANK``, ...), else from the detected
+    launcher's own; :meth:`source` names it. ``agent_store``: ``TORCHELASTIC_USE_AGENT_STORE=True``.
     """
 
     launcher: Launcher = "none"
@@ -285,22 +218,10 @@ class LaunchEnvironment:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
-        """Parses the launch environment.
+        """Parses ``environ`` (``os.environ`` when ``None``); a malformed variable raises :class:`InvalidLaunchError`.
 
-        The run id is ``LIGHTNING_GAUDI_RUN_ID`` when set; else ``slurm-<SLURM_JOB_ID>[-<SLURM_STEP_ID>]`` when
-        ``SLURM_JOB_ID`` and ``SLURM_PROCID`` are set; else, under torchrun, ``torchrun-<TORCHELASTIC_RUN_ID>``, or
-        for a static rendezvous (``TORCHELASTIC_RUN_ID=none``) ``torchrun-<MASTER_PORT>-<parent pid>`` (the ranks
-        share their agent); else ``None``.
-
-        Args:
-            environ: the variables to read; ``os.environ`` when ``None``.
-
-        Returns:
-            The parsed environment.
-
-        Raises:
-            InvalidLaunchError: a variable is malformed (not a whole number, a port out of range, SLURM's task list
-                not in SLURM's format); the message names it.
+        The run id is ``LIGHTNING_GAUDI_RUN_ID``, else ``slurm-<job>[-<step>]``, else ``torchrun-<run id>`` (for a
+        static rendezvous ``torchrun-<MASTER_PORT>-<parent pid>``), else ``None``.
         """
         env: Mapping[str, str] = os.environ if environ is None else environ
         slurm = SlurmLayout.from_env(env)
@@ -361,16 +282,12 @@ class LaunchEnvironment:
 
     @property
     def externally_launched(self) -> bool:
-        """Whether a launcher (torchrun, SLURM's srun, LSF, MPI, or anything that sets ``LOCAL_RANK``) started this
-        process, so it must not start rank processes of its own."""
+        """Whether a launcher started this process, so it must not start rank processes of its own."""
         return self.launcher != "none"
 
     @property
     def is_global_zero(self) -> bool:
-        """Whether this process is global rank zero (before any Trainer exists).
-
-        Judged by the global rank where known, else by ``LOCAL_RANK`` and the node rank (both 0 when unset).
-        """
+        """Whether this is global rank zero: by the global rank where known, else local and node rank 0."""
         if self.global_rank is not None:
             return self.global_rank == 0
         return not self.local_rank and not self.node_rank
@@ -383,25 +300,8 @@ class LaunchEnvironment:
         return f"{self.node_rank or 0}.{self.local_rank or 0}"
 
     def validate(self, num_devices: int, num_nodes: int, devices_on_node: int, slurm: bool | None = None) -> None:
-        """Raises :class:`InvalidLaunchError` when the launch cannot work, before any process starts or connects.
-
-        Checks:
-
-        - ``devices`` no larger than the HPUs this node has;
-        - ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``NODE_RANK``/``GROUP_RANK``, ``LOCAL_WORLD_SIZE`` (where set):
-          they agree with ``num_nodes`` x ``devices``;
-        - under SLURM: the same number of tasks on every node, equal to ``devices``, as many nodes as ``num_nodes``
-          and as many tasks as ``num_nodes`` x ``devices`` (:meth:`SlurmLayout.check`).
-
-        (Malformed values, ``MASTER_PORT`` included, already failed in :meth:`from_env`.)
-
-        Args:
-            num_devices: processes (HPUs) per node, the Trainer's ``devices``.
-            num_nodes: the Trainer's ``num_nodes``.
-            devices_on_node: the HPUs this node has.
-            slurm: whether the SLURM checks apply (the Trainer uses Lightning's ``SLURMEnvironment``); ``None``
-                means: when SLURM launched this process.
-        """
+        """Raises :class:`InvalidLaunchError` unless ``devices`` fit the node and the rank variables (and, when
+        ``slurm`` or SLURM launched this process, :meth:`SlurmLayout.check`) agree with ``num_nodes`` x ``devices``."""
         world = num_devices * num_nodes
         if num_devices > devices_on_node:
             raise InvalidLaunchError(
@@ -443,7 +343,7 @@ class LaunchEnvironment:
             self.slurm.check(num_devices, num_nodes)
 
     def _generic(self, attribute: str) -> int | None:
-        """The value of ``attribute`` when a generic launcher variable set it (SLURM's own are checked apart)."""
+        """``attribute``'s value when a generic variable set it."""
         value: int | None = getattr(self, attribute)
         return value if self.source(attribute) in _GENERIC else None
 
@@ -451,18 +351,7 @@ class LaunchEnvironment:
 def validate_launch(
     cluster_environment: ClusterEnvironment, num_devices: int, num_nodes: int, devices_on_node: int
 ) -> None:
-    """Parses this process's launch environment and validates it for a Trainer (see :meth:`LaunchEnvironment.validate`).
-
-    Args:
-        cluster_environment: the Trainer's cluster environment; the SLURM checks apply to Lightning's
-            ``SLURMEnvironment``.
-        num_devices: processes (HPUs) per node, the Trainer's ``devices``.
-        num_nodes: the Trainer's ``num_nodes``.
-        devices_on_node: the HPUs this node has.
-
-    Raises:
-        InvalidLaunchError: the launch is malformed or disagrees with the Trainer.
-    """
+    """:meth:`LaunchEnvironment.validate` of this process; the SLURM checks apply under ``SLURMEnvironment``."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     LaunchEnvironment.from_env().validate(

@@ -1,47 +1,8 @@
-"""Collective errors, classified by what really happened: a peer that is stuck, a peer that died, or neither.
+"""Collective errors classified by cause: a stuck peer (:class:`CollectiveTimeoutError`), a dead peer
+(:class:`PeerLostError`), or neither (passed through unchanged).
 
-:func:`collective_errors` guards every collective of :class:`~lightning_gaudi.strategies.HPUParallelStrategy` (barrier,
-broadcast, all_gather, all_reduce, the gradient all-reduce in ``backward``). A failure of the transport becomes
-
-- :class:`CollectiveTimeoutError`: a peer did not answer within the timeout (it hangs, or is stuck elsewhere);
-- :class:`PeerLostError`: a peer's connection closed: it died (crashed, was killed, ran out of memory);
-
-both :class:`CollectiveError`, with the rank, the operation, the timeout and how to restart and resume. Anything else
-(a user error such as a bad argument, or ``backward``'s own errors) passes through unchanged.
-
-What torch 2.13 with gloo raises, observed with 2 processes on 127.0.0.1 (``tests/distributed/test_errors.py`` keeps
-these texts, and ``tests/distributed/test_collective_faults.py`` provokes them for real):
-
-- a peer exits before or during ``barrier``/``all_reduce``/``all_gather``/``broadcast`` or DDP's gradient all-reduce:
-  ``RuntimeError('[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6291. This is
-  typically caused by a remote worker crashing. ...')``;
-- a peer sleeps past the process group's timeout (3 s): ``RuntimeError('[.../gloo/transport/tcp/unbound_buffer.cc:78]
-  Timed out waiting 3000ms for recv operation to complete')`` (``...:129] ... for send operation ...`` for
-  ``all_gather`` and ``broadcast``); every later collective of that group then fails at once with
-  ``RuntimeError('Application timeout caused pair closure')``;
-- ``all_gather`` of different shapes, or ``all_reduce`` of different sizes or of dtypes of different widths: no Python
-  error. The rank that receives more bytes than it expects is aborted by gloo (``SIGABRT``, ``terminate called after
-  throwing an instance of 'gloo::EnforceNotMet' ... op.preamble.length <= op.nbytes. 6 vs 4. Received data size
-  doesn't match expected size. Is there a distributed collective mismatch in your code?``); its peer either returns
-  wrong data silently or fails with ``RuntimeError('[.../pair.cc:537] Read error [127.0.0.1]:57500: Connection reset
-  by peer. This is typically caused by a remote worker hanging or bugs in the application. ...')``. Dtypes of the same
-  width (float32 and int32) reduce silently into garbage. Under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch checks first
-  and every rank raises ``RuntimeError('Detected mismatch between collectives on ranks. Rank 0 is running
-  collective: CollectiveFingerPrint(... OpType=ALLGATHER, TensorShape=[2] ...), but Rank 1 is running collective:
-  ...')``. The strategy therefore checks shapes and dtypes itself before ``all_gather`` and a non-scalar ``reduce``
-  (:func:`lightning_gaudi.distributed.consistency.check_same_layout`);
-- a bad argument: ``RuntimeError('ProcessGroupGloo::broadcast: invalid root rank: 5')``, ``RuntimeError("result
-  type Float can't be cast to the desired output type Bool")`` (``AVG`` of a bool tensor) on every rank;
-- the store (process-group set-up): nobody listening, ``DistNetworkError('The client socket has timed out after
-  1000ms while trying to connect to (127.0.0.1, 55105).')``; a key never set, ``DistStoreError('wait timeout after
-  1000ms, keys: /missing')``; the store's host died, ``DistNetworkError('Failed to recv, got 0 bytes. Connection was
-  likely closed. Did the remote server shutdown or crash?')``.
-
-Gloo raises plain ``RuntimeError`` for every collective fault above; only the store uses torch's ``DistError`` types.
-So the classification looks at the type where torch gives one (``DistStoreError``: a wait in vain, a timeout;
-``DistNetworkError``: a socket failure, a lost peer unless it timed out), then at the text. A ``DistBackendError``
-(NCCL-style backends) is judged by its text like a plain ``RuntimeError``: it also carries usage errors.
-"""
+Gloo raises plain ``RuntimeError``s, so :func:`classify` reads torch's ``DistError`` type where there is one, then
+the text."""
 
 from __future__ import annotations
 
@@ -67,10 +28,7 @@ _RESTART = (
 
 
 class CollectiveError(RuntimeError):
-    """A collective failed because of the other processes or the network, not because of its arguments.
-
-    Catch this to restart and resume; the subclasses say whether a peer hung or died.
-    """
+    """A collective failed because of the other processes or the network; catch it to restart and resume."""
 
 
 class CollectiveTimeoutError(CollectiveError):
@@ -82,43 +40,24 @@ class PeerLostError(CollectiveError):
 
 
 #: Texts of a peer that is gone (gloo, the c10d store, NCCL-style backends), lower case.
-_LOST = (
-    "connection closed by peer",  # gloo: the peer exited
-    "connection reset by peer",  # gloo: the peer aborted (e.g. gloo's own size check)
-    "connection refused",
-    "broken pipe",
-    "connection was likely closed",  # c10d store: its host died
-    "got 0 bytes",
-    "remote process exited",  # NCCL-style backends
-    "end of file",
+_LOST = re.compile(
+    r"connection (closed|reset) by peer|connection refused|broken pipe|connection was likely closed|got 0 bytes"
+    r"|remote process exited|end of file|\beof\b"
 )
-_EOF = re.compile(r"\beof\b")  # "EOF" as a word, not inside another one
-#: Texts of a peer that did not answer in time, lower case.
-_TIMEOUT = (
-    "timed out",  # gloo: "Timed out waiting 3000ms for recv operation to complete"; store connect
-    "timeout",  # gloo after a timeout: "Application timeout caused pair closure"; store: "wait timeout after ..."
-    "timing out",  # NCCL/HCCL watchdogs: "... ran for 600000 milliseconds before timing out"
-)
+#: Texts of a peer that did not answer in time (gloo, the store, NCCL/HCCL watchdogs), lower case.
+_TIMEOUT = re.compile("timed out|timeout|timing out")
 
 
 def _says_lost(text: str) -> bool:
-    return any(marker in text for marker in _LOST) or _EOF.search(text) is not None
+    return _LOST.search(text) is not None
 
 
 def _says_timeout(text: str) -> bool:
-    return any(marker in text for marker in _TIMEOUT)
+    return _TIMEOUT.search(text) is not None
 
 
 def classify(err: BaseException) -> type[CollectiveError] | None:
-    """What a collective's exception means: :class:`CollectiveTimeoutError`, :class:`PeerLostError`, or ``None``.
-
-    ``None`` means the error is not the transport's (a bad argument, mismatched tensors that torch caught, an error of
-    the code around the collective): it must reach the user unchanged. A :class:`CollectiveError` is returned as its
-    own class.
-
-    Args:
-        err: what the collective raised.
-    """
+    """:class:`CollectiveTimeoutError`, :class:`PeerLostError`, or ``None`` when ``err`` is not the transport's."""
     if isinstance(err, CollectiveError):
         return type(err)
     if not isinstance(err, RuntimeError):
@@ -142,13 +81,7 @@ def _rank_world() -> tuple[int | str, int | str]:
 
 
 def translate_error(err: BaseException, what: str, timeout: timedelta) -> BaseException:
-    """The :class:`CollectiveError` to raise for ``err`` from a collective, or ``err`` itself when it is not one.
-
-    Args:
-        err: what the collective raised.
-        what: the operation, for the message ("barrier", "all_gather", "backward (gradient all-reduce)").
-        timeout: the process group's timeout, named in the message.
-    """
+    """The :class:`CollectiveError` to raise for ``err`` from ``what``, or ``err`` itself when it is not one."""
     kind = classify(err)
     if kind is None or isinstance(err, CollectiveError):
         return err
@@ -169,7 +102,7 @@ def translate_error(err: BaseException, what: str, timeout: timedelta) -> BaseEx
 
 
 class _CollectiveErrors:
-    """The context of :func:`collective_errors`: a plain class, so entering and leaving costs well under a µs."""
+    """A plain class: entering and leaving costs well under a µs."""
 
     __slots__ = ("timeout", "what")
 
@@ -190,13 +123,5 @@ class _CollectiveErrors:
 
 
 def collective_errors(what: str, timeout: timedelta) -> _CollectiveErrors:
-    """A reusable context that raises :func:`translate_error`'s error for a transport failure in the block.
-
-    Other exceptions leave the block unchanged. The context holds no state between uses, so one instance can guard
-    every ``backward`` of a run.
-
-    Args:
-        what: the operation, for the message.
-        timeout: the process group's timeout, named in the message.
-    """
+    """A stateless, reusable context raising :func:`translate_error`'s error for a transport failure in the block."""
     return _CollectiveErrors(what, timeout)

@@ -1,9 +1,4 @@
-"""Starts the rank processes of one node: one process per card, each told its place through the environment.
-
-The ranks find each other through ``MASTER_ADDR``/``MASTER_PORT`` (``127.0.0.1`` and a free local port unless set,
-as a multi-node run must) and get ``LOCAL_RANK``, ``NODE_RANK`` and ``WORLD_SIZE``, which Lightning's default cluster
-environment reads. When one rank fails, the others are stopped: they would otherwise wait in a collective for it.
-"""
+"""Starts one node's rank processes, one per card, and stops the others when one fails."""
 
 from __future__ import annotations
 
@@ -36,26 +31,10 @@ def free_port() -> int:
 def launch_local_ranks(
     command: list[str], nprocs: int, num_nodes: int = 1, env: Mapping[str, str] | None = None
 ) -> list[int]:
-    """Runs ``command`` once per local rank and waits for all; stops the others as soon as one fails.
+    """Runs ``command`` once per local rank and returns :func:`wait_all`'s exit codes.
 
-    Each process gets ``env`` plus ``MASTER_ADDR`` (default ``127.0.0.1``), ``MASTER_PORT`` (default: a free local
-    port), ``NODE_RANK`` (default ``0``), ``WORLD_SIZE=nprocs * num_nodes`` and its ``LOCAL_RANK``. Their output goes
-    to this process's stdout and stderr.
-
-    Args:
-        command: the program and its arguments, e.g. ``[sys.executable, "-m", "my_app", "rank.yaml"]``.
-        nprocs: processes on this node (one per card).
-        num_nodes: nodes in the job; every node runs this with the same ``MASTER_ADDR``/``MASTER_PORT`` and its own
-            ``NODE_RANK``.
-        env: the environment for the processes; ``os.environ`` when ``None``.
-
-    Returns:
-        The exit codes, by local rank (negative: killed by that signal). A rank stopped because another failed
-        exits with ``-SIGTERM`` (or what it does on ``SIGTERM``; ``-SIGKILL`` if it has not exited 30 s later).
-
-    Raises:
-        InvalidLaunchError: ``num_nodes > 1`` without ``MASTER_ADDR``, ``MASTER_PORT`` and ``NODE_RANK``; a malformed
-            launch variable; a ``NODE_RANK`` out of range; ``nprocs``, ``num_nodes`` or ``command`` empty.
+    Each process gets ``env`` (default ``os.environ``) plus ``MASTER_ADDR`` (default ``127.0.0.1``), ``MASTER_PORT``
+    (default: a free port), ``NODE_RANK`` (default ``0``), ``WORLD_SIZE=nprocs * num_nodes`` and its ``LOCAL_RANK``.
     """
     if not command:
         raise InvalidLaunchError("launch_local_ranks needs a command to run, e.g. [sys.executable, 'train.py'].")
@@ -97,17 +76,9 @@ def _stop(procs: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
-    """Waits for every process; when one fails, terminates the rest (they would hang in a collective).
+    """Waits for ``procs`` and returns their exit codes (negative: killed); when one fails, terminates the rest.
 
-    A process still running 30 s after ``SIGTERM`` is killed. ``SIGTERM`` or ``SIGHUP`` sent to this process (a
-    scheduler preempting the job, ``kill``) is passed on to the ranks, which get 30 s to stop (Lightning saves and stops
-    on ``SIGTERM``) before they are killed; then this process ends by the same signal, so no rank outlives it.
-
-    Args:
-        procs: the rank processes.
-
-    Returns:
-        Their exit codes, in order.
+    ``SIGTERM``/``SIGHUP`` is passed on to the ranks, then ends this process; a rank alive 30 s later is killed.
     """
     received: list[int] = []
 

@@ -1,14 +1,4 @@
-"""Process-group formation that survives launcher restarts, with bounded waits and errors that say who is missing.
-
-Under ``torchrun`` the workers share the node agents' rendezvous ``TCPStore`` (``TORCHELASTIC_USE_AGENT_STORE``),
-and that store outlives the workers: after a restart it still holds the addresses the dead workers published.
-``init_process_group`` on it lets a restarted worker read a dead peer's address and fail ("Connection refused",
-or a gloo connect that hangs), depending on who starts first. :func:`init_process_group` therefore puts every
-attempt in a fresh namespace of the store: rank 0 publishes a new random ``generation`` and each other rank joins
-it only after rank 0 has answered a token that rank created itself, so a value left by a dead process can never be
-taken for a live one. Peers that start late are waited for up to ``timeout``; then the error names who is missing.
-(The connection step after the handshake has its own ``timeout``; every collective afterwards gets the full one.)
-"""
+"""Process-group formation that survives launcher restarts, with bounded waits and errors that say who is missing."""
 
 from __future__ import annotations
 
@@ -45,17 +35,8 @@ _POLL_S = (0.05, 1.0)  # first and longest pause between looks at the store
 
 
 def coerce_timeout(timeout: timedelta | float | int | None) -> timedelta:
-    """``timeout`` as a positive ``timedelta``; numbers are seconds; ``None`` means :data:`DEFAULT_TIMEOUT`.
-
-    Why 10 minutes rather than PyTorch's 30: the timeout is how long a healthy rank sits in a collective whose peer
-    is gone before it fails and lets the launcher restart the job. The longest legitimate waits on Gaudi are rank 0
-    writing a large checkpoint while the others wait at the barrier after it, and one rank compiling a new graph
-    the others already have; both take minutes, not tens of minutes. Raise it for checkpoints that take longer.
-
-    Raises:
-        TypeError: ``timeout`` is neither a ``timedelta`` nor a number.
-        ValueError: ``timeout`` is not positive, or not finite (NaN, infinity, more than a ``timedelta`` holds).
-    """
+    """``timeout`` as a positive ``timedelta``; numbers are seconds; ``None`` means :data:`DEFAULT_TIMEOUT` (10 min,
+    not PyTorch's 30: a dead peer should end the job soon; raise it for checkpoints that take longer)."""
     if timeout is None:
         return DEFAULT_TIMEOUT
     if isinstance(timeout, bool) or not isinstance(timeout, (timedelta, int, float)):
@@ -86,8 +67,6 @@ class PortInUseError(InvalidLaunchError):
 
 
 def _port_in_use(err: BaseException) -> bool:
-    # torch 2.13: DistNetworkError('The server socket has failed to listen on any local network address. port: 29500,
-    # useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use')
     text = str(err)
     return "EADDRINUSE" in text or "address already in use" in text.lower()
 
@@ -116,16 +95,8 @@ def _not_a_store_error(rank: int, addr: str, port: int, waited: float) -> Collec
 
 
 def probe_store(addr: str, port: int, rank: int, timeout: timedelta) -> None:
-    """Checks that a PyTorch store answers at ``addr:port`` before torch connects to it without a bound.
-
-    torch's store client waits for the store's answer to its handshake without a timeout, so a port held by another
-    program that accepts connections (and says nothing) would hold a rank forever. The connection is retried until
-    ``timeout`` (rank 0 may start later); once something accepts it, the store's answer is awaited for at most
-    :data:`STORE_ANSWER_S` seconds (or what is left of ``timeout``).
-
-    Raises:
-        CollectiveTimeoutError: nothing accepted within ``timeout``, or what accepted is no PyTorch store.
-    """
+    """Raises :class:`CollectiveTimeoutError` when what listens at ``addr:port`` is no PyTorch store (torch's client
+    would wait for its handshake forever): connects until ``timeout``, then waits :data:`STORE_ANSWER_S`."""
     deadline = time.monotonic() + timeout.total_seconds()
     pauses = _pauses()
     while True:
@@ -154,11 +125,7 @@ def probe_store(addr: str, port: int, rank: int, timeout: timedelta) -> None:
 
 
 def uses_agent_store(launch: LaunchEnvironment | None = None) -> bool:
-    """Whether this worker was started by a torchelastic agent whose store outlives it (torchrun's default).
-
-    Args:
-        launch: the launch environment; this process's when ``None``.
-    """
+    """Whether a torchelastic agent whose store outlives this worker started it (``launch``: this process's)."""
     return (launch or LaunchEnvironment.from_env()).agent_store
 
 
@@ -182,15 +149,8 @@ def _join_error(rank: int, world_size: int, timeout: timedelta, detail: str) -> 
 
 
 def join_generation(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> str:
-    """Agrees on a fresh namespace of ``store`` with every live rank; returns its key prefix.
-
-    Rank 0 publishes a new generation and waits for each rank's hello; a rank answers the generation it reads with a
-    token of its own and accepts it only when rank 0 echoes that token back, so stale values from a dead process are
-    never used. Waits at most ``timeout``.
-
-    Raises:
-        CollectiveTimeoutError: a rank did not join (on rank 0), or no live rank 0 answered (elsewhere), in time.
-    """
+    """Agrees on a fresh namespace of ``store`` with every live rank and returns its prefix: each rank accepts rank 0's
+    new generation only when rank 0 echoes a token the rank wrote, so a dead process's values are never used."""
     deadline = time.monotonic() + timeout.total_seconds()
     pauses = _pauses()
     if rank == 0:
@@ -234,26 +194,8 @@ def init_process_group(
 ) -> None:
     """``torch.distributed.init_process_group`` that waits for late peers (up to ``timeout``) and survives restarts.
 
-    Under a torchelastic agent store each attempt gets a fresh namespace of the agent's store at ``master_addr``/
-    ``master_port`` (see :func:`join_generation`). Elsewhere torch's ``env://`` rendezvous runs: rank 0 starts a new
-    store and the others retry their connection to it until ``timeout``; it reads ``MASTER_ADDR``/``MASTER_PORT``
-    from ``os.environ``, which the strategy (like Lightning's) sets from its cluster environment.
-
-    Args:
-        backend: the collective backend ("hccl", "gloo").
-        rank: this process's global rank.
-        world_size: processes in the group.
-        timeout: how long the set-up, and every collective afterwards, waits for peers.
-        master_addr: where the agent's store listens; the launch environment's ``MASTER_ADDR`` when ``None``.
-        master_port: the store's port; the launch environment's ``MASTER_PORT`` when ``None``.
-        launch: the launch environment; this process's (:meth:`LaunchEnvironment.from_env`) when ``None``.
-        **kwargs: passed to ``torch.distributed.init_process_group``.
-
-    Raises:
-        CollectiveTimeoutError: the group did not form in time; the message says which rank was missing.
-        PortInUseError: the store cannot listen on ``MASTER_PORT``: another process holds it (at once, not after
-            ``timeout``).
-        InvalidLaunchError: the agent store's address is unknown.
+    torchrun's agent store outlives its workers, so each attempt joins a fresh namespace (:func:`join_generation`).
+    Raises :class:`CollectiveTimeoutError` (naming the missing rank) or :class:`PortInUseError`.
     """
     launch = launch or LaunchEnvironment.from_env()
     try:
@@ -269,19 +211,12 @@ def init_process_group(
             probe_store(addr, int(port), rank, timeout)
             store = dist.TCPStore(addr, port, world_size, False, timeout=timeout)
             prefix = join_generation(store, rank, world_size, timeout)
-            dist.init_process_group(
-                backend,
-                store=dist.PrefixStore(prefix, store),
-                rank=rank,
-                world_size=world_size,
-                timeout=timeout,
-                **kwargs,
-            )
+            kwargs["store"] = dist.PrefixStore(prefix, store)
         else:
             env_addr, env_port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
             if rank != 0 and env_addr and env_port.isdigit() and "init_method" not in kwargs:
                 probe_store(env_addr, int(env_port), rank, timeout)  # rank 0 opens the store; the others connect
-            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
     except CollectiveTimeoutError:
         raise
     except RuntimeError as err:  # DistError subclasses it; gloo raises plain RuntimeErrors

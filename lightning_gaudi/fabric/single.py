@@ -8,15 +8,12 @@ import torch
 from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import CheckpointIO, Precision
 from lightning.fabric.strategies import SingleDeviceStrategy, Strategy
-from lightning.fabric.strategies.registry import _StrategyRegistry
 from typing_extensions import override
 
-from lightning_gaudi.checkpoint_io import HPUCheckpointIO
-from lightning_gaudi.fabric._base import HPUStrategyMixin
-from lightning_gaudi.strategies._shared import DeviceResolver
+from lightning_gaudi.fabric._base import FabricCore
 
 
-class SingleHPUStrategy(HPUStrategyMixin, SingleDeviceStrategy):
+class SingleHPUStrategy(FabricCore, SingleDeviceStrategy):
     """Runs a Fabric loop on one HPU (real or emulated): ``Fabric(accelerator="hpu", strategy="hpu_single")``.
 
     The Fabric counterpart of :class:`lightning_gaudi.SingleHPUStrategy` (the Trainer's). In lazy mode it cuts the
@@ -46,25 +43,19 @@ class SingleHPUStrategy(HPUStrategyMixin, SingleDeviceStrategy):
         mark_step: bool = True,
     ) -> None:
         self._requested_device = device
-        self._devices = DeviceResolver(type(self).__name__)
-        self._check_accelerator(accelerator)
         super().__init__(
-            device="cpu", accelerator=accelerator, checkpoint_io=checkpoint_io or HPUCheckpointIO(), precision=precision
+            device="cpu",
+            accelerator=accelerator,
+            checkpoint_io=checkpoint_io,
+            precision=precision,
+            mark_step=mark_step,
         )
-        self._init_hpu(mark_step)
 
     @property
     @override
     def root_device(self) -> torch.device:
-        return self._devices(self._requested_device)  # asks the backend once, when the environment is final
+        return self._hpu_device(self._requested_device)  # asks the backend once, when the environment is final
 
     @override
-    def _check_accelerator(self, accelerator: Accelerator | None) -> None:
-        super()._check_accelerator(accelerator)
-        if accelerator is not None:
-            self.root_device  # noqa: B018 - a device that is no HPU fails here, while Fabric is built
-
-    @classmethod
-    @override
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
-        strategy_registry.register(cls.strategy_name, cls, description=f"{cls.__name__} (Fabric)", override=True)
+    def _check_runnable(self) -> None:
+        self.root_device  # noqa: B018 - a device that is no HPU fails here, while Fabric is built

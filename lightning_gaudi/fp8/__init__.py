@@ -1,12 +1,4 @@
-"""FP8 training on Intel Gaudi 2 and later, with its numerics emulated on the CPU.
-
-- :class:`HPUFP8Precision`: the Trainer's plugin, ``Trainer(accelerator="hpu", precision="fp8")``
-  (:class:`lightning_gaudi.fabric.HPUFP8Precision` for Fabric, ``Fabric(accelerator="hpu", precision="fp8")``);
-- :class:`FP8Recipe`: formats ("hybrid": E4M3 forward, E5M2 gradients; or "e4m3") and delayed scaling;
-- :class:`FP8Linear` and :func:`fp8_autocast`: the emulated FP8 layer and the context it computes in FP8 in;
-- :func:`convert_linear_layers`: the layer swap (weights kept, state-dict keys unchanged);
-- :mod:`~lightning_gaudi.fp8.formats`: E4M3 and E5M2, and per-tensor scaled quantisation.
-"""
+"""FP8 training on Intel Gaudi 2 and later (``precision="fp8"``), with its numerics emulated on the CPU."""
 
 from __future__ import annotations
 

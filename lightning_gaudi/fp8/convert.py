@@ -1,9 +1,4 @@
-"""Swapping a model's ``nn.Linear`` layers for FP8 ones, keeping their weights (and their state-dict keys).
-
-FP8 matrix units take operands whose dimensions are multiples of 16 (Transformer Engine asserts it for the weight
-of an FP8 ``Linear``; Hugging Face Accelerate's conversion skips such layers for the same reason). Layers of other
-shapes stay as they are (computed in bf16 under autocast) and are listed by :func:`convert_linear_layers`.
-"""
+"""Swapping a model's ``nn.Linear`` layers (features in multiples of 16) for FP8 ones, keeping weights and keys."""
 
 from __future__ import annotations
 
@@ -18,12 +13,8 @@ FP8_MULTIPLE = 16
 
 @dataclass
 class Conversion:
-    """What :func:`convert_linear_layers` did.
-
-    Attributes:
-        layers: the FP8 layers, by the qualified name they were found under first.
-        skipped: the layers left as they are, as ``"name (in_features -> out_features)"``.
-    """
+    """What :func:`convert_linear_layers` did: the FP8 layers by first qualified name, and the layers skipped as
+    ``"name (in_features -> out_features)"``."""
 
     layers: dict[str, nn.Module] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
@@ -54,16 +45,8 @@ def convert_linear_layers(
 ) -> tuple[nn.Module, Conversion]:
     """Replaces, in place, each ``nn.Linear`` of ``module`` whose shape suits FP8 with ``make(layer)``.
 
-    A layer that appears under several names (a shared module) is replaced by one FP8 layer everywhere; layers for
-    which ``is_fp8`` is true are already FP8 and stay.
-
-    Args:
-        module: the model; returned as it is unless it is itself a convertible ``nn.Linear``.
-        make: builds the FP8 layer from a linear layer, sharing its parameters.
-        is_fp8: whether a module is an FP8 layer already.
-
-    Returns:
-        The model (converted in place) and what was converted and skipped.
+    A shared layer is replaced by one FP8 layer everywhere; layers for which ``is_fp8`` is true stay. Returns the
+    model (a new one only when ``module`` is itself a convertible ``nn.Linear``) and the :class:`Conversion`.
     """
     conversion = Conversion()
     done: dict[int, nn.Module] = {}

@@ -1,22 +1,8 @@
 """An emulated FP8 Linear: Transformer Engine's numerics on any device, for checking convergence without a Gaudi.
 
-:class:`FP8Linear` is an ``nn.Linear`` (same parameters, same state-dict keys for them) whose matrix products, inside
-:func:`fp8_autocast`, see their operands as FP8 would store them:
-
-- forward: the input and the weight quantised to E4M3 with per-tensor scales; the product accumulated in float32
-  (as FP8 matrix units do), plus the bias in high precision; the output in the autocast dtype when autocast is on;
-- backward: the output gradient quantised to the recipe's backward format (E5M2 under "hybrid") with its own scale;
-  both gradient products use the quantised operands; the bias gradient stays in high precision.
-
-The scales are delayed (:class:`~lightning_gaudi.fp8.recipe.FP8Recipe`): a training step uses the scales made from
-the amax history before it, then records its own amax. The history, the scales and the step count are buffers
-(``fp8_amax_history``, ``fp8_scale``, ``fp8_steps``) that move with the module but stay out of its state dict, which
-has exactly ``nn.Linear``'s keys: a checkpoint loads into the model with or without FP8. The FP8 precision plugins
-save the scaling state beside the model (:meth:`FP8Linear.fp8_state`). Evaluation (``module.eval()``) uses the
-scales and records nothing. Everything is tensor arithmetic: no host synchronisation.
-
-Outside :func:`fp8_autocast` the layer is a plain ``nn.Linear``, as the bridge's ``te.Linear`` is outside
-``te.fp8_autocast``.
+Inside :func:`fp8_autocast`, :class:`FP8Linear` quantises input and weight (and in backward the output gradient) with
+delayed per-tensor scales, accumulating in float32. Its scaling state is non-persistent buffers, saved apart
+(:meth:`FP8Linear.fp8_state`); evaluation records nothing. Outside :func:`fp8_autocast` it is a plain ``nn.Linear``.
 """
 
 from __future__ import annotations
@@ -65,13 +51,13 @@ def _replace(buffer: Tensor, value: Tensor) -> None:
 
 
 def _pushed(history: Tensor, rows: slice, amax: Tensor) -> Tensor:
-    """``history`` with this step's ``amax`` (one per row of ``rows``) pushed in front of those rows' histories."""
+    """``history`` with this step's ``amax`` pushed in front of the histories of ``rows``."""
     part = torch.cat((amax.unsqueeze(1), history[rows, :-1]), dim=1)
     return torch.cat((history[: rows.start], part, history[rows.stop :]))
 
 
 def _rescaled(history: Tensor, scale: Tensor, rows: slice, fmt: FP8Format, recipe: FP8Recipe, due: Tensor) -> Tensor:
-    """``scale`` with the entries of ``rows`` made from their amax histories when ``due`` (a step of the interval)."""
+    """``scale`` with the entries of ``rows`` made from their amax histories when ``due``."""
     part = history[rows]
     amax = part.max(dim=1).values if recipe.amax_compute_algo == "max" else part[:, 0]
     fresh = scale_from_amax(amax, fmt, recipe.margin, scale[rows])
@@ -150,16 +136,8 @@ class _FP8LinearFunction(torch.autograd.Function):
 
 
 class FP8Linear(nn.Linear):
-    """``nn.Linear`` computed in emulated FP8 inside :func:`fp8_autocast` (see the module docstring).
-
-    Args:
-        in_features: size of each input sample; FP8 matrix units want a multiple of 16.
-        out_features: size of each output sample; a multiple of 16 likewise.
-        bias: whether the layer has a bias.
-        recipe: the FP8 recipe (formats, amax history, margin); the default recipe when ``None``.
-        device: where the parameters and the scaling state live.
-        dtype: the parameters' dtype.
-    """
+    """``nn.Linear`` computed in emulated FP8 inside :func:`fp8_autocast` (see the module docstring); ``recipe``
+    defaults to ``FP8Recipe()``, the other arguments are ``nn.Linear``'s (features: multiples of 16 for FP8)."""
 
     fp8_amax_history: Tensor
     fp8_scale: Tensor
@@ -189,11 +167,7 @@ class FP8Linear(nn.Linear):
         return {name: getattr(self, name).detach().clone() for name in STATE_KEYS}
 
     def load_fp8_state(self, state: dict[str, Tensor]) -> None:
-        """Restores what :meth:`fp8_state` returned.
-
-        Raises:
-            ValueError: ``state`` is not of this layer's shape (another ``amax_history_len``, or keys missing).
-        """
+        """Restores what :meth:`fp8_state` returned; raises ``ValueError`` when it is not of this layer's shape."""
         for name in STATE_KEYS:
             buffer: Tensor = getattr(self, name)
             value = state.get(name)
@@ -209,8 +183,7 @@ class FP8Linear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: FP8Recipe | None = None) -> FP8Linear:
-        """An FP8Linear that shares ``linear``'s weight and bias (the same Parameter objects: tied weights stay tied
-        and optimizers that hold them keep working)."""
+        """An FP8Linear that shares ``linear``'s weight and bias Parameters (tied weights and optimizers keep them)."""
         layer = cls(linear.in_features, linear.out_features, bias=False, recipe=recipe, device="meta")
         layer.weight = linear.weight
         layer.bias = linear.bias

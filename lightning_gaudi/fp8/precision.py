@@ -15,26 +15,10 @@ from lightning_gaudi.fp8.training import FP8Training
 
 
 class HPUFP8Precision(Precision):
-    """FP8 training on Gaudi 2 and later, emulated on the CPU elsewhere.
+    """FP8 training on Gaudi 2 and later, emulated on the CPU elsewhere (:class:`~lightning_gaudi.fp8.FP8Training`).
 
-    ``Trainer(accelerator="hpu", precision="fp8")`` builds it with the default recipe; pass an instance for another::
-
-        Trainer(accelerator="hpu", plugins=[HPUFP8Precision(recipe=FP8Recipe(amax_history_len=16))])
-
-    The model's ``nn.Linear`` layers whose in and out features are multiples of 16 compute in FP8 (E4M3 forward,
-    E5M2 gradients under the "hybrid" recipe, delayed per-tensor scales); the others, and every other op, run under
-    bf16 autocast. On a Gaudi the layers become Intel's ``te.Linear`` and steps run under its ``fp8_autocast``; under
-    emulation they become :class:`~lightning_gaudi.fp8.FP8Linear`, whose numerics follow the same recipe (slower than
-    bf16 there: the point is checking convergence before the hardware). Weights stay float32 parameters, shared with
-    the original layers, under ``nn.Linear``'s state-dict keys: checkpoints load into the model with or without FP8.
-    The FP8 scaling state (amax histories, scales) is this plugin's state, which the Trainer saves in its
-    checkpoints beside the model and restores on resume.
-
-    Args:
-        recipe: an :class:`~lightning_gaudi.fp8.FP8Recipe`, a mapping of its fields, or ``None`` for the default.
-
-    Raises:
-        ValueError: first-generation Gaudi (no FP8), or a bad recipe.
+    ``precision="fp8"`` builds it with the default ``recipe`` (an :class:`~lightning_gaudi.fp8.FP8Recipe` or a mapping
+    of its fields); its state, the FP8 scaling state, is saved in checkpoints beside the model.
     """
 
     precision = "fp8"  # type: ignore[assignment]

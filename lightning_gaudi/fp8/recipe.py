@@ -1,8 +1,4 @@
-"""The FP8 recipe: which formats, and how the per-tensor scales follow the values (delayed scaling).
-
-One typed value, with every default here, checked when it is made. It maps one to one onto the bridge's
-``recipe.DelayedScaling`` (Intel's port of Transformer Engine) and drives the emulated FP8 Linear the same way.
-"""
+"""The FP8 recipe: formats and delayed scaling, one to one with the bridge's ``recipe.DelayedScaling``."""
 
 from __future__ import annotations
 
@@ -20,22 +16,13 @@ AMAX_COMPUTE_ALGOS: tuple[str, ...] = ("max", "most_recent")
 
 @dataclass(frozen=True)
 class FP8Recipe:
-    """Delayed per-tensor scaling, as Transformer Engine's ``DelayedScaling``.
-
-    Each FP8 tensor (a layer's input, its weight, the gradient of its output) has a scale and a history of its
-    largest magnitude (amax) over the last ``amax_history_len`` steps. A step quantises with the scale made from the
-    history before it (hence "delayed"): ``scale = format max / amax / 2**margin``.
+    """Delayed per-tensor scaling (``scale = format max / amax / 2**margin``), as Transformer Engine's.
 
     Attributes:
-        format: ``"hybrid"``: E4M3 in the forward pass, E5M2 for gradients (the usual training choice);
-            ``"e4m3"``: E4M3 everywhere.
-        amax_history_len: how many steps of amax each scale remembers.
-        margin: powers of two of headroom below the format's largest value.
-        amax_compute_algo: ``"max"``: the largest amax in the history; ``"most_recent"``: the last one.
-        interval: recompute the scales every this many steps (amax is recorded every step).
-
-    Raises:
-        ValueError: a value outside the choices or ranges above.
+        format: ``"hybrid"`` (E4M3 forward, E5M2 gradients) or ``"e4m3"`` (E4M3 everywhere).
+        amax_history_len, margin: steps of amax each scale remembers; powers of two of headroom.
+        amax_compute_algo: ``"max"`` of the history, or its ``"most_recent"`` entry.
+        interval: recompute the scales every this many steps.
     """
 
     format: Format = "hybrid"
@@ -74,12 +61,7 @@ class FP8Recipe:
 
     @classmethod
     def coerce(cls, value: FP8Recipe | Mapping[str, Any] | None) -> FP8Recipe:
-        """``value`` as a recipe: itself, one made from a mapping of its fields (a Hydra config), or the default.
-
-        Raises:
-            ValueError: a mapping with keys that are not fields, or with bad values.
-            TypeError: anything else.
-        """
+        """``value`` as a recipe: itself, one made from a mapping of its fields, or the default (``None``)."""
         if value is None:
             return cls()
         if isinstance(value, FP8Recipe):

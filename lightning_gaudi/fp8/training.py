@@ -1,16 +1,10 @@
-"""What FP8 training does on the current HPU, for the Trainer's and Fabric's FP8 precision plugins alike.
-
-On a Gaudi (2 or later) the model's ``nn.Linear`` layers become the bridge's ``te.Linear`` and each step runs under
-``te.fp8_autocast`` with the recipe's ``DelayedScaling`` and under bf16 autocast for everything else. Under
-emulation they become :class:`~lightning_gaudi.fp8.linear.FP8Linear` (the same numerics on the CPU) and the step runs
-under its :func:`~lightning_gaudi.fp8.linear.fp8_autocast`, with CPU bf16 autocast in eager emulation; lazy emulation
-has no autocast, so there the other ops stay in float32.
-"""
+"""FP8 training for the Trainer's and Fabric's plugins: Intel's ``te.Linear`` on a Gaudi, :class:`FP8Linear` under
+emulation; other ops under bf16 autocast where the backend has one."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -25,15 +19,8 @@ from lightning_gaudi.precision import check_precision_supported
 
 
 class FP8Training:
-    """Converts models and opens the step context for FP8 training with ``recipe`` on ``backend``.
-
-    Args:
-        recipe: the FP8 recipe.
-        backend: the HPU; the current one when ``None``.
-
-    Raises:
-        ValueError: the HPU cannot train in FP8 (first-generation Gaudi).
-    """
+    """Converts models and opens the step context for FP8 training with ``recipe`` on ``backend`` (the current one
+    when ``None``); raises ``ValueError`` on a first-generation Gaudi."""
 
     def __init__(self, recipe: FP8Recipe, backend: hpu.Backend | None = None) -> None:
         backend = backend or hpu.get_backend()
@@ -89,19 +76,14 @@ class FP8Training:
         return FP8Linear.from_linear(linear, self.recipe)
 
     def state_dict(self) -> dict[str, Any]:
-        """The FP8 layers' scaling state (amax histories and scales; Transformer Engine's metadata on a Gaudi), by
-        layer name, of the model last converted: what a checkpoint needs besides the model's weights."""
+        """The scaling state of the last converted model's FP8 layers, by layer name."""
         engine = self._engine
         if engine is None:
             return {name: layer.fp8_state() for name, layer in self._layers.items()}  # type: ignore[operator]
         return {name: engine.fp8_state(layer) for name, layer in self._layers.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned into the FP8 layers of the model last converted.
-
-        Raises:
-            ValueError: the checkpoint's FP8 layers are not this model's (other names, or another recipe's shapes).
-        """
+        """Restores what :meth:`state_dict` returned; raises ``ValueError`` for another model's layers."""
         if set(state_dict) != set(self._layers):
             raise ValueError(
                 f"The checkpoint holds FP8 scaling state for layers {sorted(state_dict)}, but this model's FP8 layers"
@@ -114,12 +96,9 @@ class FP8Training:
             else:
                 engine.load_fp8_state(layer, state_dict[name])
 
-    def forward_context(self) -> AbstractContextManager[None]:
-        """The context a training, validation or prediction step runs in."""
-        return self._step_context()
-
     @contextmanager
-    def _step_context(self) -> Iterator[None]:
+    def forward_context(self) -> Iterator[None]:
+        """The context a training, validation or prediction step runs in."""
         with ExitStack() as stack:
             if self._autocast_device is not None:
                 stack.enter_context(torch.autocast(self._autocast_device, dtype=torch.bfloat16))

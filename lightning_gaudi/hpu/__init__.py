@@ -1,14 +1,5 @@
-"""The one seam between lightning_gaudi and whatever provides the HPU.
-
-Every ``habana_frameworks`` and ``torch._lazy`` call in the package goes through :func:`get_backend`, which picks:
-
-- ``LIGHTNING_GAUDI_EMULATE=eager``: :class:`~lightning_gaudi.hpu.eager.EagerBackend` (CPU tensors, gloo);
-- ``LIGHTNING_GAUDI_EMULATE=lazy``: :class:`~lightning_gaudi.hpu.lazy.LazyBackend` (torch's Lazy Tensor Core);
-- otherwise, when Intel's bridge is installed: :class:`~lightning_gaudi.hpu.bridge.HabanaBackend`.
-
-The settings (emulation, emulated cards and generation, execution mode, the bridge's own variables) are one typed
-value, :class:`~lightning_gaudi.hpu.runtime.Runtime`, applied by :func:`~lightning_gaudi.hpu.runtime.configure`
-before the bridge loads. Lazy emulation always has one device (see :mod:`~lightning_gaudi.hpu.lazy`).
+"""The one seam to whatever provides the HPU: :func:`get_backend` picks eager or lazy emulation
+(``LIGHTNING_GAUDI_EMULATE``) or Intel's bridge; every ``habana_frameworks`` and ``torch._lazy`` call goes through it.
 """
 
 from __future__ import annotations
@@ -70,22 +61,7 @@ _backends: dict[tuple[str, int, str], Backend] = {}
 
 
 def device_summary(used_devices: int, strategy: str | None = None, num_nodes: int = 1) -> str:
-    """What runs, in one line for the start of a run: a Gaudi or the emulator, the mode, the cards used, the strategy.
-
-    ``HPU available: True (GAUDI2, EMULATED on the CPU in eager mode, 1 torch thread), using: 1 HPU, strategy
-    SingleHPUStrategy.`` followed, under emulation, by the setting that chose it, whether Intel's bridge is installed,
-    and that the run's numbers are CPU numbers. The Trainer logs it beside Lightning's GPU and TPU lines (see
-    :mod:`lightning_gaudi.patches.device_info`).
-
-    Args:
-        used_devices: the cards this run uses on each node.
-        strategy: the strategy's name.
-        num_nodes: the nodes the run spans.
-
-    Raises:
-        ValueError: an emulation setting is malformed.
-        HPUUnavailableError: no emulation is asked for and Intel's bridge is not installed.
-    """
+    """The start-of-run line: a Gaudi or the emulator (and why), the mode, the cards used per node, the strategy."""
     backend = get_backend()
     try:
         compiled = runtime.Runtime.from_env().execution_mode == "compile"
@@ -109,21 +85,12 @@ def device_summary(used_devices: int, strategy: str | None = None, num_nodes: in
 
 
 def explain_error(error: BaseException) -> bool:
-    """Rewrites ``error``'s message in place when a backend in use recognizes it as one of its own limits (e.g. lazy
-    emulation on ``chunk`` pieces), naming the limit and the way out; returns whether it did. Never raises.
-
-    The HPU strategies call it from ``on_exception``; it costs nothing until something fails.
-    """
+    """:meth:`Backend.explain_error` of every backend in use; returns whether one rewrote ``error``. Never raises."""
     return any(backend.explain_error(error) for backend in list(_backends.values()))
 
 
 def get_backend() -> Backend:
-    """The backend for this process's current settings (created once per distinct setting).
-
-    Raises:
-        ValueError: an emulation setting is malformed.
-        HPUUnavailableError: no emulation is asked for and Intel's bridge is not installed.
-    """
+    """The backend for this process's settings (one per setting); :class:`HPUUnavailableError` without one."""
     mode = emulation_mode()
     key = ("habana", 0, "") if mode is None else (mode, runtime.emulated_devices(), runtime.emulated_device_name())
     backend = _backends.get(key)

@@ -34,12 +34,7 @@ def known_op_names() -> frozenset[str]:
 
 
 def check_op_names(argument: str, ops: Iterable[str] | None) -> tuple[str, ...] | None:
-    """``ops`` as a tuple after checking every name, or ``None`` for no list.
-
-    Raises:
-        TypeError: ``ops`` is a single string.
-        ValueError: a name that is no PyTorch op, with close matches.
-    """
+    """``ops`` as a tuple after checking every name (``ValueError`` with close matches), or ``None`` for no list."""
     if ops is None:
         return None
     if isinstance(ops, str):

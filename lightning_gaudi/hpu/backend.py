@@ -1,8 +1,4 @@
-"""The interface every HPU backend implements: the real bridge, eager emulation and lazy emulation.
-
-Nothing in this sub-package knows about Lightning. Callers above it ask the backend, never
-``habana_frameworks`` or ``torch._lazy`` directly.
-"""
+"""The interface every HPU backend implements (the bridge, eager and lazy emulation); nothing here knows Lightning."""
 
 from __future__ import annotations
 
@@ -14,13 +10,13 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.nn import Module
+from torch.nn import functional as F
 from torch.optim import Optimizer
 from torch.profiler import ProfilerActivity
 
 from lightning_gaudi.hpu.fp8 import TransformerEngine
 
-#: The keys of ``habana_frameworks.torch.hpu.memory_stats()``, which every backend returns: sizes in bytes
-#: (:data:`MEMORY_BYTE_KEYS`) and allocation counters.
+#: The keys of ``habana_frameworks.torch.hpu.memory_stats()``, which every backend returns.
 MEMORY_STAT_KEYS = (
     "Limit",
     "InUse",
@@ -42,14 +38,8 @@ GAUDI_NAMES = ("GAUDI", "GAUDI2", "GAUDI3")
 
 @dataclass
 class LazyCounters:
-    """Cumulative lazy-mode counters since the last reset.
-
-    Attributes:
-        graph_compilations: graphs compiled (a new graph or a new shape).
-        cpu_fallbacks: ops that ran on the host instead of the device, by op name.
-        host_syncs: device-to-host reads (``.item()``, ``bool(tensor)``); ``None`` where the backend cannot count them.
-        mark_steps: graph cuts (``mark_step`` calls); ``None`` where the backend cannot count them.
-    """
+    """Lazy-mode counters since the last reset: graphs compiled, CPU fallbacks by op, device-to-host reads and
+    ``mark_step`` calls (``None`` where the backend cannot count them)."""
 
     graph_compilations: int = 0
     cpu_fallbacks: dict[str, int] = field(default_factory=dict)
@@ -66,15 +56,14 @@ class ClipNorm(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """What lightning_gaudi needs from an HPU, whatever provides it.
+    """What lightning_gaudi needs from an HPU, whatever provides it; the defaults are those of a device without
+    lazy mode, graphs or a collective set-up.
 
     Attributes:
-        name: ``"habana"``, ``"eager"`` or ``"lazy"``.
-        emulated: whether this runs on the CPU instead of a Gaudi.
+        name, emulated: ``"habana"``, ``"eager"`` or ``"lazy"``; whether it runs on the CPU instead of a Gaudi.
         device_type: the ``torch.device`` type tensors live on.
         autocast_device_type: the ``torch.autocast`` device type, or ``None`` where autocast is unavailable.
-        collective_backend: the ``torch.distributed`` backend for this device.
-        compile_backend: the ``torch.compile`` backend for eager-mode graphs.
+        collective_backend, compile_backend: the ``torch.distributed`` and ``torch.compile`` backends.
     """
 
     name: str
@@ -96,40 +85,37 @@ class Backend(abc.ABC):
     def device_name(self) -> str:
         """The device's name as the bridge reports it (``"GAUDI"``, ``"GAUDI2"``, ``"GAUDI3"``)."""
 
-    @abc.abstractmethod
     def device(self, index: int | None = None) -> torch.device:
         """The ``torch.device`` of the card this process drives."""
+        return torch.device(self.device_type)
 
-    @abc.abstractmethod
     def is_lazy(self) -> bool:
         """Whether ops accumulate into graphs that run at :meth:`mark_step`."""
+        return False
 
-    @abc.abstractmethod
     def mark_step(self) -> None:
         """Cuts the accumulated graph and launches it (a no-op outside lazy mode)."""
+        return None
 
-    @abc.abstractmethod
     def synchronize(self) -> None:
         """Waits for all launched work to finish."""
+        return None
 
     @abc.abstractmethod
     def memory_stats(self) -> dict[str, int]:
         """The values under the keys of :data:`MEMORY_STAT_KEYS`: bytes (:data:`MEMORY_BYTE_KEYS`) and counts."""
 
-    @abc.abstractmethod
     def reset_peak_memory_stats(self) -> None:
         """Resets ``MaxInUse`` where the backend can."""
+        return None
 
     def is_out_of_memory(self, error: BaseException) -> bool:
-        """Whether ``error`` says this device ran out of memory (what a batch-size search backs off on).
-
-        Every backend recognises torch's ``torch.OutOfMemoryError``; each adds its device's own wording.
-        """
+        """Whether ``error`` says this device ran out of memory (torch's error, or the device's own wording)."""
         return isinstance(error, torch.OutOfMemoryError)
 
-    @abc.abstractmethod
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
         """Prepares the collective backend; call before ``torch.distributed.init_process_group``."""
+        return None
 
     def supports_fp16(self) -> bool:
         """Whether the device computes in float16 (Gaudi2 and later)."""
@@ -140,8 +126,7 @@ class Backend(abc.ABC):
         return self.device_name() != "GAUDI"
 
     def transformer_engine(self) -> TransformerEngine | None:
-        """Intel's FP8 modules (:class:`~lightning_gaudi.hpu.fp8.TransformerEngine`), or ``None`` where the backend
-        has none and FP8 is emulated (:mod:`lightning_gaudi.fp8`)."""
+        """Intel's FP8 modules, or ``None`` where FP8 is emulated (:mod:`lightning_gaudi.fp8`)."""
         return None
 
     @abc.abstractmethod
@@ -156,7 +141,6 @@ class Backend(abc.ABC):
     def fused_clip_norm(self, parameters: Iterable[Tensor], max_norm: float) -> ClipNorm:
         """A gradient clipper by 2-norm bound to ``parameters``."""
 
-    @abc.abstractmethod
     def sdpa(
         self,
         query: Tensor,
@@ -168,26 +152,30 @@ class Backend(abc.ABC):
         scale: float | None = None,
     ) -> Tensor:
         """Scaled dot-product attention with the contract of ``torch.nn.functional.scaled_dot_product_attention``."""
+        kernel = self._sdpa_kernel()
+        if kernel is None:  # torch's own, which takes ``scale`` by keyword only
+            return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+        return kernel(query, key, value, attn_mask, dropout_p, is_causal, scale)  # type: ignore[no-any-return]
 
-    @abc.abstractmethod
+    def _sdpa_kernel(self) -> Any:
+        """A fused kernel taking ``sdpa``'s arguments by position, or ``None`` for torch's."""
+        return None
+
     def wrap_in_hpu_graph(self, module: Module) -> Module:
         """Wraps ``module`` so its forward is captured once and replayed (lazy mode, inference)."""
+        return module
 
-    @abc.abstractmethod
     def lazy_counters(self) -> LazyCounters | None:
         """Lazy-mode counters since the last :meth:`reset_lazy_counters`, or ``None`` outside lazy mode."""
+        return None
 
-    @abc.abstractmethod
     def reset_lazy_counters(self) -> None:
         """Zeroes the lazy-mode counters."""
+        return None
 
     def explain_error(self, error: BaseException) -> bool:
-        """Rewrites ``error``'s message in place when it comes from a known limit of this backend rather than from
-        the user's code, naming the limit and the way out; returns whether it did.
-
-        Meant for ``Strategy.on_exception``: Lightning re-raises the same exception object afterwards (its
-        ``DDPStrategy`` explains unused parameters the same way). Only runs when something has failed.
-        """
+        """Rewrites ``error``'s message in place when it comes from a known limit of this backend, naming the way
+        out; returns whether it did (for ``Strategy.on_exception``, which re-raises the same object)."""
         return False
 
     def profiler_activities(self) -> list[ProfilerActivity]:

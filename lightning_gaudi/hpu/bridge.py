@@ -1,7 +1,4 @@
-"""The real Intel Gaudi PyTorch bridge (``habana_frameworks.torch``), imported on first use.
-
-This is the only module in the package that imports ``habana_frameworks``.
-"""
+"""The real Intel Gaudi bridge (``habana_frameworks.torch``), imported on first use; the only module that imports it."""
 
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ from functools import cached_property
 from types import ModuleType
 from typing import Any
 
-import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -71,10 +67,6 @@ class HabanaBackend(Backend):
     def device_name(self) -> str:
         return str(self._hpu.get_device_name())
 
-    def device(self, index: int | None = None) -> torch.device:
-        # one process drives one card; the bridge maps "hpu" to it
-        return torch.device(self.device_type)
-
     def is_lazy(self) -> bool:
         return bool(self._core.is_lazy())
 
@@ -91,8 +83,7 @@ class HabanaBackend(Backend):
         self._hpu.reset_peak_memory_stats()
 
     def is_out_of_memory(self, error: BaseException) -> bool:
-        # Intel documents "out of memory (OOM)" on the device but not the bridge's exception text (see
-        # ../shared/habana-api.md): a RuntimeError that says so, case aside, is taken for one
+        # Intel does not document the bridge's exception text: a RuntimeError saying "out of memory" is taken for one
         return super().is_out_of_memory(error) or (
             isinstance(error, RuntimeError) and _OUT_OF_MEMORY in str(error).lower()
         )
@@ -111,18 +102,8 @@ class HabanaBackend(Backend):
         fused = self._import(".hpex.normalization").FusedClipNorm(parameters, max_norm)
         return _BridgeClipNorm(fused)
 
-    def sdpa(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attn_mask: Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Tensor:
-        fused_sdpa = self._import(".hpex.kernels").FusedSDPA
-        return fused_sdpa.apply(query, key, value, attn_mask, dropout_p, is_causal, scale)  # type: ignore[no-any-return]
+    def _sdpa_kernel(self) -> Any:
+        return self._import(".hpex.kernels").FusedSDPA.apply
 
     def wrap_in_hpu_graph(self, module: Module) -> Module:
         return self._hpu.wrap_in_hpu_graph(module)  # type: ignore[no-any-return]

@@ -1,10 +1,5 @@
-"""Which of DeepSpeed's accelerators drives the HPU backend, chosen before DeepSpeed is imported.
-
-DeepSpeed picks its device abstraction once, when it is first imported, from ``DS_ACCELERATOR`` (or by probing), and
-keeps it for the life of the process. On a Gaudi that must be its ``"hpu"`` accelerator (HCCL, HPU tensors), which
-Intel's DeepSpeed fork provides; in eager emulation its ``"cpu"`` accelerator (gloo when Intel's oneCCL bindings are
-absent). :func:`select_deepspeed_accelerator` sets the variable (inherited by the rank processes a launcher starts),
-imports DeepSpeed and checks that it took.
+"""DeepSpeed's accelerator for the HPU backend (``"hpu"`` on a Gaudi, ``"cpu"`` in eager emulation), chosen before
+DeepSpeed is imported: it reads ``DS_ACCELERATOR`` once per process.
 """
 
 from __future__ import annotations
@@ -29,12 +24,7 @@ class DeepSpeedMissingError(ImportError):
 
 
 def deepspeed_accelerator_name(backend: Backend) -> str:
-    """The DeepSpeed accelerator for ``backend``: ``"hpu"`` on a Gaudi, ``"cpu"`` in eager emulation.
-
-    Raises:
-        ValueError: lazy emulation, where DeepSpeed has no accelerator (its collectives cannot carry Lazy Tensor Core
-            tensors).
-    """
+    """The DeepSpeed accelerator for ``backend``: ``"hpu"`` on a Gaudi, ``"cpu"`` in eager emulation (lazy: none)."""
     if not backend.emulated:
         return "hpu"
     if backend.is_lazy():
@@ -72,20 +62,12 @@ def _cannot_drive(wanted: str, error: BaseException, backend: Backend, what: str
 
 
 def select_deepspeed_accelerator(backend: Backend, what: str) -> str:
-    """Makes DeepSpeed use the accelerator for ``backend`` (see :func:`deepspeed_accelerator_name`): sets
-    ``DS_ACCELERATOR`` when DeepSpeed has not chosen yet, imports it and checks its choice.
-
-    Args:
-        backend: the HPU backend of this process.
-        what: who asks, for the messages (e.g. ``"HPUDeepSpeedStrategy"``).
-
-    Returns:
-        The accelerator's name.
+    """Sets ``DS_ACCELERATOR`` for ``backend``, imports DeepSpeed and checks its choice; returns the accelerator's name.
 
     Raises:
         ValueError: lazy emulation, or ``DS_ACCELERATOR`` set to another accelerator.
-        DeepSpeedMissingError: DeepSpeed is not installed, or (on a Gaudi) has no working HPU accelerator.
-        RuntimeError: DeepSpeed was imported earlier and chose another accelerator.
+        DeepSpeedMissingError: DeepSpeed is missing or cannot drive the accelerator.
+        RuntimeError: DeepSpeed, imported earlier, chose another accelerator.
     """
     wanted = deepspeed_accelerator_name(backend)
     chosen = os.environ.get(DS_ACCELERATOR_ENV)

@@ -1,15 +1,7 @@
 """Eager emulation: the HPU code paths on CPU tensors, gloo collectives and CPU bf16 autocast.
 
-Memory statistics are what the host can honestly measure: ``InUse`` is this process's resident set,
-``MaxInUse`` its peak resident set (``getrusage``), ``Limit`` the machine's physical memory. The allocation
-counters a Gaudi reports have no CPU equivalent and read 0.
-
-Threads: a process stands for one card, so an emulator (eager or lazy) sets torch to :data:`EMULATED_THREADS` thread
-when it is created, unless the user chose a count: ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` set, or
-``torch.set_num_threads`` called before (torch's count differs from its default, the physical cores). On a machine
-shared with other work torch's default makes its threads wait on each other: the README's job ran 2.8 to 3.9 times
-slower with a thread per core on 2 shared cores (``benchmarks/threads.py``). DDP ranks then get their share of the
-cores from Lightning.
+Memory statistics are the host's. Unless the user chose a thread count, torch gets :data:`EMULATED_THREADS` (a thread
+per core ran 2.8 to 3.9 times slower on 2 shared cores, ``benchmarks/threads.py``).
 """
 
 from __future__ import annotations
@@ -21,11 +13,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn import Module
-from torch.nn import functional as F
 from torch.optim import Optimizer
 
-from lightning_gaudi.hpu.backend import MEMORY_STAT_KEYS, Backend, ClipNorm, LazyCounters
+from lightning_gaudi.hpu.backend import MEMORY_STAT_KEYS, Backend, ClipNorm
 from lightning_gaudi.hpu.runtime import emulated_compile_backend
 
 #: torch threads per emulator process when the user has not chosen a count (see the module docstring).
@@ -35,8 +25,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def physical_cores(cpuinfo: str) -> int | None:
-    """The physical cores listed in ``/proc/cpuinfo`` text (distinct physical id and core id); ``None`` when the
-    text has no core ids."""
+    """The physical cores in ``/proc/cpuinfo`` text, or ``None`` when it lists no core ids."""
     cores = set()
     for block in cpuinfo.split("\n\n"):
         fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in block.splitlines())}
@@ -46,8 +35,7 @@ def physical_cores(cpuinfo: str) -> int | None:
 
 
 def torch_default_threads() -> int:
-    """The thread count torch starts with when no variable sets it: the physical cores (as cpuinfo counts them),
-    else the logical CPUs."""
+    """torch's default thread count: the physical cores, else the logical CPUs."""
     try:
         with open("/proc/cpuinfo") as f:
             cores = physical_cores(f.read())
@@ -90,12 +78,7 @@ def host_memory_stats() -> dict[str, int]:
 
 
 class EagerBackend(Backend):
-    """HPU emulation on CPU tensors (``LIGHTNING_GAUDI_EMULATE=eager``).
-
-    Args:
-        devices: how many emulated cards one node has.
-        device_name: the Gaudi generation to emulate (decides fp16 support).
-    """
+    """HPU emulation on CPU tensors (``LIGHTNING_GAUDI_EMULATE=eager``): ``devices`` cards of ``device_name``."""
 
     name = "eager"
     emulated = True
@@ -110,7 +93,7 @@ class EagerBackend(Backend):
 
     @property
     def compile_backend(self) -> str:  # type: ignore[override]  # read from the environment at each use
-        """``LIGHTNING_GAUDI_COMPILE_BACKEND``, else ``inductor`` (see :func:`~.runtime.emulated_compile_backend`)."""
+        """:func:`~.runtime.emulated_compile_backend`, read at each use."""
         return emulated_compile_backend()
 
     def is_available(self) -> bool:
@@ -122,32 +105,14 @@ class EagerBackend(Backend):
     def device_name(self) -> str:
         return self._device_name
 
-    def device(self, index: int | None = None) -> torch.device:
-        return torch.device(self.device_type)
-
-    def is_lazy(self) -> bool:
-        return False
-
-    def mark_step(self) -> None:
-        return None
-
-    def synchronize(self) -> None:
-        return None
-
     def memory_stats(self) -> dict[str, int]:
         return host_memory_stats()
-
-    def reset_peak_memory_stats(self) -> None:
-        return None  # the kernel's peak resident set cannot be reset
 
     def is_out_of_memory(self, error: BaseException) -> bool:
         # the emulated card's memory is the host's: its allocator's refusal
         return super().is_out_of_memory(error) or (
             isinstance(error, RuntimeError) and _HOST_OUT_OF_MEMORY in str(error)
         )
-
-    def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
-        return None  # gloo needs nothing beyond init_process_group
 
     def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:
         return torch.optim.AdamW(params, fused=True, **kwargs)
@@ -157,26 +122,3 @@ class EagerBackend(Backend):
 
     def fused_clip_norm(self, parameters: Iterable[Tensor], max_norm: float) -> ClipNorm:
         return TorchClipNorm(max_norm)
-
-    def sdpa(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attn_mask: Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Tensor:
-        return F.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-        )
-
-    def wrap_in_hpu_graph(self, module: Module) -> Module:
-        return module  # there is no graph to capture in eager mode
-
-    def lazy_counters(self) -> LazyCounters | None:
-        return None
-
-    def reset_lazy_counters(self) -> None:
-        return None

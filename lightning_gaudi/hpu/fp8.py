@@ -1,11 +1,5 @@
-"""Intel's FP8 training API on Gaudi 2 and later, as the seam hands it out.
-
-``habana_frameworks.torch.hpex.experimental.transformer_engine`` (Intel's port of Transformer Engine) provides FP8
-modules such as ``te.Linear``, the ``te.fp8_autocast(enabled=..., fp8_recipe=...)`` context and
-``recipe.DelayedScaling`` / ``recipe.Format``. :meth:`HabanaBackend.transformer_engine
-<lightning_gaudi.hpu.bridge.HabanaBackend.transformer_engine>` imports them and wraps them in
-:class:`TransformerEngine`; emulated backends have none (:meth:`Backend.transformer_engine
-<lightning_gaudi.hpu.backend.Backend.transformer_engine>` returns ``None``) and FP8 is emulated above the seam.
+"""Intel's FP8 training API on Gaudi 2 and later (``hpex.experimental.transformer_engine``), as the seam hands it
+out; emulated backends have none and FP8 is emulated in :mod:`lightning_gaudi.fp8`.
 """
 
 from __future__ import annotations
@@ -35,25 +29,15 @@ def _keep_fp8_metadata(module: nn.Module, state_dict: dict[str, Any], prefix: st
 
 
 class TransformerEngine:
-    """Intel's ``transformer_engine`` module and its ``recipe`` module, used as the FP8 precision needs them.
-
-    Args:
-        te: ``habana_frameworks.torch.hpex.experimental.transformer_engine``.
-        recipe: its ``recipe`` module.
-    """
+    """Intel's ``transformer_engine`` module (``te``) and its ``recipe`` module, as the FP8 precision needs them."""
 
     def __init__(self, te: ModuleType, recipe: ModuleType) -> None:
         self._te = te
         self._recipe = recipe
 
     def linear(self, linear: nn.Linear) -> nn.Module:
-        """A ``te.Linear`` of ``linear``'s shape that holds ``linear``'s own weight and bias (no copy: tied weights
-        stay tied, and optimizers that hold the parameters keep them).
-
-        Its state dict is ``nn.Linear``'s (``weight``, ``bias``): what Transformer Engine adds (its FP8 metadata,
-        ``_extra_state``) is left out, and loading a state dict without it keeps the layer's own, so checkpoints load
-        with and without FP8. The FP8 metadata is saved apart: :meth:`fp8_state`.
-        """
+        """A ``te.Linear`` sharing ``linear``'s weight and bias, with ``nn.Linear``'s state dict (the FP8 metadata
+        is saved apart, :meth:`fp8_state`), so checkpoints load with and without FP8."""
         layer: nn.Module = self._te.Linear(
             linear.in_features,
             linear.out_features,

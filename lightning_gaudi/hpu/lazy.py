@@ -1,19 +1,7 @@
-"""Lazy emulation: PyTorch's Lazy Tensor Core with its TorchScript backend, on the CPU.
+"""Lazy emulation: torch's Lazy Tensor Core (TorchScript backend) on the CPU, one device.
 
-LTC accumulates ops into graphs, compiles them at ``mark_step``, recompiles for new shapes and counts host
-syncs and CPU fallbacks, as Gaudi's lazy mode does. What it cannot do, and what this backend does instead:
-
-- autocast: there is no ``torch.autocast`` for device type "lazy"; ``autocast_device_type`` is ``None`` and
-  ``bf16-mixed`` is refused with an error (``bf16-true`` works);
-- fused optimizers: ``fused=True`` kernels do not exist for lazy tensors; the fused factories return torch's
-  single-tensor implementations (same numerics, no fusion) and say so once; clipping by norm uses the
-  single-tensor ``clip_grad_norm_`` (the multi-tensor kernels fail on lazy tensors);
-- collectives: gloo refuses lazy tensors, so lazy emulation drives one device: it reports a device count of 1
-  whatever ``LIGHTNING_GAUDI_DEVICES`` says, and ``Trainer(accelerator="hpu")`` picks the single-device strategy;
-- pieces of ``split``/``chunk``/``unbind``: LTC hands them back as CPU tensors, so the next op that mixes one with a
-  lazy tensor (or autograd, in backward) fails with LTC's own message, and a few models meet LTC's internal asserts.
-  There is no way around it here; :meth:`LazyBackend.explain_error` rewrites those errors to say so and to name eager
-  emulation and compile mode, the ways out. Nothing is checked per op or per step.
+Unlike Gaudi's lazy mode it has no autocast, fused optimizers or collectives, and hands back CPU tensors for
+``split``/``chunk``/``unbind`` pieces (:meth:`LazyBackend.explain_error` says so when it fails).
 """
 
 from __future__ import annotations
@@ -32,12 +20,8 @@ from lightning_gaudi.hpu.eager import EagerBackend, TorchClipNorm
 _FALLBACK_PREFIX = "aten::"
 _HOST_SYNC_COUNTER = "aten::_local_scalar_dense"
 _ts_backend_ready = False
-#: Words that only torch's Lazy Tensor Core puts in its errors.
-_LTC_ERROR_MARKS = (
-    "is not a lazy tensor",  # an op was given one of the CPU tensors LTC hands back for split/chunk/unbind pieces
-    "expected device lazy",  # autograd got a CPU gradient for a lazy tensor: the same pieces, in backward
-    "torch/csrc/lazy/",  # an internal assert in LTC's own code
-)
+#: Words that only torch's Lazy Tensor Core puts in its errors (CPU pieces in forward, in backward, internal asserts).
+_LTC_ERROR_MARKS = ("is not a lazy tensor", "expected device lazy", "torch/csrc/lazy/")
 LIMIT_NOTE = (
     "lightning_gaudi: this is a limit of lazy emulation (LIGHTNING_GAUDI_EMULATE=lazy, torch's Lazy Tensor Core), not"
     " a bug in the model and not a limit of Gaudi's lazy mode, which is another implementation. Lazy Tensor Core hands"
@@ -50,11 +34,7 @@ LIMIT_NOTE = (
 
 
 class LazyBackend(EagerBackend):
-    """HPU lazy-mode emulation on torch's Lazy Tensor Core (``LIGHTNING_GAUDI_EMULATE=lazy``), one device.
-
-    Args:
-        device_name: the Gaudi generation to emulate (decides fp16 support).
-    """
+    """HPU lazy-mode emulation on torch's Lazy Tensor Core (``LIGHTNING_GAUDI_EMULATE=lazy``), one ``device_name``."""
 
     name = "lazy"
     device_type = "lazy"

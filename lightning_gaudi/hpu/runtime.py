@@ -1,14 +1,7 @@
-"""The HPU runtime: every setting read once when the bridge (or the emulator) starts, as one typed value.
+"""The HPU runtime settings as one typed value, :class:`Runtime`, applied once by :func:`configure`.
 
-:class:`Runtime` holds them: where the HPU comes from (a Gaudi or the CPU emulator), the execution mode (compile,
-eager or lazy), the emulated cards, and the bridge's own settings (int64 support, the recipe cache, the autocast op
-lists).
-:func:`configure` applies one, once, before anything loads Intel's bridge; the Hydra app (group ``runtime``) and the
-``lightning-gaudi`` CLI (``--runtime.*``) call it for you. The settings travel in environment variables, so processes
-started later (Lightning's launcher, torchrun, the Hydra rank launcher) inherit them; :meth:`Runtime.from_env` reads
-them back and is the only parser of those variables.
-
-Applying a bridge setting after the bridge has loaded is an error: the bridge would silently ignore it.
+The settings travel in environment variables, so processes started later inherit them; :meth:`Runtime.from_env` is
+their only parser. Changing a setting the bridge reads after the bridge has loaded is an error (it would be ignored).
 """
 
 from __future__ import annotations
@@ -56,9 +49,9 @@ DEVICE_NAME_ENV = "LIGHTNING_GAUDI_DEVICE_NAME"
 LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
 INT64_ENV = "PT_ENABLE_INT64_SUPPORT"
 RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
-#: ``1`` in compile mode (eager + ``torch.compile``): the HPU strategies then add a default ``HPUCompile``.
+#: ``1`` in compile mode (eager + ``torch.compile``).
 COMPILE_ENV = "LIGHTNING_GAUDI_COMPILE"
-#: The ``torch.compile`` backend of eager emulation (``inductor`` when unset); a Gaudi always uses ``hpu_backend``.
+#: The ``torch.compile`` backend of eager emulation (a Gaudi always uses ``hpu_backend``).
 COMPILE_BACKEND_ENV = "LIGHTNING_GAUDI_COMPILE_BACKEND"
 DEFAULT_EMULATED_COMPILE_BACKEND = "inductor"
 #: Variables the bridge reads once, when it loads.
@@ -91,11 +84,7 @@ def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
 
 
 def emulation_mode(environ: Mapping[str, str] | None = None) -> str | None:
-    """The emulation mode ``LIGHTNING_GAUDI_EMULATE`` asks for, or ``None`` for the real bridge.
-
-    Raises:
-        ValueError: the variable holds something other than ``eager`` or ``lazy``.
-    """
+    """The emulation mode ``LIGHTNING_GAUDI_EMULATE`` asks for (``eager``, ``lazy``), or ``None`` for the bridge."""
     env = _environ(environ)
     value = env.get(EMULATE_ENV, "").strip().lower()
     if value in ("", "0", "off", "none"):
@@ -109,21 +98,13 @@ def emulation_mode(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def default_emulated_devices() -> int:
-    """The emulated cards per node when nothing says: this machine's usable cores, at most 8 (one Gaudi server).
-
-    One emulated card is one process under data parallelism: more processes than cores only slow a CPU down, so
-    ``devices="auto"`` never starts more. ``LIGHTNING_GAUDI_DEVICES=8`` emulates a whole server anywhere.
-    """
+    """The emulated cards per node when unset: the usable cores (one process each), at most 8 (one server)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(usable, DEFAULT_EMULATED_DEVICES))
 
 
 def emulated_devices(environ: Mapping[str, str] | None = None) -> int:
-    """Emulated cards per node: ``LIGHTNING_GAUDI_DEVICES``, else :func:`default_emulated_devices`.
-
-    Raises:
-        ValueError: not a positive whole number.
-    """
+    """Emulated cards per node: ``LIGHTNING_GAUDI_DEVICES``, else :func:`default_emulated_devices`."""
     raw = _environ(environ).get(DEVICES_ENV, str(default_emulated_devices()))
     try:
         devices = int(raw)
@@ -135,11 +116,7 @@ def emulated_devices(environ: Mapping[str, str] | None = None) -> int:
 
 
 def emulated_device_name(environ: Mapping[str, str] | None = None) -> str:
-    """The emulated Gaudi generation (``LIGHTNING_GAUDI_DEVICE_NAME``, default ``GAUDI2``).
-
-    Raises:
-        ValueError: not a Gaudi generation.
-    """
+    """The emulated Gaudi generation (``LIGHTNING_GAUDI_DEVICE_NAME``, default ``GAUDI2``)."""
     name = _environ(environ).get(DEVICE_NAME_ENV, DEFAULT_DEVICE_NAME).strip().upper()
     if name not in GAUDI_NAMES:
         raise ValueError(
@@ -149,12 +126,7 @@ def emulated_device_name(environ: Mapping[str, str] | None = None) -> str:
 
 
 def emulated_compile_backend(environ: Mapping[str, str] | None = None) -> str:
-    """The ``torch.compile`` backend of eager emulation: ``LIGHTNING_GAUDI_COMPILE_BACKEND``, else ``inductor``.
-
-    ``inductor`` is the compiler a real run would use on a CPU (it needs a C++ compiler); ``aot_eager`` traces the
-    same graphs (dynamo's capture, guards, graph breaks and recompilations are identical) without generating code,
-    which keeps tests fast. The name is checked against torch's backends when ``HPUCompile`` uses it.
-    """
+    """The ``torch.compile`` backend of eager emulation: ``LIGHTNING_GAUDI_COMPILE_BACKEND``, else ``inductor``."""
     return _environ(environ).get(COMPILE_BACKEND_ENV, "").strip() or DEFAULT_EMULATED_COMPILE_BACKEND
 
 
@@ -170,13 +142,8 @@ def _flag(name: str, value: Any) -> bool | None:
 
 @dataclass(frozen=True)
 class RecipeCache:
-    """The bridge's on-disk cache of compiled graphs (``PT_HPU_RECIPE_CACHE_CONFIG``).
-
-    Attributes:
-        path: a directory on local disk (the bridge does not support shared file systems here).
-        delete_on_start: empty the directory when the bridge starts.
-        max_size_mb: the cache's size limit; the oldest recipes are evicted first.
-    """
+    """The bridge's on-disk cache of compiled graphs (``PT_HPU_RECIPE_CACHE_CONFIG``): a local directory, whether
+    to empty it when the bridge starts, and its size limit (oldest recipes evicted first)."""
 
     path: str
     delete_on_start: bool = False
@@ -193,11 +160,7 @@ class RecipeCache:
 
     @classmethod
     def parse(cls, value: RecipeCache | str | Mapping[str, Any]) -> RecipeCache:
-        """Reads ``"<dir>,<delete_on_start true|false>,<max_MB>"``, a mapping of the attributes, or an instance.
-
-        Raises:
-            ValueError: a malformed setting, saying which part and the expected form.
-        """
+        """Reads ``"<dir>,<delete_on_start true|false>,<max_MB>"``, a mapping of the attributes, or an instance."""
         if isinstance(value, RecipeCache):
             return value
         if isinstance(value, Mapping):
@@ -233,31 +196,17 @@ class Runtime:
     """The HPU runtime settings, all validated at construction; ``None`` leaves a setting as it is.
 
     Args:
-        emulate: ``True`` runs the HPU code paths on the CPU emulator, ``False`` requires a Gaudi, ``None`` (auto)
-            keeps ``LIGHTNING_GAUDI_EMULATE`` when it is set, else uses a Gaudi when Intel's bridge is installed,
-            else emulates (the Trainer's "HPU available" line says so, and why).
-        execution_mode: ``"compile"`` (eager mode with ``torch.compile``: Intel's recommended path on current
-            Gaudi software; the HPU strategies add a default :class:`~lightning_gaudi.callbacks.HPUCompile`),
-            ``"eager"`` (op by op, uncompiled) or ``"lazy"`` (ops gather into graphs cut at ``mark_step``; Intel's
-            legacy mode). On a Gaudi it sets ``PT_HPU_LAZY_MODE`` (``0`` for eager and compile); under emulation it
-            picks the emulator (``LIGHTNING_GAUDI_EMULATE=eager`` for eager and compile, where ``torch.compile``
-            uses ``LIGHTNING_GAUDI_COMPILE_BACKEND``, ``inductor`` by default; ``lazy``: torch's Lazy Tensor Core).
-            Compile mode travels in ``LIGHTNING_GAUDI_COMPILE=1``. ``None``: the bridge's own default on a Gaudi
-            (``PT_HPU_LAZY_MODE``, ``0`` on current releases: eager), ``LIGHTNING_GAUDI_EMULATE`` or eager under
-            emulation; a ``LIGHTNING_GAUDI_COMPILE=1`` already set is kept.
-        emulated_devices: emulated cards per node (``LIGHTNING_GAUDI_DEVICES``; when unset, the usable cores up to 8).
+        emulate: ``True`` runs on the CPU emulator, ``False`` requires a Gaudi, ``None`` emulates when asked or when
+            Intel's bridge is not installed.
+        execution_mode: ``"compile"`` (eager + ``torch.compile``), ``"eager"`` or ``"lazy"`` (graphs cut at
+            ``mark_step``); ``None``: the current default.
+        emulated_devices: emulated cards per node (``LIGHTNING_GAUDI_DEVICES``).
         emulated_device_name: the emulated generation, ``"GAUDI"``, ``"GAUDI2"`` (when unset) or ``"GAUDI3"``.
         int64_support: ``PT_ENABLE_INT64_SUPPORT``: keep int64 tensors instead of casting them to int32.
-        recipe_cache: ``PT_HPU_RECIPE_CACHE_CONFIG``: a :class:`RecipeCache`, a mapping of its fields, or the string
-            ``"<dir>,<delete_on_start>,<max_MB>"``.
-        autocast_bf16_ops: op names autocast runs in bfloat16 (replaces the bridge's list), e.g.
-            ``["linear", "matmul"]``. Under eager emulation :class:`~lightning_gaudi.callbacks.BF16Autocast` applies
-            the lists to CPU autocast.
+        recipe_cache: ``PT_HPU_RECIPE_CACHE_CONFIG``: a :class:`RecipeCache`, a mapping of its fields, or its string.
+        autocast_bf16_ops: op names autocast runs in bfloat16 (replaces the bridge's list), e.g. ``["linear"]``.
         autocast_fp32_ops: op names autocast keeps in float32, e.g. ``["softmax", "nll_loss"]``.
         autocast_list_dir: where the list files are written (a new temporary directory when ``None``).
-
-    Raises:
-        ValueError: a malformed setting, naming it.
     """
 
     emulate: bool | None = None
@@ -304,11 +253,7 @@ class Runtime:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Runtime:
-        """The settings in force, read from the environment (``os.environ`` by default).
-
-        Raises:
-            ValueError: a variable holds a malformed value, naming it.
-        """
+        """The settings in force, read from ``environ`` (``os.environ`` by default); a malformed value raises."""
         env = _environ(environ)
         mode = emulation_mode(env)
         lazy = env.get(LAZY_MODE_ENV)
@@ -358,12 +303,12 @@ def _compile_flag(env: Mapping[str, str]) -> bool:
 
 
 def _emulator(execution_mode: str | None) -> str | None:
-    """The emulation mode (``LIGHTNING_GAUDI_EMULATE``) that runs ``execution_mode``: compile mode runs on eager."""
+    """The emulation mode that runs ``execution_mode`` (compile mode runs on eager)."""
     return "eager" if execution_mode == "compile" else execution_mode
 
 
 def _autocast_changes(settings: Runtime, env: Mapping[str, str]) -> dict[str, str]:
-    """The list-file variables to set: lists whose files already hold the same names are left alone."""
+    """The list-file variables to set (lists whose files already hold the same names are left alone)."""
     wanted = {BF16_LIST_ENV: settings.autocast_bf16_ops, FP32_LIST_ENV: settings.autocast_fp32_ops}
     stale = {key: ops for key, ops in wanted.items() if ops is not None and read_list(env.get(key)) != ops}
     if not stale:
@@ -382,22 +327,8 @@ def _autocast_changes(settings: Runtime, env: Mapping[str, str]) -> dict[str, st
 
 
 def configure(runtime: Runtime | None = None, /, **settings: Any) -> Runtime:
-    """Applies the HPU runtime settings before the bridge loads; call it before building a Trainer.
-
-    Pass a :class:`Runtime` or its fields as keyword arguments::
-
-        lightning_gaudi.configure(execution_mode="lazy", recipe_cache="/tmp/recipes,false,1024")
-
-    Applying the same settings again is harmless.
-
-    Returns:
-        The settings now in force (:meth:`Runtime.from_env`).
-
-    Raises:
-        TypeError: both a :class:`Runtime` and keyword arguments.
-        ValueError: a malformed setting (nothing is changed then).
-        RuntimeError: Intel's bridge is already loaded and a setting it reads would change.
-    """
+    """Applies a :class:`Runtime` (or its fields as keyword arguments) before the bridge loads; returns the settings
+    in force. Raises ``RuntimeError`` when the loaded bridge would ignore a change (nothing changes when it raises)."""
     if runtime is not None and settings:
         raise TypeError("configure() takes a Runtime or keyword arguments, not both.")
     wanted = runtime if runtime is not None else Runtime(**settings)

@@ -1,17 +1,8 @@
-"""Hydra integration: typed schemas for the plugin's objects, run-folder resolvers, and a per-job rank launcher.
+"""Hydra integration (schemas, ``lg.*`` resolvers, a rank launcher, registered on import); an app wraps :func:`run`::
 
-A Hydra app is a thin ``@hydra.main`` around :func:`run` and a task function of its own::
-
-    import lightning_gaudi.hydra
-
-    @hydra.main(config_path="conf", config_name="train", version_base="1.3")
-    def main(cfg):
-        return lightning_gaudi.hydra.run(cfg, my_recipe.train)  # train(cfg) -> results dict
-
-:func:`run` applies ``cfg.runtime`` before anything loads the bridge, checks a SLURM launch, and then runs the task
-in this process or, for a multi-card job that no launcher has started, in one process per card (see
-:mod:`~lightning_gaudi.hydra.ranks`). Importing this module registers the schemas and the ``lg.*`` resolvers.
-``import lightning_gaudi`` does not import Hydra; only this sub-package does.
+@hydra.main(config_path="conf", config_name="train", version_base="1.3")
+def main(cfg):
+    return lightning_gaudi.hydra.run(cfg, my_recipe.train)  # train(cfg) -> results dict
 """
 
 from __future__ import annotations
@@ -59,8 +50,8 @@ def instantiate_group(node: DictConfig | None) -> list[Any]:
 
 
 def objective(cfg: DictConfig, results: Mapping[str, Any]) -> float | None:
-    """``cfg.optimized_metric`` read from ``results`` (a top-level key or one of ``results["metrics"]``), for Hydra
-    sweepers; ``None`` when the config names none or the value is missing or not finite."""
+    """``cfg.optimized_metric`` from ``results`` (or ``results["metrics"]``) for sweepers; ``None`` if absent or not
+    finite."""
     metric = cfg.get("optimized_metric")
     if not metric:
         return None
@@ -69,15 +60,8 @@ def objective(cfg: DictConfig, results: Mapping[str, Any]) -> float | None:
 
 
 def run(cfg: DictConfig, task: Task) -> float | None:
-    """Runs one Hydra job: :func:`prepare`, then ``task(cfg)`` here or in one process per card.
-
-    Args:
-        cfg: the composed config; needs ``trainer``, ``strategy``, ``runtime`` and ``paths.output_dir``.
-        task: a module-level function ``task(cfg) -> results`` (rank processes import it by name).
-
-    Returns:
-        :func:`objective` of the results.
-    """
+    """Runs one Hydra job: :func:`prepare`, then ``task(cfg)`` here or in one process per card; returns the
+    :func:`objective`. ``task`` must be a module-level function (rank processes import it by name)."""
     prepare(cfg)
     if needs_rank_launch(cfg):
         instantiate(cfg.strategy)  # a bad strategy argument fails here, before any rank process starts

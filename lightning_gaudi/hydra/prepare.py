@@ -23,11 +23,7 @@ def local_world_size(cfg: DictConfig) -> int:
 
 
 def apply_runtime(cfg: DictConfig) -> runtime.Runtime:
-    """Applies ``cfg.runtime`` (a :class:`~lightning_gaudi.Runtime` node) before anything loads the bridge.
-
-    Returns:
-        The settings in force.
-    """
+    """Applies ``cfg.runtime`` before anything loads the bridge; returns the settings in force."""
     node = cfg.get("runtime")
     values = {} if node is None else cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
     values.pop("_target_", None)
@@ -35,11 +31,7 @@ def apply_runtime(cfg: DictConfig) -> runtime.Runtime:
 
 
 def check_launch(cfg: DictConfig) -> None:
-    """Under SLURM, checks the allocation against the trainer (one task per card) before anything starts.
-
-    Raises:
-        InvalidLaunchError: the allocation and ``trainer.devices``/``trainer.num_nodes`` disagree.
-    """
+    """Under SLURM, raises ``InvalidLaunchError`` unless the allocation matches the trainer (one task per card)."""
     env = LaunchEnvironment.from_env()
     if env.launcher != "slurm":
         return

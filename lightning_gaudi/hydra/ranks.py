@@ -1,12 +1,5 @@
-"""One process per card for each Hydra job, so that a multirun and DDP work together.
-
-Lightning's popen launcher starts extra ranks by re-running ``sys.argv``: under ``-m`` every rank would re-parse and
-re-run the whole sweep. For a multi-card job on one machine :func:`launch_ranks` instead writes the job's resolved
-config to its folder (``rank_config.yaml``) and starts one process per card that runs the job's task function on
-that config (``python -m lightning_gaudi.hydra CONFIG MODULE:FUNCTION``). Each sweep point gets its own process
-group; global rank zero's results come back to the sweep. Under torchrun, SLURM or any launcher that starts the
-ranks itself, every rank runs the app and nothing is launched here.
-"""
+"""One process per card for each Hydra job (``python -m lightning_gaudi.hydra CONFIG MODULE:FUNCTION``), so that a
+multirun and DDP work together: Lightning's popen launcher would re-run the whole sweep in every rank."""
 
 from __future__ import annotations
 
@@ -36,8 +29,7 @@ Task = Callable[[DictConfig], Mapping[str, Any] | None]
 
 
 def needs_rank_launch(cfg: DictConfig) -> bool:
-    """Whether the job must start its ranks: a DDP-style or FSDP strategy with start method popen, several cards, and no
-    launcher that has already started them."""
+    """Whether the job must start its ranks: a DDP-style or FSDP popen strategy on several cards, no launcher."""
     target = cfg.strategy.get("_target_") if isinstance(cfg.strategy, DictConfig) else None
     if target is None or not issubclass(get_class(target), (DDPStrategy, FSDPStrategy)):
         return False
@@ -47,11 +39,7 @@ def needs_rank_launch(cfg: DictConfig) -> bool:
 
 
 def task_reference(task: Task) -> tuple[str, Path]:
-    """``"module:function"`` for ``task`` and the folder its module is imported from (for the rank processes).
-
-    Raises:
-        ValueError: ``task`` is not a module-level function of an importable module (e.g. defined in a script).
-    """
+    """``"module:function"`` for ``task`` and the folder of its module; ``ValueError`` if not importable."""
     module_name = getattr(task, "__module__", None)
     qualname = getattr(task, "__qualname__", "")
     module = sys.modules.get(module_name or "")
@@ -74,15 +62,8 @@ def _import_task(reference: str) -> Task:
 
 
 def launch_ranks(cfg: DictConfig, job_dir: Path, task: Task) -> dict[str, Any]:
-    """Runs ``task`` with one process per local card, each on the job's resolved config saved in ``job_dir``.
-
-    Returns:
-        Global rank zero's results, or an empty dict on the other nodes.
-
-    Raises:
-        ValueError: ``task`` cannot be imported by the rank processes.
-        RuntimeError: a rank exited with an error (the others are stopped).
-    """
+    """Runs ``task`` in one process per local card on the config saved in ``job_dir``; returns rank zero's results
+    (empty on other nodes). Raises ``RuntimeError`` when a rank fails."""
     reference, import_root = task_reference(task)
     nprocs = local_world_size(cfg)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -102,12 +83,7 @@ def launch_ranks(cfg: DictConfig, job_dir: Path, task: Task) -> dict[str, Any]:
 
 
 def load_rank_config(path: Path) -> DictConfig:
-    """Reads a rank config written by :func:`launch_ranks`.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: the file is not a YAML mapping with the sections a job needs.
-    """
+    """Reads a rank config written by :func:`launch_ranks` (``FileNotFoundError``, or ``ValueError`` if malformed)."""
     if not path.is_file():
         raise FileNotFoundError(
             f"No rank config at {str(path)!r}; launch_ranks writes one per job ({RANK_CONFIG_FILE})."

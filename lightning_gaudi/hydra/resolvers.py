@@ -1,13 +1,5 @@
-"""OmegaConf resolvers that make every rank of a launch agree on one run folder.
-
-- ``${lg.run_id:DEFAULT}``: an id shared by every rank of a launch (``LIGHTNING_GAUDI_RUN_ID``, the SLURM job and
-  step, or torchrun's run id), else ``DEFAULT`` (e.g. ``${now:...}`` when one process runs the app);
-- ``${lg.rank_zero:VALUE}``: ``VALUE`` on global rank zero, ``null`` on the other ranks;
-- ``${lg.rank_suffix:}``: ``""`` on rank zero, ``"_rank<N>"`` elsewhere;
-- ``${lg.on_gaudi:A,B}``: ``A`` with Intel's bridge (a real Gaudi), ``B`` under emulation (e.g. a precision that is
-  fast on Gaudi but slow on a CPU without bfloat16 units).
-
-Every resolver reads the launch through :class:`~lightning_gaudi.distributed.LaunchEnvironment`.
+"""OmegaConf resolvers that make every rank of a launch agree on one run folder: ``lg.run_id``, ``lg.rank_zero``,
+``lg.rank_suffix`` and ``lg.on_gaudi`` (``A`` with Intel's bridge, ``B`` under emulation).
 """
 
 from __future__ import annotations

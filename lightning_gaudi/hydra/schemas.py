@@ -1,22 +1,5 @@
-"""Hydra schemas for the plugin's objects, derived from their signatures, so every default lives in one place.
-
-Each schema is a dataclass with ``_target_`` and one typed field per keyword argument of the class, with the class's
-own default. Where OmegaConf cannot hold a default or a type (a ``timedelta``, a callable), :data:`OVERRIDES` says
-how the config spells it; ``tests/hydra/test_schemas.py`` fails when a schema and its class disagree. Recipes under
-``conf/`` extend these schemas and hold only their real deviations, so a typo in a key or a value of the wrong type
-stops composition, naming the key.
-
-Stored in Hydra's ConfigStore under ``lightning_gaudi_schema/``:
-
-- ``strategy/hpu_parallel``, ``strategy/hpu_single``: :class:`~lightning_gaudi.HPUParallelStrategy` and
-  :class:`~lightning_gaudi.SingleHPUStrategy`; ``strategy/hpu_fsdp``: :class:`~lightning_gaudi.HPUFSDPStrategy`;
-  ``strategy/hpu_deepspeed``: :class:`~lightning_gaudi.HPUDeepSpeedStrategy`;
-- ``callbacks/<name>``: one per plugin callback (:data:`CALLBACK_CONFIG_NAMES`);
-- ``runtime``: :class:`~lightning_gaudi.Runtime`, applied once before the bridge loads;
-- ``profiler/hpu``: :class:`~lightning_gaudi.profilers.HPUProfiler`, with the settings it forwards to Lightning's and
-  torch's profilers (:data:`FORWARDED`);
-- ``hydra/launcher/gaudi_slurm``: :class:`SlurmLauncherConf`, hydra-submitit-launcher's ``SlurmQueueConf`` fields.
-"""
+"""Hydra schemas (under ``lightning_gaudi_schema/``) derived from the plugin's signatures: a dataclass with
+``_target_`` and one typed field per keyword argument, so every default lives in one place."""
 
 from __future__ import annotations
 
@@ -47,13 +30,7 @@ SCHEMA_GROUP = "lightning_gaudi_schema"
 
 @dataclass(frozen=True)
 class Override:
-    """How a config spells one argument that OmegaConf cannot hold as the class does.
-
-    Attributes:
-        annotation: the config's type for it.
-        to_config: turns the class's default into the config's value.
-        doc: the config's unit or form, for readers of the schema.
-    """
+    """How a config spells an argument OmegaConf cannot hold: its type, the default's conversion, and its unit."""
 
     annotation: Any
     to_config: Callable[[Any], Any]
@@ -71,8 +48,7 @@ OVERRIDES: dict[tuple[type, str], Override] = {
     (HPUDeepSpeedStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
 }
 
-#: Keyword arguments a class takes through ``**kwargs`` and hands on, by class: ``(receiver, names)`` pairs. The
-#: schema offers each name as a field with the receiver's own type and default (plain values only).
+#: Keyword arguments a class hands on through ``**kwargs``: ``(receiver, names)``, offered with the receiver's defaults.
 FORWARDED: dict[type, tuple[tuple[Callable[..., Any], tuple[str, ...]], ...]] = {
     HPUProfiler: (
         (PyTorchProfiler.__init__, ("group_by_input_shapes", "export_to_chrome", "record_module_names")),
@@ -101,8 +77,7 @@ _PRIMITIVES = (int, float, bool, str)
 
 
 def omegaconf_type(annotation: Any) -> Any:
-    """The type OmegaConf checks for ``annotation``: primitives, enums, string literals and lists of strings (each
-    optionally ``None``), else ``Any``."""
+    """The type OmegaConf checks for ``annotation`` (primitives, enums, literals, lists of str), else ``Any``."""
     args = typing.get_args(annotation)
     optional = type(None) in args and typing.get_origin(annotation) is not Literal
     inner = [a for a in args if a is not type(None)]
@@ -123,9 +98,7 @@ def omegaconf_type(annotation: Any) -> Any:
 
 
 def _config_default(default: Any) -> Any:
-    if isinstance(default, tuple):
-        return list(default)
-    return default
+    return list(default) if isinstance(default, tuple) else default
 
 
 def _init_hints(target: type) -> tuple[dict[str, Any], inspect.Signature]:
@@ -151,12 +124,7 @@ def config_defaults(target: type) -> dict[str, Any]:
 
 
 def _forwarded(target: type) -> list[tuple[str, Any, Any]]:
-    """``(name, type, default)`` of each argument :data:`FORWARDED` lists for ``target``; the type is the default's
-    (receivers such as torch's profiler annotate with names that cannot be resolved outside their module).
-
-    Raises:
-        TypeError: a receiver no longer takes a listed argument with a plain default (bool, int, float, str).
-    """
+    """``(name, type of the default, default)`` of each argument :data:`FORWARDED` lists for ``target``."""
     found = []
     for receiver, names in FORWARDED.get(target, ()):
         parameters = inspect.signature(receiver).parameters
@@ -172,8 +140,7 @@ def _forwarded(target: type) -> list[tuple[str, Any, Any]]:
 
 
 def schema_from_signature(target: type, target_path: str) -> type:
-    """A dataclass schema with ``_target_`` and one typed field per keyword argument of ``target`` (and per argument
-    it forwards, :data:`FORWARDED`)."""
+    """A dataclass schema with ``_target_`` and one typed field per (forwarded) keyword argument of ``target``."""
     hints, _ = _init_hints(target)
     fields: list[tuple[str, Any, Any]] = [("_target_", str, field(default=target_path))]
     arguments = [(name, hints.get(name, Any), default) for name, default in config_defaults(target).items()]
@@ -189,11 +156,7 @@ def schema_from_signature(target: type, target_path: str) -> type:
 
 @dataclass
 class SlurmLauncherConf:
-    """hydra-submitit-launcher's ``SlurmQueueConf`` (plugin 1.2), for ``hydra/launcher=gaudi_slurm``.
-
-    One SLURM task drives one Gaudi card, so ``tasks_per_node`` must equal ``trainer.devices`` and ``nodes`` must
-    equal ``trainer.num_nodes``; the recipe interpolates both, and :func:`check_slurm_launcher` verifies them.
-    """
+    """hydra-submitit-launcher's ``SlurmQueueConf`` (plugin 1.2), for ``hydra/launcher=gaudi_slurm``."""
 
     _target_: str = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
@@ -225,11 +188,7 @@ class SlurmLauncherConf:
 
 
 def check_slurm_launcher(cfg: DictConfig) -> None:
-    """Checks a composed config's SLURM launcher against its trainer: one task per card, one SLURM node per node.
-
-    Raises:
-        ValueError: ``hydra.launcher.tasks_per_node != trainer.devices`` or ``nodes != trainer.num_nodes``.
-    """
+    """Raises ``ValueError`` unless the SLURM launcher runs one task per card on ``trainer.num_nodes`` nodes."""
     launcher = cfg.hydra.launcher
     devices = cfg.trainer.devices
     num_nodes = cfg.trainer.get("num_nodes", 1)

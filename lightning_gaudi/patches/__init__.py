@@ -1,30 +1,20 @@
-"""Everything in lightning_gaudi that touches Lightning's or torch's private internals.
+"""Shims of Lightning's and torch's private internals: the bottom layer of lightning_gaudi.
 
+A shim imports nothing of the package above it (only :mod:`lightning_gaudi.hpu` and other shims); policy comes in as
+hooks (the connector shims call the routing policy :mod:`lightning_gaudi.routing` sets). Emulator-only code lives in
+:mod:`lightning_gaudi.emulation`, the readers of torch.compile's records in :mod:`lightning_gaudi.callbacks.dynamo`.
 Each module patches (or relies on) one upstream target and describes itself with a
 :class:`~lightning_gaudi.patches.registry.Patch` in :data:`PATCHES`:
 
-- ``connector``: HPU strategy/precision choices in Lightning's accelerator connector;
+- ``connector``: Lightning's accelerator connector, asking the routing policy first;
 - ``sync_free_logging``: progress-bar values kept on the device until the bar refreshes;
-- ``loops``: evaluation under ``torch.no_grad`` for one trainer (:func:`~.loops.disable_inference_mode`);
-- ``lr_scheduler``: a torch LR scheduler moved to a replacement optimizer (:func:`~.lr_scheduler.rebind_scheduler`);
-- ``precision_plugin``: a method overridden on one live precision plugin (:func:`~.precision_plugin.override_method`);
-- ``amp_unscaling``: which optimizers Lightning's fp16 plugin leaves scaled until their step
-  (:func:`~.amp_unscaling.unscales_in_step`);
-- ``sync_batchnorm``: synchronized batch norm under eager emulation, built on torch's batch norm base class
-  (:func:`~.sync_batchnorm.convert`);
-- ``device_info``: an "HPU available" line (what runs, the cards used, the strategy) beside Lightning's GPU and TPU
-  lines when a Trainer is built;
-- ``logging_cadence``: when Lightning writes a training batch's logged metrics, and at which step
-  (:func:`~.logging_cadence.train_log_step`);
 - ``tuner_oom``: HPU out-of-memory errors recognised by Lightning's batch-size search;
-- ``fabric_connector``: HPU strategy/precision choices in Lightning Fabric's connector, and the launch checked while
-  Fabric is built;
-- ``fp8_precision_name``: ``precision="fp8"`` through Lightning's precision-name check, routed to the HPU FP8 plugins
-  (other accelerators refused with the fix);
+- ``fabric_connector``: Lightning Fabric's connector, asking the routing policy first;
+- ``fp8_precision_name``: ``precision="fp8"`` through Lightning's precision-name check (the policy routes it);
 - ``signals``: SIGTERM during fit handled by :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` instead of
   Lightning's signal connector, without Lightning's per-batch broadcast (:func:`~.signals.take_over_sigterm`);
 - ``deepspeed_strategy``: the steps of Lightning's CUDA-only ``DeepSpeedStrategy`` that
-  :class:`~lightning_gaudi.strategies.HPUDeepSpeedStrategy` replaces (:func:`~.deepspeed_strategy.initialize_engine`).
+  :class:`~lightning_gaudi.strategies.HPUDeepSpeedStrategy` replaces (:func:`~.deepspeed_strategy.check_installed`).
 
 ``import lightning_gaudi`` calls :func:`install_all`. On a Lightning (or torch) outside the checked range nothing is
 patched and a warning says what still works; ``tests/patches/`` holds one canary per module that fails, naming the
@@ -37,18 +27,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from lightning_gaudi.patches import (
-    amp_unscaling,
     connector,
     deepspeed_strategy,
-    device_info,
     fabric_connector,
     fp8_precision_name,
-    logging_cadence,
-    loops,
-    lr_scheduler,
-    precision_plugin,
     signals,
-    sync_batchnorm,
     sync_free_logging,
     tuner_oom,
 )
@@ -63,13 +46,6 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
         for patch in (
             connector.PATCH,
             sync_free_logging.PATCH,
-            loops.PATCH,
-            lr_scheduler.PATCH,
-            precision_plugin.PATCH,
-            amp_unscaling.PATCH,
-            sync_batchnorm.PATCH,
-            device_info.PATCH,
-            logging_cadence.PATCH,
             tuner_oom.PATCH,
             fabric_connector.PATCH,
             fp8_precision_name.PATCH,

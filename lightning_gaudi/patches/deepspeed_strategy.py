@@ -7,10 +7,11 @@ and replaces three of its steps; nothing is patched globally:
   (the device, then ``setup_distributed``) in its place;
 - ``setup_distributed`` checks CUDA device indices and lets ``deepspeed.init_distributed`` form the process group:
   the HPU strategy forms it as ``hpu_parallel`` does (HCCL or gloo, its timeout) and lets DeepSpeed adopt it;
-- ``_setup_model_and_optimizer(model, optimizer, lr_scheduler=None)`` calls ``deepspeed.initialize`` with
-  ``args.device_rank`` set to ``root_device.index``, which is ``None`` for the HPU (the bridge binds one card per
-  process) and the emulated CPU device, and DeepSpeed's engine then fails comparing ``None >= 0``:
-  :func:`initialize_engine` passes the local rank instead. Lightning calls it from ``_initialize_deepspeed_train``.
+- ``init_deepspeed`` builds the engine through ``_initialize_deepspeed_train`` (or ``_initialize_deepspeed_inference``)
+  and ``_setup_model_and_optimizer(model, optimizer, lr_scheduler=None)``, which calls ``deepspeed.initialize`` with
+  ``args.device_rank`` set to ``root_device.index``: ``None`` for the HPU (the bridge binds one card per process) and
+  the emulated CPU device, on which DeepSpeed's engine fails comparing ``None >= 0``. The HPU strategy's
+  ``init_deepspeed`` passes the local rank instead, for training and for validate/test/predict alike.
 
 ``gradient_clipping`` is set in the config before Lightning's ``_format_batch_size_and_grad_accum_config``, which
 fills it only when absent. ``tests/patches/test_deepspeed_strategy.py`` fails when Lightning changes any of this.
@@ -18,9 +19,9 @@ fills it only when absent. ``tests/patches/test_deepspeed_strategy.py`` fails wh
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from lightning.pytorch.strategies import DeepSpeedStrategy
@@ -30,6 +31,7 @@ from lightning_gaudi.patches import registry
 _CLASS = f"{DeepSpeedStrategy.__module__}.{DeepSpeedStrategy.__qualname__}"
 #: The methods of Lightning's DeepSpeedStrategy relied on, with their parameters after ``self``.
 METHODS: dict[str, tuple[str, ...]] = {
+    "init_deepspeed": (),
     "_setup_model_and_optimizer": ("model", "optimizer", "lr_scheduler"),
     "_initialize_deepspeed_train": ("model",),
     "_format_batch_size_and_grad_accum_config": (),
@@ -61,24 +63,11 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Checks Lightning's DeepSpeedStrategy (idempotent); returns whether the HPU strategy may run.
-
-    On a Lightning outside :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or whose DeepSpeedStrategy
-    changed, a warning says so; creating an ``HPUDeepSpeedStrategy`` then raises.
-    """
-    if _State.enabled:
-        return True
-    supported = registry.LIGHTNING_SUPPORTED
-    missing = missing_targets()
-    if not supported or missing:
-        warnings.warn(
-            f"lightning_gaudi was checked against {registry.SUPPORTED_LIGHTNING} ({supported.message or 'ok'};"
-            f" missing: {missing or 'nothing'}). HPUDeepSpeedStrategy is unavailable; every other strategy works.",
-            stacklevel=2,
-        )
-        return False
-    _State.enabled = True
-    return True
+    """Checks Lightning's DeepSpeedStrategy (idempotent); returns whether the HPU strategy may run. If not, a warning
+    says so, and creating an ``HPUDeepSpeedStrategy`` raises."""
+    fallback = "HPUDeepSpeedStrategy is unavailable; every other strategy works."
+    _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback)
+    return _State.enabled
 
 
 def check_installed() -> None:
@@ -91,25 +80,6 @@ def check_installed() -> None:
         )
 
 
-def initialize_engine(
-    strategy: DeepSpeedStrategy, model: Any, optimizer: Any, lr_scheduler: Any = None
-) -> tuple[Any, Any]:
-    """``deepspeed.initialize`` as Lightning's ``_setup_model_and_optimizer`` calls it, with the device rank set to the
-    process's local rank. Returns the engine and DeepSpeed's optimizer."""
-    import deepspeed
-
-    engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
-        args=argparse.Namespace(device_rank=strategy.local_rank),
-        config=strategy.config,
-        model=model,
-        model_parameters=[p for p in model.parameters() if p.requires_grad],
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        dist_init_required=False,
-    )
-    return engine, deepspeed_optimizer
-
-
 PATCH = registry.Patch(
     name="deepspeed_strategy",
     targets=tuple(f"{_CLASS}.{name}" for name in METHODS),
@@ -117,3 +87,24 @@ PATCH = registry.Patch(
     install=install,
     installed=installed,
 )
+
+
+@contextmanager
+def device_rank(local_rank: int) -> Iterator[None]:
+    """Within it, ``deepspeed.initialize`` given ``args.device_rank=None`` gets ``local_rank`` instead (DeepSpeed's
+    engine compares it with 0)."""
+    import deepspeed
+
+    initialize = deepspeed.initialize
+
+    def with_device_rank(*args: Any, **kwargs: Any) -> Any:
+        namespace = kwargs.get("args")
+        if namespace is not None and getattr(namespace, "device_rank", 0) is None:
+            namespace.device_rank = local_rank
+        return initialize(*args, **kwargs)
+
+    deepspeed.initialize = with_device_rank
+    try:
+        yield
+    finally:
+        deepspeed.initialize = initialize

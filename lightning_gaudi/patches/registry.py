@@ -1,4 +1,4 @@
-"""What a patch is, and the upstream versions the patches were checked against.
+"""What a patch is, the upstream versions the patches were checked against, and the helpers the shims share.
 
 Every patch module of :mod:`lightning_gaudi.patches` describes itself with a :class:`Patch` and checks the installed
 version with :data:`LIGHTNING_SUPPORTED` or :data:`TORCH_SUPPORTED` (read at call time, so a test can replace them).
@@ -6,8 +6,11 @@ version with :data:`LIGHTNING_SUPPORTED` or :data:`TORCH_SUPPORTED` (read at cal
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from lightning_utilities.core.imports import RequirementCache
 
@@ -40,3 +43,48 @@ class Patch:
     requirement: str
     install: Callable[[], bool]
     installed: Callable[[], bool]
+
+
+def lookup(module: str, name: str | None = None) -> Any:
+    """The module (or its attribute ``name``), or ``None`` when this upstream version lacks it.
+
+    Looked up when called, never at import, so that an upstream version that moved it still imports lightning_gaudi.
+    """
+    try:
+        found: Any = importlib.import_module(module)
+    except ImportError:
+        return None
+    return found if name is None else getattr(found, name, None)
+
+
+def supported(missing: list[str], fallback: str, torch: bool = False) -> bool:
+    """Whether a patch may be installed: the version is in the checked range and nothing it relies on is missing.
+
+    Otherwise warns, naming the checked range, what is missing and ``fallback`` (what still works), and returns
+    ``False``.
+    """
+    requirement, cache = (SUPPORTED_TORCH, TORCH_SUPPORTED) if torch else (SUPPORTED_LIGHTNING, LIGHTNING_SUPPORTED)
+    if cache and not missing:
+        return True
+    warnings.warn(
+        f"lightning_gaudi was checked against {requirement} ({cache.message or 'ok'}; missing:"
+        f" {missing or 'nothing'}). {fallback}",
+        stacklevel=3,
+    )
+    return False
+
+
+def wrap_methods(cls: type, wrappers: Mapping[str, Callable[[Any], Any]], mark: str) -> None:
+    """Replaces each method ``name`` of ``cls`` by ``wrappers[name](method)``, marked with ``mark`` (a static method
+    stays one)."""
+    for name, make in wrappers.items():
+        original = cls.__dict__[name]
+        static = isinstance(original, staticmethod)
+        wrapper = make(original.__func__ if static else original)
+        setattr(wrapper, mark, True)
+        setattr(cls, name, staticmethod(wrapper) if static else wrapper)
+
+
+def wrapped(cls: type | None, names: Iterable[str], mark: str) -> bool:
+    """Whether every method ``names`` of ``cls`` is a wrapper marked with ``mark``."""
+    return cls is not None and all(getattr(getattr(cls, name, None), mark, False) for name in names)

@@ -16,9 +16,7 @@ fails when Lightning renames or stops using either.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -35,23 +33,16 @@ class _State:
     enabled = False
 
 
-def _class(module: str, name: str) -> Any:
-    try:  # looked up when called: a Lightning that moved it must still import lightning_gaudi
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
 def missing_targets() -> list[str]:
     """What the patch relies on and this Lightning lacks; empty when everything is as checked."""
     missing = []
-    connector = _class(*_CONNECTOR)
+    connector = registry.lookup(*_CONNECTOR)
     register = getattr(connector, "register_signal_handlers", None)
     if connector is None or not callable(getattr(connector, _NOTIFIER, None)) or register is None:
         missing.append(f"{'.'.join(_CONNECTOR)}.{_NOTIFIER}")
     elif f"self.{_NOTIFIER}" not in inspect.getsource(register):
         missing.append(f"{'.'.join(_CONNECTOR)}.register_signal_handlers registering self.{_NOTIFIER}")
-    loop = _class(*_EPOCH_LOOP)
+    loop = registry.lookup(*_EPOCH_LOOP)
     if loop is None:
         missing.append(".".join(_EPOCH_LOOP))
     elif hasattr(loop, _BROADCAST) and f"self.{_BROADCAST}()" not in inspect.getsource(loop.advance):
@@ -65,25 +56,14 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Checks this Lightning's signal connector and training loop (idempotent). Returns whether the patch is enabled.
-
-    On a Lightning version outside :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or one that changed
-    what the patch relies on, a warning says what still works.
-    """
-    if _State.enabled:
-        return True
-    supported = registry.LIGHTNING_SUPPORTED
-    missing = missing_targets()
-    if not supported or missing:
-        warnings.warn(
-            f"lightning_gaudi was checked against {registry.SUPPORTED_LIGHTNING} ({supported.message or 'ok'};"
-            f" missing: {missing or 'nothing'}). PreemptionCheckpoint handles only the signals other than SIGTERM;"
-            " SIGTERM is left to Lightning, which may not save a checkpoint of a multi-rank job.",
-            stacklevel=2,
-        )
-        return False
-    _State.enabled = True
-    return True
+    """Checks this Lightning's signal connector and training loop (idempotent). Returns whether the patch is enabled;
+    if not, a warning says what still works."""
+    fallback = (
+        "PreemptionCheckpoint handles only the signals other than SIGTERM; SIGTERM is left to Lightning, which may not"
+        " save a checkpoint of a multi-rank job."
+    )
+    _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback)
+    return _State.enabled
 
 
 def _skip() -> None:

@@ -20,14 +20,13 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import warnings
 from types import ModuleType
 from typing import Any
 
+from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from torch import Tensor
 
-from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.patches import registry
 
 #: The default progress-bar refresh interval (steps) under HPU; Intel advises 20 or more.
@@ -52,8 +51,9 @@ class _Deferral:
 
 
 def _on_hpu(trainer: Any) -> bool:
-    strategy = getattr(trainer, "strategy", None)
-    return isinstance(getattr(strategy, "accelerator", None), HPUAccelerator)
+    accelerator = getattr(getattr(trainer, "strategy", None), "accelerator", None)
+    entry = dict.get(AcceleratorRegistry, "hpu")  # the HPU accelerator class lightning_gaudi registers
+    return entry is not None and isinstance(accelerator, entry["accelerator"])
 
 
 def _deferring_convert(original: Any) -> Any:
@@ -117,11 +117,7 @@ def _hpu_progress_bar(original: Any) -> Any:
 
 
 def _module(name: str) -> ModuleType | None:
-    # looked up when called (not at import): a Lightning that moved a module must still import lightning_gaudi
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
+    return registry.lookup(name)  # type: ignore[no-any-return]
 
 
 def installed() -> bool:
@@ -171,15 +167,11 @@ def install() -> bool:
     """
     if installed():
         return True
-    supported = registry.LIGHTNING_SUPPORTED
-    missing = missing_targets()
-    if not supported or missing:
-        warnings.warn(
-            f"lightning_gaudi was checked against {registry.SUPPORTED_LIGHTNING} ({supported.message or 'ok'};"
-            f" missing: {missing or 'nothing'}). Progress-bar values will be read to the host at every step; log"
-            " with `prog_bar=False` on HPU, or pin a supported Lightning, to avoid the per-step host sync.",
-            stacklevel=2,
-        )
+    fallback = (
+        "Progress-bar values will be read to the host at every step; log with `prog_bar=False` on HPU, or pin a"
+        " supported Lightning, to avoid the per-step host sync."
+    )
+    if not registry.supported(missing_targets(), fallback):
         return False
     result = importlib.import_module(_RESULT)
     connector = importlib.import_module(_LOGGER_CONNECTOR)._LoggerConnector

@@ -11,8 +11,6 @@ the loops stop reading the name.
 from __future__ import annotations
 
 import functools
-import importlib
-import warnings
 from collections.abc import Callable
 from types import ModuleType
 
@@ -27,10 +25,7 @@ _MARK = "__lightning_gaudi_hook__"
 
 
 def _module() -> ModuleType | None:
-    try:  # looked up when called: a Lightning that moved it must still import lightning_gaudi
-        return importlib.import_module(_MODULE)
-    except ImportError:
-        return None
+    return registry.lookup(_MODULE)  # type: ignore[no-any-return]
 
 
 def missing_targets() -> list[str]:
@@ -74,25 +69,17 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Makes the batch-size search recognise HPU out-of-memory errors (idempotent). Returns whether it does.
-
-    On a Lightning version outside :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or whose search
-    no longer reads the name, nothing is patched and a warning says what still works.
-    """
+    """Makes the batch-size search recognise HPU out-of-memory errors (idempotent). Returns whether it does; if not,
+    nothing is patched and a warning says what still works."""
     if installed():
         return True
-    supported = registry.LIGHTNING_SUPPORTED
-    missing = missing_targets()
-    if not supported or missing:
-        warnings.warn(
-            f"lightning_gaudi was checked against {registry.SUPPORTED_LIGHTNING} ({supported.message or 'ok'};"
-            f" missing: {missing or 'nothing'}). The batch-size search (`Tuner.scale_batch_size`) stops at an HPU"
-            " out-of-memory error instead of backing off: pass the batch size yourself; everything else works.",
-            stacklevel=2,
-        )
+    fallback = (
+        "The batch-size search (`Tuner.scale_batch_size`) stops at an HPU out-of-memory error instead of backing off:"
+        " pass the batch size yourself; everything else works."
+    )
+    if not registry.supported(missing_targets(), fallback):
         return False
     module = _module()
-    assert module is not None
     setattr(module, _NAME, _wrap(getattr(module, _NAME)))
     return True
 

@@ -31,16 +31,8 @@ _HOST_SYNC_OP = "aten::_local_scalar_dense"
 
 @dataclass
 class ProfileReport:
-    """What the profiled training steps spent their time on.
-
-    Attributes:
-        steps: profiled training steps.
-        step_ms: mean wall time of a step, in milliseconds.
-        model_share: the share of step time in the model's forward and backward.
-        host_shares: the share of step time spent, outside the model, on data loading, callbacks and the optimizer.
-        top_operators: ``(op name, self time in ms over the profiled steps)``, the most expensive first.
-        host_syncs: device-to-host reads seen in the profiled steps.
-    """
+    """What the profiled training steps spent their time on: mean step time, the share in the model (forward and
+    backward) and outside it by category, the top ``(op, self ms)``, and the device-to-host reads seen."""
 
     steps: int = 0
     step_ms: float = 0.0
@@ -54,7 +46,7 @@ class ProfileReport:
         if not self.steps:
             return ["HPUProfiler: no training step was profiled (fewer steps than `wait_steps` + 1 + `active_steps`?)."]
         outside = 1.0 - self.model_share
-        lines = [
+        return [
             f"HPUProfiler: {self.steps} profiled training steps, {self.step_ms:.2f} ms each on average;"
             f" {self.model_share:.0%} in the model (forward + backward), {outside:.0%} outside it.",
             "  outside the model: "
@@ -69,7 +61,6 @@ class ProfileReport:
                 else ""
             ),
         ]
-        return lines
 
 
 def _intervals(events: Iterable[Any], pattern: re.Pattern[str]) -> list[tuple[float, float]]:
@@ -137,27 +128,15 @@ def build_report(events: Any, top: int = 5) -> ProfileReport:
 
 
 class HPUProfiler(PyTorchProfiler):
-    """Profiles training on the HPU and says where a step's time goes.
-
-    Lightning's :class:`~lightning.pytorch.profilers.PyTorchProfiler` with HPU activity on Gaudi (the bridge's
-    profiler plug-in; CPU activity under emulation), a schedule that waits out the warm-up steps that compile graphs,
-    one Chrome/Perfetto trace per rank (``*.pt.trace.json`` under ``dirpath``, viewable in TensorBoard's profiler
-    plug-in or https://ui.perfetto.dev), and at the end a report (also :attr:`report`): the share of step time in
-    the model and, outside it, in data loading, callbacks and the optimizer; the top operators by self time; and the
-    host syncs it saw.
+    """Lightning's PyTorch profiler with HPU activity, a schedule past the warm-up, one trace per rank and a
+    :class:`ProfileReport` (:attr:`report`).
 
     Args:
         dirpath: where traces and the text summary go (the Trainer's log directory when ``None``).
         filename: the summary's file name (printed when ``None``).
-        wait_steps: steps skipped before recording (graph compilation happens in the first steps on Gaudi).
-        active_steps: steps recorded.
+        wait_steps: steps skipped before recording (graph compilation), then ``active_steps`` recorded.
         row_limit: rows of the operator table in the summary.
-        **profiler_kwargs: passed to :class:`~lightning.pytorch.profilers.PyTorchProfiler` and
-            ``torch.profiler.profile`` (``record_shapes``, ``profile_memory``, ``with_stack``, a ``schedule`` of
-            your own...).
-
-    Raises:
-        ValueError: ``wait_steps`` below 0 or ``active_steps`` below 1.
+        **profiler_kwargs: passed to Lightning's ``PyTorchProfiler`` and ``torch.profiler.profile``.
     """
 
     def __init__(
@@ -179,13 +158,11 @@ class HPUProfiler(PyTorchProfiler):
             "schedule", torch.profiler.schedule(wait=wait_steps, warmup=1, active=active_steps, repeat=1)
         )
         profiler_kwargs.setdefault("sort_by_key", "cpu_time_total")
-        #: what torch's profiler records: the host, and the HPU on a Gaudi (asks the seam, so build it after
-        #: ``lightning_gaudi.configure(...)``)
+        #: what torch's profiler records (asks the seam: build it after ``lightning_gaudi.configure(...)``)
         self.activities: list[ProfilerActivity] = list(
             profiler_kwargs.setdefault("activities", hpu.get_backend().profiler_activities())
         )
-        # the report is built from the recorded training cycle when torch hands it over, not from whatever profiler
-        # Lightning holds at the end (validation and the sanity check run their own)
+        # the report comes from the training cycle torch hands over (validation and the sanity check run their own)
         self._export_trace = bool(profiler_kwargs.get("export_to_chrome", True))
         profiler_kwargs.setdefault("on_trace_ready", self._on_trace_ready)
         super().__init__(dirpath=dirpath, filename=filename, row_limit=row_limit, **profiler_kwargs)
@@ -197,8 +174,7 @@ class HPUProfiler(PyTorchProfiler):
 
     def _on_trace_ready(self, profiler: torch.profiler.profile) -> None:
         report = build_report(profiler.events())
-        # torch hands over every completed cycle: the training one is what the report is about (validation and the
-        # sanity check run the schedule again, with no training step in them)
+        # torch hands over every completed cycle; the first with training steps is the report's
         if report.model_share > 0 and self.report.model_share == 0:
             self.report = report
         if self._export_trace and self.dirpath is not None:

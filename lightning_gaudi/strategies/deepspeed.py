@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -14,28 +13,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from lightning.fabric.plugins import ClusterEnvironment
-from lightning.fabric.strategies.registry import _StrategyRegistry
-from lightning.fabric.utilities.distributed import ReduceOp
-from lightning.fabric.utilities.seed import reset_seed
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_warn
 from lightning_utilities.core.imports import RequirementCache
-from torch import Tensor
-from torch.nn import Module
-from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.distributed import (
-    DEFAULT_TIMEOUT,
-    check_same_layout,
-    coerce_timeout,
-    collective_errors,
-    init_process_group,
-)
+from lightning_gaudi.distributed import DEFAULT_TIMEOUT
 from lightning_gaudi.hpu.deepspeed_accelerator import (
     INTEL_FORK_INSTALL,
     DeepSpeedMissingError,
@@ -44,21 +31,10 @@ from lightning_gaudi.hpu.deepspeed_accelerator import (
     select_deepspeed_accelerator,
 )
 from lightning_gaudi.patches import deepspeed_strategy
-from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
-from lightning_gaudi.strategies._shared import (
-    DeviceResolver,
-    all_reduce,
-    check_devices,
-    check_launch,
-    form_process_group,
-    refuse_lazy_emulation,
-)
+from lightning_gaudi.strategies.core import TrainerParallelCore
 
 if TYPE_CHECKING:
-    import deepspeed
     import lightning.pytorch as pl
-
-_log = logging.getLogger("lightning.pytorch.strategies.hpu_deepspeed")
 
 #: Truthy when DeepSpeed is installed (checked without importing it).
 DEEPSPEED_AVAILABLE = RequirementCache("deepspeed")
@@ -177,7 +153,7 @@ def gradient_clipping(config: Mapping[str, Any], clip_val: float | None, algorit
     return wanted
 
 
-class HPUDeepSpeedStrategy(DeepSpeedStrategy):
+class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
     """DeepSpeed ZeRO on HPUs, one process per card: optimizer state (stage 1), gradients (2) and parameters (3)
     partitioned across the ranks.
 
@@ -234,6 +210,9 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
     """
 
     strategy_name = "hpu_deepspeed"
+    registered_variants = DEEPSPEED_VARIANTS
+    backward_collective = "backward (ZeRO gradient reduction)"
+    forward_collective = "forward (ZeRO-3 parameter gather)"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (DeepSpeedStrategy,)
 
     def __init__(
@@ -264,7 +243,6 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         **kwargs: Any,
     ) -> None:
-        check_hpu_accelerator(self.strategy_name, accelerator)
         deepspeed_strategy.check_installed()
         _check_stage(stage, "`stage`")
         self._check_kwargs(kwargs)
@@ -301,11 +279,9 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
             cluster_environment=cluster_environment,
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=coerce_timeout(timeout),
+            timeout=timeout,
             **kwargs,
         )
-        self._backward_errors = collective_errors("backward (ZeRO gradient reduction)", self.timeout)
-        self._devices = DeviceResolver(type(self).__name__)
 
     @staticmethod
     def _check_kwargs(kwargs: dict[str, Any]) -> None:
@@ -333,24 +309,6 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
                 f" it with `{INTEL_FORK_INSTALL}`."
             )
 
-    @property
-    def timeout(self) -> timedelta:
-        """How long a collective, a barrier or the process-group set-up waits for its peers."""
-        return self._timeout  # type: ignore[return-value]  # coerced to a timedelta in __init__
-
-    @property  # type: ignore[override]
-    @override
-    def accelerator(self) -> Accelerator | None:
-        return self._accelerator
-
-    @accelerator.setter
-    @override
-    def accelerator(self, accelerator: Accelerator | None) -> None:
-        check_hpu_accelerator(self.strategy_name, accelerator)
-        if accelerator is not None:
-            refuse_lazy_emulation(self.strategy_name)
-        self._accelerator = accelerator
-
     @property  # type: ignore[override]
     @override
     def precision_plugin(self) -> Precision:
@@ -372,20 +330,6 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
         accelerator connector): Lightning's ``DeepSpeedPrecision``, which hands the dtype to DeepSpeed's config."""
         return DeepSpeedPrecision(precision)  # type: ignore[arg-type]  # checked by the plugin
 
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        """This process's device; in emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
-        return self._devices(super().root_device)
-
-    @override
-    def set_world_ranks(self) -> None:
-        """Checks the launch against ``num_nodes`` x ``devices`` and the node, then sets the ranks (as
-        :meth:`lightning_gaudi.HPUParallelStrategy.set_world_ranks`)."""
-        check_launch(self.cluster_environment, self.parallel_devices, self.num_processes, self.num_nodes)
-        super().set_world_ranks()
-        check_devices(self.parallel_devices, type(self).__name__)
-
     @override
     def setup_environment(self) -> None:
         # Lightning's DeepSpeedStrategy refuses every accelerator but CUDA here; DDP's set-up is what it runs past that
@@ -393,7 +337,7 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
         trainer = self.lightning_module.trainer
         self._take_gradient_clipping(trainer)
         DDPStrategy.setup_environment(self)
-        prepare_trainer(trainer)
+        self._prepare_trainer(trainer)
 
     def _take_gradient_clipping(self, trainer: pl.Trainer) -> None:
         assert isinstance(self.config, dict)
@@ -405,52 +349,18 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
     def setup_distributed(self) -> None:
         import deepspeed
 
-        reset_seed()
-        self.set_world_ranks()
-        self._process_group_backend = self._get_process_group_backend()
-        form_process_group(self, self._process_group_backend, _log, init_process_group)
+        super().setup_distributed()
         # parts of DeepSpeed read its launcher's variables
         os.environ.update(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
         # adopts the process group formed above
         deepspeed.init_distributed(self._process_group_backend, auto_mpi_discovery=False, timeout=self.timeout)
 
     @override
-    def _setup_model_and_optimizer(
-        self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
-    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
-        return deepspeed_strategy.initialize_engine(self, model, optimizer, lr_scheduler)
-
-    @override
-    def _get_process_group_backend(self) -> str:
-        return self._process_group_backend or hpu.get_backend().collective_backend
-
-    @override
-    def barrier(self, name: str | None = None) -> None:
-        with collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
-            super().barrier(name)
-
-    @override
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        with collective_errors("broadcast", self.timeout):
-            return super().broadcast(obj, src)
-
-    @override
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        with collective_errors("all_gather", self.timeout):
-            check_same_layout(tensor, "all_gather", group)
-            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
-
-    @override
-    def reduce(
-        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
-    ) -> Tensor | Any:
-        """All-reduces ``tensor`` with HCCL's reductions (see :meth:`lightning_gaudi.HPUParallelStrategy.reduce`)."""
-        return all_reduce(tensor, group, reduce_op, self.timeout)
-
-    @override
-    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        with self._backward_errors:
-            return super().backward(closure_loss, optimizer, *args, **kwargs)
+    def init_deepspeed(self) -> None:
+        # Lightning gives DeepSpeed the root device's index as its device rank, which is None on the HPU (the bridge
+        # binds one card per process) and on the emulated CPU: training, validate, test and predict alike
+        with deepspeed_strategy.device_rank(self.local_rank):
+            super().init_deepspeed()
 
     @override
     def save_checkpoint(self, checkpoint: dict, filepath: _PATH, storage_options: Any | None = None) -> None:
@@ -489,24 +399,3 @@ class HPUDeepSpeedStrategy(DeepSpeedStrategy):
             if replaced.exists():
                 shutil.rmtree(replaced)
         self.barrier("hpu_deepspeed.save_checkpoint.renamed")
-
-    @override
-    def on_exception(self, exception: BaseException) -> None:
-        super().on_exception(exception)
-        hpu.explain_error(exception)
-        if self.launcher is not None:
-            # the job has failed: the ranks this process started would wait for it in a collective until the timeout
-            self.launcher.kill(signal.SIGKILL)
-
-    @classmethod
-    @override
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
-        """Registers ``"hpu_deepspeed"`` (ZeRO-2) and ``"hpu_deepspeed_stage_1"`` to ``_3``, whether or not DeepSpeed
-        is installed: using them without it raises the error that says how to install it."""
-        strategy_registry.register(
-            cls.strategy_name, cls, description=f"{cls.__name__} (DeepSpeed ZeRO-2 on HPUs)", override=True
-        )
-        for name, init_params in DEEPSPEED_VARIANTS:
-            strategy_registry.register(
-                name, cls, description=f"{cls.__name__} {init_params}", override=True, **init_params
-            )

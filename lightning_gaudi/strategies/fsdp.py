@@ -5,27 +5,16 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-import logging
-import os
-import shutil
-import signal
-import uuid
 from collections.abc import Callable, Generator, Iterable
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-import torch.distributed.checkpoint as dcp
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
-from lightning.fabric.strategies.registry import _StrategyRegistry
-from lightning.fabric.utilities.distributed import ReduceOp
-from lightning.fabric.utilities.seed import reset_seed
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning.pytorch.plugins import TorchSyncBatchNorm
 from lightning.pytorch.plugins.precision import FSDPPrecision, Precision
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
 from torch import Tensor
@@ -46,31 +35,19 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.checkpoint_io import HPUCheckpointIO
-from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout, collective_errors, init_process_group
+from lightning_gaudi.distributed import DEFAULT_TIMEOUT
 from lightning_gaudi.fsdp_precision import FSDP_PRECISIONS, HPUFSDPPrecision
-from lightning_gaudi.strategies._common import check_hpu_accelerator, prepare_trainer
-from lightning_gaudi.strategies._shared import (
-    DeviceResolver,
-    all_reduce,
-    check_devices,
-    check_launch,
-    form_process_group,
-)
-from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
+from lightning_gaudi.strategies._staged import METADATA_FILENAME as METADATA_FILENAME  # where readers look
+from lightning_gaudi.strategies._staged import save_sharded_checkpoint
+from lightning_gaudi.strategies.core import TrainerParallelCore
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
-
-_log = logging.getLogger("lightning.pytorch.strategies.hpu_fsdp")
 
 #: The sharding strategies by name (``HYBRID_SHARD`` needs ``device_mesh``).
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 #: What the strategy sets itself on ``FullyShardedDataParallel``, or takes as its own argument.
 _SET_BY_STRATEGY = ("module", "device_id", "cpu_offload", "mixed_precision", "sharding_strategy")
-#: Written by rank 0 into a sharded checkpoint beside the shards: everything but the model and optimizer states.
-#: Lightning's FSDP strategy recognises a sharded checkpoint directory by this file.
-METADATA_FILENAME = "meta.pt"
 
 WrapPolicy = set[type[Module]] | list[type[Module] | str] | Callable[[Module, bool, int], bool] | ModuleWrapPolicy
 
@@ -137,7 +114,7 @@ def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> None:
             )
 
 
-class HPUFSDPStrategy(FSDPStrategy):
+class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card.
 
     Each rank keeps only its shard of the parameters, gradients and optimizer states (``FULL_SHARD``), gathering a
@@ -190,6 +167,9 @@ class HPUFSDPStrategy(FSDPStrategy):
     """
 
     strategy_name = "hpu_fsdp"
+    registered_variants = (("hpu_fsdp_sharded_checkpoint", {"state_dict_type": "sharded"}),)
+    backward_collective = "backward (gradient reduce-scatter)"
+    forward_collective = "forward (parameter all-gather)"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
 
     def __init__(
@@ -212,7 +192,6 @@ class HPUFSDPStrategy(FSDPStrategy):
         device_mesh: tuple[int, int] | DeviceMesh | None = None,
         **kwargs: Any,
     ) -> None:
-        check_hpu_accelerator(self.strategy_name, accelerator)
         if cpu_offload is True or (isinstance(cpu_offload, CPUOffload) and cpu_offload.offload_params):
             raise ValueError(
                 f"HPUFSDPStrategy got `cpu_offload={cpu_offload!r}`: CPU offload is not offered on HPUs. Intel"
@@ -226,10 +205,10 @@ class HPUFSDPStrategy(FSDPStrategy):
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io or HPUCheckpointIO(),
+            checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=coerce_timeout(timeout),
+            timeout=timeout,
             cpu_offload=None,
             mixed_precision=mixed_precision,
             auto_wrap_policy=_policy(auto_wrap_policy, "auto_wrap_policy"),
@@ -239,13 +218,6 @@ class HPUFSDPStrategy(FSDPStrategy):
             device_mesh=device_mesh,
             **kwargs,
         )
-        self._devices = DeviceResolver(type(self).__name__)
-        self._backward_errors = collective_errors("backward (gradient reduce-scatter)", self.timeout)
-
-    @property
-    def timeout(self) -> timedelta:
-        """How long a collective, a barrier or the process-group set-up waits for its peers."""
-        return self._timeout  # type: ignore[return-value]  # coerced to a timedelta in __init__
 
     @property
     def state_dict_type(self) -> str:
@@ -257,24 +229,9 @@ class HPUFSDPStrategy(FSDPStrategy):
         _check_state_dict_type(value)
         self._state_dict_type = value
 
-    @property  # type: ignore[override]
     @override
-    def accelerator(self) -> Accelerator | None:
-        return self._accelerator
-
-    @accelerator.setter
-    @override
-    def accelerator(self, accelerator: Accelerator | None) -> None:
-        check_hpu_accelerator(self.strategy_name, accelerator)
-        if accelerator is not None:
-            refuse_lazy_mode(self.strategy_name)
-        self._accelerator = accelerator
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        """This process's device; in emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
-        return self._devices(super().root_device)
+    def _check_runnable(self) -> None:
+        refuse_lazy_mode(self.strategy_name)
 
     @property
     def fsdp_device(self) -> torch.device:
@@ -322,36 +279,17 @@ class HPUFSDPStrategy(FSDPStrategy):
         return HPUFSDPPrecision(precision)  # type: ignore[arg-type]  # checked against the literal's values above
 
     @override
-    def set_world_ranks(self) -> None:
-        """Checks the launch against ``num_nodes`` x ``devices`` and the node, then sets the ranks (as
-        :meth:`HPUParallelStrategy.set_world_ranks <lightning_gaudi.HPUParallelStrategy.set_world_ranks>`)."""
-        check_launch(self.cluster_environment, self.parallel_devices, self.num_processes, self.num_nodes)
-        super().set_world_ranks()
-        check_devices(self.parallel_devices, type(self).__name__)
-
-    @override
     def setup_environment(self) -> None:
         # The process group is formed here, on HCCL (gloo in emulation), before Lightning's set-up, which then finds
         # it formed; a device mesh given as a tuple is built on the HPU device type, not CUDA.
-        reset_seed()
-        self.set_world_ranks()
-        self._process_group_backend = self._get_process_group_backend()
-        form_process_group(self, self._process_group_backend, _log, init_process_group)
+        self.setup_distributed()
         mesh = self.kwargs.get("device_mesh")
         if isinstance(mesh, tuple):
             self.kwargs["device_mesh"] = init_device_mesh(self.root_device.type, mesh)
         super().setup_environment()
-        if self.lightning_module is not None:
-            prepare_trainer(self.lightning_module.trainer)
-
-    @override
-    def _get_process_group_backend(self) -> str:
-        return self._process_group_backend or hpu.get_backend().collective_backend
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
-        if type(self._layer_sync) is TorchSyncBatchNorm:  # Trainer(sync_batchnorm=True)
-            self._layer_sync = HPUSyncBatchNorm()
         super().setup(trainer)
         plugin = self.precision_plugin
         if isinstance(plugin, HPUFSDPPrecision) and isinstance(self.model, FullyShardedDataParallel):
@@ -391,29 +329,6 @@ class HPUFSDPStrategy(FSDPStrategy):
         ):
             yield
 
-    @override
-    def barrier(self, name: str | None = None) -> None:
-        with collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
-            super().barrier(name)
-
-    @override
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        with collective_errors("broadcast", self.timeout):
-            return super().broadcast(obj, src)
-
-    @override
-    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        with self._backward_errors:
-            return super().backward(closure_loss, optimizer, *args, **kwargs)
-
-    @override
-    def reduce(
-        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
-    ) -> Tensor | Any:
-        """All-reduces ``tensor`` with HCCL's reductions (see :meth:`HPUParallelStrategy.reduce
-        <lightning_gaudi.HPUParallelStrategy.reduce>`)."""
-        return all_reduce(tensor, group, reduce_op, self.timeout)
-
     def _full_state_dict_context(self, rank0_only: bool = True) -> AbstractContextManager[Any]:
         # Gathered to host memory on a Gaudi, as Lightning does on CUDA. Not on the CPU: there torch's offload is a
         # no-op move followed by freeing the gathered parameters' storage, which the state dict still views
@@ -452,57 +367,7 @@ class HPUFSDPStrategy(FSDPStrategy):
         if self._state_dict_type != "sharded":
             super().save_checkpoint(checkpoint, filepath, storage_options)
             return
-        if storage_options is not None:
-            raise TypeError("HPUFSDPStrategy writes sharded checkpoints itself; it takes no `storage_options`.")
-        location = os.fspath(filepath)
-        if "://" in location and not location.startswith("file://"):
-            raise ValueError(
-                f"HPUFSDPStrategy writes sharded checkpoints to local paths only (every rank writes its shard through"
-                f" torch's file-system writer); got {location!r}. Save to a shared local or mounted path, or set"
-                " state_dict_type='full' (one file, written through the checkpoint IO, which takes URLs)."
-            )
-        path = Path(self.broadcast(location.removeprefix("file://")))
-        staging = path.with_name(f".{path.name}.tmp-{self.broadcast(uuid.uuid4().hex)}")
-        if self.is_global_zero:
-            staging.mkdir(parents=True)
-        self.barrier("sharded checkpoint: staging directory")
-        state = {"model": checkpoint.pop("state_dict")}
-        for index, optimizer_state in enumerate(checkpoint.pop("optimizer_states", [])):
-            state[f"optimizer_{index}"] = optimizer_state
-        try:
-            dcp.save(state, checkpoint_id=staging)  # every rank writes its shard; collective
-            if self.is_global_zero:
-                self.checkpoint_io.save_checkpoint(checkpoint, staging / METADATA_FILENAME)
-            self.barrier("sharded checkpoint: shards written")
-        except BaseException:
-            if self.is_global_zero:
-                shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, stays as it was
-            raise
-        if self.is_global_zero:
-            _replace(staging, path)
-        self.barrier("sharded checkpoint: in place")
-
-    @override
-    def on_exception(self, exception: BaseException) -> None:
-        super().on_exception(exception)
-        hpu.explain_error(exception)
-        if self.launcher is not None:
-            # the job has failed: the ranks this process started would wait for it in a collective until the timeout
-            self.launcher.kill(signal.SIGKILL)
-
-    @classmethod
-    @override
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
-        strategy_registry.register(
-            cls.strategy_name, cls, description="Fully Sharded Data Parallel on HPUs", override=True
-        )
-        strategy_registry.register(
-            "hpu_fsdp_sharded_checkpoint",
-            cls,
-            description="Fully Sharded Data Parallel on HPUs, sharded checkpoints",
-            override=True,
-            state_dict_type="sharded",
-        )
+        save_sharded_checkpoint(self, checkpoint, filepath, storage_options, model_key="model")
 
 
 def refuse_lazy_mode(strategy_name: str) -> None:
@@ -517,17 +382,3 @@ def refuse_lazy_mode(strategy_name: str) -> None:
         why = "Intel supports FSDP on Gaudi in eager mode (with or without torch.compile) only"
         fix = "Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or 'eager' (PT_HPU_LAZY_MODE=0)"
     raise ValueError(f"{strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'.")
-
-
-def _replace(staging: Path, path: Path) -> None:
-    """Renames the complete ``staging`` directory to ``path``, moving a previous checkpoint there aside first."""
-    previous = None
-    if path.exists() or path.is_symlink():
-        previous = path.with_name(f".{path.name}.old-{uuid.uuid4().hex}")
-        path.rename(previous)
-    staging.rename(path)
-    if previous is not None:
-        if previous.is_dir() and not previous.is_symlink():
-            shutil.rmtree(previous)
-        else:
-            previous.unlink()

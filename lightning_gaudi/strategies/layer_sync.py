@@ -7,7 +7,7 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.patches import sync_batchnorm
+from lightning_gaudi.emulation import sync_batchnorm
 
 
 class HPUSyncBatchNorm(TorchSyncBatchNorm):
@@ -15,7 +15,7 @@ class HPUSyncBatchNorm(TorchSyncBatchNorm):
 
     On a Gaudi the batch norms become ``torch.nn.SyncBatchNorm`` (as with Lightning's :class:`TorchSyncBatchNorm`),
     which Intel's bridge runs on the HPU. Under eager emulation, where torch runs ``SyncBatchNorm`` on GPUs only, they
-    become :class:`~lightning_gaudi.patches.sync_batchnorm.EmulatedSyncBatchNorm`, which computes the same statistics
+    become :class:`~lightning_gaudi.emulation.sync_batchnorm.EmulatedSyncBatchNorm`, which computes the same statistics
     with gloo all-reduces. :class:`~lightning_gaudi.strategies.HPUParallelStrategy` uses it for
     ``Trainer(sync_batchnorm=True)``; pass it in ``plugins=[...]`` only to subclass it.
     """

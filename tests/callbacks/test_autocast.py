@@ -16,21 +16,38 @@ from lightning_gaudi.callbacks import BF16Autocast
 
 
 class DtypeProbe(Workload):
+    """Records what ``linear``, ``exp`` and ``add`` return in training_step, validation_step and predict_step."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.dtypes: dict[str, torch.dtype] = {}
+        self.dtypes: dict[str, dict[str, torch.dtype]] = {}
+
+    def _probe(self, stage: str, x: Tensor) -> Tensor:
+        hidden = self.net[0](x)
+        self.dtypes[stage] = {"linear": hidden.dtype, "exp": torch.exp(x).dtype, "add": (x + x).dtype}
+        return self.net[2](self.net[1](hidden))
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        hidden = self.net[0](x)
-        self.dtypes = {"linear": hidden.dtype, "exp": torch.exp(x).dtype, "add": (x + x).dtype}
-        return ((self.net[2](self.net[1](hidden)) - y) ** 2).float().mean()
+        return ((self._probe("train", x) - y) ** 2).float().mean()
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._probe("validate", batch[0])
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self._probe("predict", batch[0])
 
 
 def _dtypes(*callbacks: BF16Autocast) -> dict[str, torch.dtype]:
+    """The dtypes seen in training, validation and predict (which must agree)."""
     model = DtypeProbe()
-    quiet_trainer(precision="bf16-mixed", max_steps=1, callbacks=list(callbacks)).fit(model, loader(2))
-    return model.dtypes
+    trainer = quiet_trainer(precision="bf16-mixed", max_steps=1, limit_val_batches=1, callbacks=list(callbacks))
+    trainer.fit(model, loader(2))
+    trainer.validate(model, loader(1), verbose=False)
+    trainer.predict(model, loader(1))
+    assert set(model.dtypes) == {"train", "validate", "predict"}
+    assert model.dtypes["train"] == model.dtypes["validate"] == model.dtypes["predict"], model.dtypes
+    return model.dtypes["train"]
 
 
 def test_eager_lists_change_dtypes(eager_hpu: hpu.Backend) -> None:
@@ -45,7 +62,7 @@ def test_lists_only_apply_inside_autocast_and_are_removed_after_fit(eager_hpu: h
     callback = BF16Autocast(fp32_ops=["linear"])
     trainer = quiet_trainer(precision="bf16-mixed", max_steps=1, callbacks=[callback])
     trainer.fit(DtypeProbe(), loader(2))
-    assert "autocast_context_manager" not in vars(trainer.precision_plugin)
+    assert trainer.precision_plugin.op_lists is None
     with trainer.precision_plugin.forward_context():
         assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
 
@@ -70,6 +87,13 @@ def test_needs_bf16_mixed(eager_hpu: hpu.Backend) -> None:
         trainer.fit(Workload(), loader(2))
 
 
+def test_lists_need_hpu_precision(eager_hpu: hpu.Backend) -> None:
+    plugin = MixedPrecision("bf16-mixed", device="cpu")
+    trainer = quiet_trainer(max_steps=1, plugins=[plugin], callbacks=[BF16Autocast(fp32_ops=["linear"])])
+    with pytest.raises(ValueError, match=r"through lightning_gaudi.HPUPrecision, not MixedPrecision"):
+        trainer.fit(Workload(), loader(2))
+
+
 def test_runtime_lists_apply_without_lists_of_its_own(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
     hpu.configure(autocast_bf16_ops=["exp", "add"], autocast_fp32_ops=["linear"], autocast_list_dir=str(tmp_path))
@@ -85,7 +109,7 @@ def test_on_gaudi_lists_must_be_the_ones_the_bridge_loaded(
     trainer = SimpleNamespace(precision_plugin=MixedPrecision("bf16-mixed", device="cpu"))
     BF16Autocast().setup(trainer, None, "fit")  # type: ignore[arg-type]
     BF16Autocast(bf16_ops=["linear", "matmul"]).setup(trainer, None, "fit")  # type: ignore[arg-type]
-    assert "autocast_context_manager" not in vars(trainer.precision_plugin)  # the bridge applies its lists itself
+    assert getattr(trainer.precision_plugin, "op_lists", None) is None  # the bridge applies its lists itself
     with pytest.raises(RuntimeError, match=r"did not load.*configure\(autocast_fp32_ops=\['softmax'\]\)"):
         BF16Autocast(fp32_ops=["softmax"]).setup(trainer, None, "fit")  # type: ignore[arg-type]
 

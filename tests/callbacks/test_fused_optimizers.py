@@ -1,4 +1,5 @@
-"""FusedOptimizers: same numerics as torch's optimizers, scheduler kept bound, state restored, bad input refused."""
+"""fuse_optimizer and HPUPrecision's fused clipping: same numerics as torch's optimizers, schedulers built on the fused
+optimizer, state restored, bad input refused; the deprecated FusedOptimizers callback."""
 
 from __future__ import annotations
 
@@ -13,53 +14,68 @@ import torch
 from helpers.workload import Workload, loader, quiet_trainer
 from torch import nn
 
-from lightning_gaudi import HPUPrecision, hpu
+from lightning_gaudi import HPUPrecision, fuse_optimizer, hpu
 from lightning_gaudi.callbacks import FusedOptimizers
-from lightning_gaudi.callbacks.fused_optimizers import fuse_optimizer
 
 
-class Scheduled(Workload):
+class Fusable(Workload):
+    """The workload's torch optimizer, through ``fuse_optimizer`` when ``fused``."""
+
+    fused = False
+
+    def configure_optimizers(self) -> Any:
+        optimizer = super().configure_optimizers()
+        return fuse_optimizer(optimizer) if self.fused else optimizer
+
+
+class Scheduled(Fusable):
     def configure_optimizers(self) -> Any:
         optimizer = super().configure_optimizers()
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def _fit(model: Workload, fused: bool, **kwargs: Any) -> Any:
+def _fit(model: Fusable, fused: bool, **kwargs: Any) -> Any:
     torch.manual_seed(0)
-    callbacks = [FusedOptimizers()] if fused else []
-    trainer = quiet_trainer(max_steps=4, callbacks=callbacks, **kwargs)
+    model.fused = fused
+    trainer = quiet_trainer(max_steps=4, **kwargs)
     trainer.fit(model, loader(4))
     return trainer
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
-def test_eager_fused_matches_unfused_and_keeps_scheduler_bound(eager_hpu: hpu.Backend, optimizer: str) -> None:
-    extra = {"momentum": 0.9, "nesterov": True} if optimizer == "sgd" else {"eps": 1e-8, "weight_decay": 0.01}
-    torch.manual_seed(0)
-    reference = Scheduled(optimizer, **extra)
-    candidate = Scheduled(optimizer, **extra)
-    candidate.load_state_dict(reference.state_dict())
-    _fit(reference, fused=False, gradient_clip_val=0.5)
-
-    clips: list[float] = []
-    make_clipper = eager_hpu.fused_clip_norm
+def _counting_clippers(backend: hpu.Backend, clips: list[float]) -> None:
+    make_clipper = backend.fused_clip_norm
 
     def counting_clipper(parameters: Any, max_norm: float) -> hpu.ClipNorm:
         clips.append(max_norm)
         return make_clipper(parameters, max_norm)
 
-    eager_hpu.fused_clip_norm = counting_clipper  # type: ignore[method-assign]
+    backend.fused_clip_norm = counting_clipper  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_eager_fused_matches_unfused_with_a_scheduler(eager_hpu: hpu.Backend, optimizer: str, precision: str) -> None:
+    """Same parameters as torch's optimizer with a scheduler and clipping; under HPUPrecision the fused clipper."""
+    extra = {"momentum": 0.9, "nesterov": True} if optimizer == "sgd" else {"eps": 1e-8, "weight_decay": 0.01}
+    torch.manual_seed(0)
+    reference = Scheduled(optimizer, **extra)
+    candidate = Scheduled(optimizer, **extra)
+    candidate.load_state_dict(reference.state_dict())
+    _fit(reference, fused=False, gradient_clip_val=0.5, precision=precision)
+
+    clips: list[float] = []
+    _counting_clippers(eager_hpu, clips)
     try:
-        trainer = _fit(candidate, fused=True, gradient_clip_val=0.5)
+        trainer = _fit(candidate, fused=True, gradient_clip_val=0.5, precision=precision)
     finally:
         del eager_hpu.fused_clip_norm
     fused = trainer.optimizers[0]
     assert fused.defaults["fused"] is True
     assert fused is not reference.trainer.optimizers[0]
-    assert clips == [0.5], "one fused clipper, built once and reused every step"
-    scheduler = trainer.lr_scheduler_configs[0].scheduler
-    assert scheduler.optimizer is fused
+    mixed = precision == "bf16-mixed"
+    assert clips == ([0.5] if mixed else []), "HPUPrecision: one fused clipper, built once and reused every step"
+    assert trainer.lr_scheduler_configs[0].scheduler.optimizer is fused
     assert fused.param_groups[0]["lr"] == pytest.approx(0.05 * 0.5**4)
     if optimizer == "adamw":
         assert fused.param_groups[0]["eps"] == 1e-8
@@ -67,44 +83,49 @@ def test_eager_fused_matches_unfused_and_keeps_scheduler_bound(eager_hpu: hpu.Ba
         torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_bf16_mixed_clips_a_fused_optimizer(eager_hpu: hpu.Backend) -> None:
-    """bf16 autocast has no gradient scaler, so a fused optimizer may be clipped (Lightning's AMP plugin refuses)."""
-    trainer = _fit(Scheduled("adamw"), fused=True, gradient_clip_val=0.5, precision="bf16-mixed")
-    assert trainer.optimizers[0].defaults["fused"] is True
-    assert trainer.global_step == 4
+def test_clip_norm_false_leaves_clipping_to_lightning(eager_hpu: hpu.Backend) -> None:
+    clips: list[float] = []
+    _counting_clippers(eager_hpu, clips)
+    try:
+        optimizer = fuse_optimizer(torch.optim.AdamW(nn.Linear(2, 2).parameters()), clip_norm=False)
+        HPUPrecision("bf16-mixed").clip_gradients(optimizer, 0.5)
+        assert clips == []
+        HPUPrecision("bf16-mixed").clip_gradients(fuse_optimizer(torch.optim.AdamW(nn.Linear(2, 2).parameters())), 0.5)
+        assert clips == [0.5]
+    finally:
+        del eager_hpu.fused_clip_norm
 
 
 def test_eager_resume_restores_fused_state(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
-    model = Workload("adamw")
-    trainer = _fit(model, fused=True)
+    trainer = _fit(Fusable("adamw"), fused=True)
     path = tmp_path / "last.ckpt"
     trainer.save_checkpoint(path)
     saved = trainer.optimizers[0].state_dict()
-
-    resumed = quiet_trainer(max_steps=6, max_epochs=2, callbacks=[FusedOptimizers()])
     restored: dict[str, Any] = {}
 
-    class Peek(Workload):
+    class Peek(Fusable):
+        fused = True
+
         def on_train_start(self) -> None:
             restored.update(copy.deepcopy(self.trainer.optimizers[0].state_dict()))
 
+    resumed = quiet_trainer(max_steps=6, max_epochs=2)
     resumed.fit(Peek("adamw"), loader(4), ckpt_path=path)
     assert resumed.optimizers[0].defaults["fused"] is True
     torch.testing.assert_close(restored["state"], saved["state"])
 
 
-def test_lazy_emulation_swaps_to_single_tensor_kernels(lazy_hpu: hpu.Backend) -> None:
+def test_lazy_emulation_uses_single_tensor_kernels(lazy_hpu: hpu.Backend) -> None:
     with pytest.warns(UserWarning, match="no fused optimizer kernels"):
         trainer = _fit(Scheduled("adamw"), fused=True, gradient_clip_val=0.5)
     assert trainer.optimizers[0].defaults["foreach"] is False
     assert trainer.lr_scheduler_configs[0].scheduler.optimizer is trainer.optimizers[0]
 
 
-def test_bridge_uses_hpex_keeps_eps_and_drops_empty_groups(bridge_double: ModuleType) -> None:
+def test_bridge_uses_hpex_keeps_eps_drops_empty_groups_and_clips_fused(bridge_double: ModuleType) -> None:
     net = nn.Linear(2, 2)
     groups = [{"params": [net.weight]}, {"params": [], "lr": 0.5}, {"params": [net.bias], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=0.01, weight_decay=0.1)
-    fused = fuse_optimizer(optimizer)
+    fused = fuse_optimizer(torch.optim.AdamW(groups, lr=0.01, weight_decay=0.1))
     (call,) = bridge_double.called("hpex.FusedAdamW")
     assert call.kwargs["eps"] == 1e-8, "torch's eps, not FusedAdamW's 1e-6"
     assert [g["weight_decay"] for g in fused.param_groups] == [0.1, 0.0]
@@ -114,10 +135,9 @@ def test_bridge_uses_hpex_keeps_eps_and_drops_empty_groups(bridge_double: Module
     (call,) = bridge_double.called("hpex.FusedSGD")
     assert call.kwargs == {"lr": 0.1, "momentum": 0.9, "weight_decay": 0, "dampening": 0, "nesterov": True}
 
-    clipper = hpu.get_backend().fused_clip_norm(list(net.parameters()), 1.0)
     net.weight.grad = torch.full_like(net.weight, 10.0)
     net.bias.grad = torch.zeros_like(net.bias)
-    clipper.clip_norm(list(net.parameters()))
+    HPUPrecision("bf16-mixed").clip_gradients(fused, 1.0)  # what Trainer(gradient_clip_val=1.0) calls
     assert bridge_double.called("hpex.FusedClipNorm.clip_norm")
     assert net.weight.grad.norm().item() == pytest.approx(1.0, rel=1e-4)
 
@@ -136,22 +156,7 @@ def test_cannot_replace(eager_hpu: hpu.Backend, optimizer: Any, match: str) -> N
         fuse_optimizer(optimizer(nn.Linear(2, 2).parameters()))
 
 
-def test_bad_configuration(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="cannot replace 'RMSprop'"):
-        FusedOptimizers(optimizers=["AdamW", "RMSprop"])
-
-
-def test_other_optimizers_left_alone(eager_hpu: hpu.Backend) -> None:
-    class Rms(Workload):
-        def configure_optimizers(self) -> Any:
-            return torch.optim.RMSprop(self.parameters(), lr=0.01)
-
-    with pytest.warns(UserWarning, match="leaves RMSprop as it is"):
-        trainer = _fit(Rms(), fused=True)
-    assert isinstance(trainer.optimizers[0], torch.optim.RMSprop)
-
-
-class ClipProbe(Workload):
+class ClipProbe(Fusable):
     """AdamW regression that records the gradients' total norm right after clipping, and can poison one step's
     gradients with inf (which the fp16 gradient scaler must catch: that step is skipped)."""
 
@@ -173,7 +178,6 @@ class ClipProbe(Workload):
 
 
 def _fp16_clip_run(fused: bool, poison_step: int | None = None) -> tuple[ClipProbe, Any]:
-    torch.manual_seed(0)
     model = ClipProbe(poison_step)
     # a small initial scale, so that only the poisoned step overflows
     plugin = HPUPrecision("16-mixed", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8))
@@ -184,7 +188,9 @@ def _fp16_clip_run(fused: bool, poison_step: int | None = None) -> tuple[ClipPro
 @pytest.mark.parametrize("poison_step", [None, 1])
 def test_16_mixed_clips_a_fused_optimizer_like_an_unfused_one(eager_hpu: hpu.Backend, poison_step: int | None) -> None:
     """fp16 + fused + clipping: gradients are unscaled before they are clipped, and inf steps are still skipped."""
+    torch.manual_seed(0)
     reference, reference_trainer = _fp16_clip_run(fused=False, poison_step=poison_step)
+    torch.manual_seed(0)
     candidate, trainer = _fp16_clip_run(fused=True, poison_step=poison_step)
     assert trainer.optimizers[0].defaults["fused"] is True
     assert len(candidate.clipped_norms) == 4
@@ -205,8 +211,9 @@ def test_16_mixed_string_skips_the_overflowing_first_step_of_a_fused_optimizer(e
     """The default scale (2**16) overflows this model's first gradients: the fused step must be skipped."""
     torch.manual_seed(0)
     model = ClipProbe()
+    model.fused = True
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = quiet_trainer(max_steps=1, callbacks=[FusedOptimizers()], gradient_clip_val=0.05, precision="16-mixed")
+    trainer = quiet_trainer(max_steps=1, gradient_clip_val=0.05, precision="16-mixed")
     trainer.fit(model, loader(1))
     assert trainer.optimizers[0].defaults["fused"] is True
     assert trainer.precision_plugin.scaler.get_scale() == 2.0**15, "the inf step lowered the scale"
@@ -239,7 +246,47 @@ def test_16_mixed_fused_clipping_unscales_once_per_step(eager_hpu: hpu.Backend, 
     assert all(n == pytest.approx(0.05, rel=1e-3) for n in model.clipped_norms if n > 0.0)
 
 
-def test_fsdp_is_refused_with_the_fix(eager_hpu: hpu.Backend) -> None:
+# The deprecated callback
+
+
+def _callback(**kwargs: Any) -> FusedOptimizers:
+    with pytest.warns(FutureWarning, match=r"FusedOptimizers is deprecated.*lightning_gaudi.fuse_optimizer"):
+        return FusedOptimizers(**kwargs)
+
+
+def test_deprecated_callback_fuses_an_optimizer_no_scheduler_holds(eager_hpu: hpu.Backend) -> None:
+    torch.manual_seed(0)
+    reference = Fusable("adamw", eps=1e-8)
+    candidate = Fusable("adamw", eps=1e-8)
+    candidate.load_state_dict(reference.state_dict())
+    _fit(reference, fused=False, gradient_clip_val=0.5)
+    trainer = _fit(candidate, fused=False, gradient_clip_val=0.5, callbacks=[_callback()])
+    assert trainer.optimizers[0].defaults["fused"] is True
+    for expected, actual in zip(reference.parameters(), candidate.parameters(), strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+    trainer = _fit(Scheduled("adamw"), fused=True, callbacks=[_callback()])  # from the helper: left as it is
+    assert trainer.lr_scheduler_configs[0].scheduler.optimizer is trainer.optimizers[0]
+
+
+def test_deprecated_callback_refuses_a_scheduled_optimizer_with_the_fix(eager_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match=r"cannot replace the AdamW an LR scheduler.*fuse_optimizer\(torch.optim"):
+        _fit(Scheduled("adamw"), fused=False, callbacks=[_callback()])
+
+
+def test_deprecated_callback_bad_configuration_and_other_optimizers(eager_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match="cannot replace 'RMSprop'"):
+        _callback(optimizers=["AdamW", "RMSprop"])
+
+    class Rms(Fusable):
+        def configure_optimizers(self) -> Any:
+            return torch.optim.RMSprop(self.parameters(), lr=0.01)
+
+    with pytest.warns(UserWarning, match="leaves RMSprop as it is"):
+        trainer = _fit(Rms(), fused=False, callbacks=[_callback()])
+    assert isinstance(trainer.optimizers[0], torch.optim.RMSprop)
+
+
+def test_deprecated_callback_refuses_fsdp_with_the_fix(eager_hpu: hpu.Backend) -> None:
     trainer = quiet_trainer(devices=2, strategy="hpu_fsdp")
     with pytest.raises(ValueError, match=r"FusedOptimizers does not work with HPU.*Remove the FusedOptimizers"):
-        FusedOptimizers().setup(trainer, nn.Linear(2, 2), "fit")  # type: ignore[arg-type]
+        _callback().setup(trainer, nn.Linear(2, 2), "fit")  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""A real 2-process ``hpu_parallel`` fit under eager emulation, for ``tests/test_ddp_emulated.py``.
+"""A real 2-process ``hpu_parallel`` fit under eager emulation, for ``tests/strategies/test_parallel_emulated.py``.
 
 Run as ``python ddp_fit.py OUT_DIR BUCKET_CAP_MB GRADIENT_AS_BUCKET_VIEW STATIC_GRAPH STEPS`` with
 ``LIGHTNING_GAUDI_EMULATE=eager``. Lightning's popen launcher re-runs this script for rank 1. Each rank writes

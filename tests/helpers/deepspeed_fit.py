@@ -1,10 +1,11 @@
-"""A real 2-process ``hpu_deepspeed`` fit under eager emulation, for ``tests/test_deepspeed_emulated.py``.
+"""A real 2-process ``hpu_deepspeed`` fit under eager emulation, for ``tests/strategies/test_deepspeed_emulated.py``.
 
 Run as ``python deepspeed_fit.py OUT_DIR STRATEGY MODE [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's
 popen launcher re-runs this script for rank 1. ``STRATEGY`` is a registered name (``hpu_deepspeed_stage_3``,
 ``deepspeed_stage_2``...). Modes:
 
-- ``fit``: 4 steps of SGD on 32 samples, batch 4 per rank;
+- ``fit``: 4 steps of SGD on 32 samples, batch 4 per rank, then ``validate``, ``test`` and ``predict`` on the same
+  samples with the same Trainer (``OUT_DIR/rank<r>.eval.json``: both losses and how many rows this rank predicted);
 - ``checkpointed``: 2 epochs of 2 steps (16 samples), a checkpoint directory written at the end of each epoch into
   ``OUT_DIR/ckpt``;
 - ``resume``: the same 2 epochs, resumed from the directory ``CKPT``.
@@ -35,6 +36,21 @@ def _weights(module: torch.nn.Module) -> dict[str, list[Any]]:
     zero3 = any(hasattr(p, "ds_id") for p in params)
     with deepspeed.zero.GatheredParameters(params, enabled=zero3):
         return {name: p.detach().float().cpu().clone().tolist() for name, p in module.named_parameters()}
+
+
+class Evaluated(RegressionModel):
+    def _loss(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x).float(), y.float())
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", self._loss(batch), sync_dist=True)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("test_loss", self._loss(batch), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
 
 
 class DeepSpeedProbe(Callback):
@@ -74,7 +90,7 @@ class DeepSpeedProbe(Callback):
 def main() -> None:
     out, strategy, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     seed_everything(0, verbose=False)
-    model = RegressionModel()
+    model = Evaluated()
     probe = DeepSpeedProbe()
     callbacks: list[Callback] = [probe]
     if mode == "fit":
@@ -86,6 +102,13 @@ def main() -> None:
         callbacks.append(ModelCheckpoint(dirpath=out / "ckpt", every_n_epochs=1, save_top_k=-1))
     trainer = Trainer(accelerator="hpu", strategy=strategy, devices=2, callbacks=callbacks, **kwargs)
     trainer.fit(model, train_dataloaders=loader, ckpt_path=sys.argv[4] if mode == "resume" else None)
+    if mode == "fit":
+        evaluated = {
+            "validate": trainer.validate(model, loader, verbose=False)[0]["val_loss"],
+            "test": trainer.test(model, loader, verbose=False)[0]["test_loss"],
+            "predicted": sum(len(rows) for rows in trainer.predict(model, loader)),
+        }
+        (out / f"rank{trainer.global_rank}.eval.json").write_text(json.dumps(evaluated))
 
 
 if __name__ == "__main__":

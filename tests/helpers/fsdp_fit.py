@@ -1,4 +1,4 @@
-"""A real 2-process ``hpu_fsdp`` fit under eager emulation, for ``tests/test_fsdp_emulated.py``.
+"""A real 2-process ``hpu_fsdp`` fit under eager emulation, for ``tests/strategies/test_fsdp_emulated.py``.
 
 Run as ``python fsdp_fit.py OUT_DIR MODE STEPS [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
 launcher re-runs it for rank 1. ``MODE`` is ``fit`` (train ``STEPS`` steps, then save the run as a sharded checkpoint

@@ -1,5 +1,5 @@
 """A real 2-process ``hpu_parallel`` fit with ``sync_batchnorm=True`` under eager emulation, for
-``tests/test_ddp_emulated.py``.
+``tests/strategies/test_parallel_emulated.py``.
 
 Run as ``python syncbn_fit.py OUT_DIR STEPS`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher
 re-runs it for rank 1. Buffers are not broadcast from rank 0 (``forward_sync_buffers=False``), so the ranks' running

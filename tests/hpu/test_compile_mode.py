@@ -20,7 +20,7 @@ from lightning_gaudi.hpu.runtime import (
     configure,
     emulated_compile_backend,
 )
-from lightning_gaudi.patches import dynamo
+from lightning_gaudi.callbacks import dynamo
 
 
 @pytest.fixture

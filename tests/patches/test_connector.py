@@ -1,8 +1,9 @@
-"""The accelerator-connector patch (``lightning_gaudi/patches/connector.py``) and the stock behaviour it replaces.
+"""The accelerator-connector shim (``lightning_gaudi/patches/connector.py``) and the stock behaviour it replaces.
 
-These tests fail loudly when Lightning changes what the wrappers rely on: a renamed connector method or attribute,
-a new version outside the checked range, or a change in the stock behaviour (for instance Lightning choosing an
-HPU strategy on its own again, which would make a wrapper unnecessary).
+These tests fail loudly when Lightning changes what the wrappers rely on: a Trainer built with a recording policy
+must call every hook with the connector's flags and build what the hooks answer; a renamed connector method or
+attribute, a new version outside the checked range, or a change in the stock behaviour (for instance Lightning
+choosing an HPU strategy on its own again, which would make a wrapper unnecessary) fail too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning_utilities.core.imports import RequirementCache
 
-from lightning_gaudi import HPUAccelerator, HPUCheckpointIO, HPUParallelStrategy, HPUPrecision, SingleHPUStrategy, hpu
+from lightning_gaudi import HPUParallelStrategy, HPUPrecision, SingleHPUStrategy, hpu
 from lightning_gaudi.patches import connector, registry
 
 UPSTREAM = "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector"
@@ -32,6 +33,62 @@ def _stock(name: str) -> Any:
 def test_installed_after_import() -> None:
     assert connector.installed()
     assert connector.PATCH.installed()
+
+
+class Recording:
+    """A policy that records what the wrappers ask and answers with what it was told to."""
+
+    def __init__(self, strategy: Any = None, precision: Any = None) -> None:
+        self.calls: dict[str, tuple[Any, ...]] = {}
+        self.strategy, self.plugin = strategy, precision
+
+    def auto_accelerator(self) -> str | None:
+        self.calls["auto_accelerator"] = ()
+        return "cpu"
+
+    def devices(self, accelerator: Any, strategy: Any, devices: Any) -> Any:
+        self.calls["devices"] = (accelerator, strategy, devices)
+        return 1
+
+    def choose_strategy(self, accelerator: Any, parallel_devices: list[Any], num_nodes: int) -> Any:
+        self.calls["choose_strategy"] = (accelerator, len(parallel_devices), num_nodes)
+        return self.strategy
+
+    def check_strategy(self, accelerator: Any, strategy: Any, parallel_devices: list[Any], num_nodes: int) -> Any:
+        self.calls["check_strategy"] = (accelerator, strategy, num_nodes)
+        return strategy
+
+    def precision(self, accelerator: Any, strategy: Any, precision: Any, plugin: Any, validate: Any) -> Any:
+        self.calls["precision"] = (type(accelerator).__name__, type(strategy).__name__, precision, plugin)
+        if self.plugin is not None:
+            validate()
+        return self.plugin
+
+
+def test_a_trainer_is_built_through_every_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Canary: building a Trainer runs each wrapper, with the connector's flags, and builds what the policy answers."""
+    chosen, plugin = SingleDeviceStrategy(device="cpu"), MixedPrecision("bf16-mixed", "cpu")
+    policy = Recording(strategy=chosen, precision=plugin)
+    monkeypatch.setattr(connector.HOOKS, "policy", policy)
+    trainer = Trainer(precision="bf16-mixed", logger=False, enable_checkpointing=False)  # accelerator, devices "auto"
+    assert policy.calls == {
+        "auto_accelerator": (),
+        "devices": ("cpu", "auto", "auto"),
+        "choose_strategy": ("cpu", 1, 1),
+        "check_strategy": ("cpu", chosen, 1),
+        "precision": ("CPUAccelerator", "SingleDeviceStrategy", "bf16-mixed", None),
+    }, f"{UPSTREAM} no longer runs the wrapped steps as the shim expects"
+    assert trainer.strategy is chosen
+    assert trainer.precision_plugin is plugin
+    assert trainer.num_devices == 1
+
+
+def test_without_a_policy_the_wrappers_leave_everything_to_lightning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connector.HOOKS, "policy", None)
+    assert not connector.installed()
+    trainer = Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", logger=False)
+    assert type(trainer.strategy) is SingleDeviceStrategy
+    assert type(trainer.precision_plugin) is MixedPrecision
 
 
 def test_connector_methods_exist() -> None:
@@ -138,11 +195,6 @@ def test_hooks_reinstall_after_uninstall(monkeypatch: pytest.MonkeyPatch) -> Non
     assert connector.installed()
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Lightning's strategy names and instances under accelerator="hpu"
-# ----------------------------------------------------------------------------------------------------------------------
-
-
 def test_stock_connector_keeps_lightnings_ddp_under_hpu(eager_hpu: hpu.Backend) -> None:
     """Canary: Lightning itself still maps nothing; `strategy="ddp"` with HPUs builds its own CPU/GPU DDPStrategy."""
     built = Trainer(accelerator="hpu", strategy="hpu_parallel", devices=2, logger=False)._accelerator_connector
@@ -179,110 +231,3 @@ def test_connector_runs_the_hooked_steps_in_the_order_the_hooks_rely_on() -> Non
     assert source.find("self._set_devices_flag_if_auto_passed()") < source.find("parse_devices"), (
         f"{UPSTREAM}._set_parallel_devices_and_init_accelerator no longer resolves 'auto' devices before parsing"
     )
-
-
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("ddp", {"start_method": "popen", "find_unused_parameters": False}),
-        ("ddp_spawn", {"start_method": "spawn", "find_unused_parameters": False}),
-        ("ddp_find_unused_parameters_true", {"start_method": "popen", "find_unused_parameters": True}),
-        ("ddp_find_unused_parameters_false", {"start_method": "popen", "find_unused_parameters": False}),
-        ("ddp_spawn_find_unused_parameters_true", {"start_method": "spawn", "find_unused_parameters": True}),
-        ("DDP", {"start_method": "popen", "find_unused_parameters": False}),  # Lightning lower-cases names
-    ],
-)
-def test_lightning_ddp_names_run_the_hpu_strategy(eager_hpu: hpu.Backend, name: str, expected: dict[str, Any]) -> None:
-    trainer = Trainer(accelerator="hpu", strategy=name, devices=2, logger=False)
-    strategy = trainer.strategy
-    assert type(strategy) is HPUParallelStrategy
-    assert strategy._start_method == expected["start_method"]
-    assert strategy.ddp_kwargs["find_unused_parameters"] is expected["find_unused_parameters"]
-    assert strategy.ddp_kwargs["gradient_as_bucket_view"] is True  # the HPU strategy's defaults, not Lightning's
-    assert strategy._get_process_group_backend() == "gloo"
-    assert isinstance(strategy.checkpoint_io, HPUCheckpointIO)
-
-
-def test_lightning_ddp_name_under_auto_accelerator(eager_hpu: hpu.Backend) -> None:
-    assert type(Trainer(strategy="ddp", devices=2, logger=False).strategy) is HPUParallelStrategy
-
-
-def test_lightning_single_device_name_runs_the_hpu_strategy(eager_hpu: hpu.Backend) -> None:
-    assert type(Trainer(accelerator="hpu", strategy="single_device", devices=1, logger=False).strategy) is (
-        SingleHPUStrategy
-    )
-
-
-@pytest.mark.parametrize(
-    "name",
-    ["ddp_fork", "ddp_notebook", "ddp_fork_find_unused_parameters_true", "ddp_notebook_find_unused_parameters_false"],
-)
-def test_forking_ddp_names_are_refused_naming_the_hpu_ones(eager_hpu: hpu.Backend, name: str) -> None:
-    with pytest.raises(ValueError, match=rf"`strategy='{name}'` forks.*'hpu_parallel'.*'hpu_parallel_spawn'"):
-        Trainer(accelerator="hpu", strategy=name, devices=2, logger=False)
-
-
-@pytest.mark.parametrize("name", ["xla", "xla_debug"])
-def test_other_lightning_strategies_are_refused_naming_the_hpu_ones(eager_hpu: hpu.Backend, name: str) -> None:
-    with pytest.raises(ValueError, match=rf"`strategy='{name}'` .* does not run on HPUs.*'hpu_parallel'"):
-        Trainer(accelerator="hpu", strategy=name, devices=2, logger=False)
-
-
-def test_lightning_ddp_name_in_lazy_emulation_is_refused_as_hpu_parallel(lazy_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="'hpu_parallel' cannot run under LIGHTNING_GAUDI_EMULATE=lazy"):
-        Trainer(accelerator="hpu", strategy="ddp", devices=1, logger=False)
-
-
-def test_lightning_ddp_instance_is_refused(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"DDPStrategy.*does not run on HPUs.*HPUParallelStrategy\(\.\.\.\)"):
-        Trainer(accelerator="hpu", strategy=DDPStrategy(find_unused_parameters=True), devices=2, logger=False)
-    with pytest.raises(ValueError, match=r"DDPStrategy.*does not run on HPUs.*HPUParallelStrategy"):
-        Trainer(strategy=DDPStrategy(accelerator=HPUAccelerator()), devices=2, logger=False)
-
-
-def test_a_ddp_subclass_instance_is_refused(eager_hpu: hpu.Backend) -> None:
-    class MyDDP(DDPStrategy):
-        pass
-
-    with pytest.raises(
-        ValueError,
-        match=r"MyDDP.*does not run on HPUs.*subclass lightning_gaudi's HPUParallelStrategy instead of DDPStrategy",
-    ):
-        Trainer(accelerator="hpu", strategy=MyDDP(), devices=2, logger=False)
-
-
-def test_lightning_single_device_instance_is_refused(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"SingleDeviceStrategy.*does not run on HPUs.*SingleHPUStrategy"):
-        Trainer(accelerator="hpu", strategy=SingleDeviceStrategy(device="cpu"), devices=1, logger=False)
-
-
-def test_lightning_ddp_is_left_alone_on_other_accelerators(eager_hpu: hpu.Backend) -> None:
-    assert type(Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False).strategy) is DDPStrategy
-    assert type(Trainer(accelerator="cpu", strategy=DDPStrategy(), devices=2, logger=False).strategy) is DDPStrategy
-
-
-@pytest.mark.parametrize(
-    ("strategy", "devices", "num_nodes"),
-    [("hpu_single", 2, 1), ("hpu_single", "0,1", 1), ("single_device", 2, 1), ("hpu_single", 1, 2), (None, 2, 1)],
-)
-def test_single_hpu_strategy_with_several_devices_is_refused(
-    eager_hpu: hpu.Backend, strategy: str | None, devices: Any, num_nodes: int
-) -> None:
-    with pytest.raises(ValueError, match=r"trains on one HPU, but the Trainer asks for .*strategy='hpu_parallel'"):
-        Trainer(
-            accelerator="hpu",
-            strategy=SingleHPUStrategy() if strategy is None else strategy,
-            devices=devices,
-            num_nodes=num_nodes,
-            logger=False,
-        )
-
-
-def test_single_hpu_strategy_with_auto_devices_takes_one(eager_hpu: hpu.Backend) -> None:
-    assert eager_hpu.device_count() > 1
-    trainer = Trainer(accelerator="hpu", strategy="hpu_single", logger=False)  # devices="auto"
-    assert type(trainer.strategy) is SingleHPUStrategy
-    assert trainer.num_devices == 1
-    trainer = Trainer(accelerator="hpu", logger=False)  # strategy and devices "auto": every card, in parallel
-    assert type(trainer.strategy) is HPUParallelStrategy
-    assert trainer.num_devices == eager_hpu.device_count()

@@ -7,9 +7,13 @@ engine, or when its CUDA refusal moves (then the HPU strategy's bypass of it nee
 
 from __future__ import annotations
 
+import functools
 import inspect
+import types
+from typing import Any
 
 import pytest
+import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
 from lightning_gaudi import HPUDeepSpeedStrategy
@@ -33,8 +37,30 @@ def test_lightnings_methods_are_as_checked() -> None:
     assert DeepSpeedStrategy.__mro__[1] is DDPStrategy  # the HPU strategy runs DDPStrategy.setup_environment
 
 
+class _Built(Exception):
+    pass
+
+
+def test_lightning_builds_the_engine_with_the_root_devices_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Canary, running Lightning's code: the training engine is built through ``_setup_model_and_optimizer``, which
+    gives DeepSpeed the root device's index as its device rank (``None`` on the HPU: what the HPU strategy replaces)."""
+    deepspeed = pytest.importorskip("deepspeed")
+    seen: dict[str, Any] = {}
+
+    def initialize(args: Any, **kwargs: Any) -> None:
+        seen.update(device_rank=args.device_rank, config=kwargs["config"])
+        raise _Built
+
+    monkeypatch.setattr(deepspeed, "initialize", initialize)
+    stand_in = types.SimpleNamespace(config={"optimizer": {}}, root_device=torch.device("cpu"))
+    stand_in._setup_model_and_optimizer = functools.partial(DeepSpeedStrategy._setup_model_and_optimizer, stand_in)
+    with pytest.raises(_Built):
+        DeepSpeedStrategy._initialize_deepspeed_train(stand_in, torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+    assert seen == {"device_rank": None, "config": stand_in.config}
+
+
 def test_the_hpu_strategy_overrides_what_it_says() -> None:
-    for name in ("setup_environment", "setup_distributed", "_setup_model_and_optimizer"):
+    for name in ("setup_environment", "setup_distributed", "init_deepspeed"):
         assert name in vars(HPUDeepSpeedStrategy), name
 
 

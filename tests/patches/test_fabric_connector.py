@@ -1,6 +1,7 @@
-"""The Fabric connector patch (``lightning_gaudi/patches/fabric_connector.py``) and the stock behaviour it replaces.
+"""The Fabric connector shim (``lightning_gaudi/patches/fabric_connector.py``) and the stock behaviour it replaces.
 
-These tests fail loudly when Lightning changes what the wrappers rely on: a renamed ``_Connector`` method or attribute,
+These tests fail loudly when Lightning changes what the wrappers rely on: a Fabric built with a recording policy must
+call every hook and build what the hooks answer; a renamed ``_Connector`` method or attribute,
 the order in which ``_Connector.__init__`` runs them, a version outside the checked range, or the stock behaviour
 itself (Fabric choosing an HPU strategy or HPU autocast on its own, which would make a wrapper unnecessary).
 """
@@ -12,6 +13,7 @@ import warnings
 from typing import Any
 
 import pytest
+import torch
 from lightning.fabric import Fabric
 from lightning.fabric.connector import _Connector
 from lightning.fabric.plugins import MixedPrecision
@@ -21,6 +23,7 @@ from lightning_utilities.core.imports import RequirementCache
 from lightning_gaudi import HPUAccelerator, hpu
 from lightning_gaudi.fabric import HPUParallelStrategy, HPUPrecision, SingleHPUStrategy
 from lightning_gaudi.patches import fabric_connector, registry
+from patches.test_connector import Recording as TrainerRecording
 
 UPSTREAM = "lightning.fabric.connector._Connector"
 
@@ -37,6 +40,33 @@ def test_installed_after_import() -> None:
     assert fabric_connector.installed()
     assert fabric_connector.PATCH.installed()
     assert fabric_connector.PATCH.targets == tuple(f"{UPSTREAM}.{name}" for name in fabric_connector.WRAPPED)
+
+
+class Recording(TrainerRecording):
+    def check_flags(self, strategy: Any, accelerator: Any, registered: Any) -> None:
+        self.calls["check_flags"] = (strategy, accelerator, "ddp" in registered)
+
+    def strategy_built(self, strategy: Any) -> None:
+        self.calls["strategy_built"] = (strategy, strategy.accelerator is not None)
+
+
+def test_a_fabric_is_built_through_every_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Canary: building a Fabric runs each wrapper, with the connector's flags, and builds what the policy answers."""
+    chosen, plugin = SingleDeviceStrategy(device=torch.device("cpu")), MixedPrecision("bf16-mixed", "cpu")
+    policy = Recording(strategy=chosen, precision=plugin)
+    monkeypatch.setattr(fabric_connector.HOOKS, "policy", policy)
+    fabric = Fabric(precision="bf16-mixed")  # accelerator, strategy and devices "auto"
+    assert policy.calls == {
+        "check_flags": ("auto", "auto", True),
+        "auto_accelerator": (),
+        "devices": ("cpu", "auto", "auto"),
+        "choose_strategy": ("cpu", 1, 1),
+        "check_strategy": ("cpu", chosen, 1),
+        "precision": ("CPUAccelerator", "SingleDeviceStrategy", "bf16-mixed", None),
+        "strategy_built": (chosen, True),
+    }, f"{UPSTREAM} no longer runs the wrapped steps as the shim expects"
+    assert fabric.strategy is chosen
+    assert fabric.strategy.precision is plugin
 
 
 def test_connector_methods_exist() -> None:

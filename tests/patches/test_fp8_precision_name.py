@@ -1,7 +1,8 @@
 """The fp8_precision_name patch (``lightning_gaudi/patches/fp8_precision_name.py``): ``precision="fp8"`` by name.
 
-The canaries fail when Lightning stops checking precision names in ``_convert_precision_to_unified_args``, when the
-Trainer stops reading it by name, or when Lightning accepts ``"fp8"`` itself (then the patch is no longer needed).
+The canaries build a Trainer and a Fabric with ``precision="fp8"``, and fail when Lightning stops checking precision
+names in ``_convert_precision_to_unified_args``, when the Trainer stops reading it by name, or when Lightning accepts
+``"fp8"`` itself (then the patch is no longer needed).
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import importlib
 import inspect
 
 import pytest
+from lightning.fabric import Fabric
 from lightning.fabric import connector as fabric_connector_module
+from lightning.pytorch import Trainer
 
+from lightning_gaudi import fabric, hpu
+from lightning_gaudi.fp8 import HPUFP8Precision
 from lightning_gaudi.patches import fp8_precision_name, registry
 
 trainer_connector_module = importlib.import_module("lightning.pytorch.trainer.connectors.accelerator_connector")
@@ -21,6 +26,16 @@ def test_installed_after_import() -> None:
     assert fp8_precision_name.installed()
     assert fp8_precision_name.PATCH.installed()
     assert fp8_precision_name.missing_targets() == []
+
+
+def test_fp8_by_name_builds_the_fp8_plugins(eager_hpu: hpu.Backend) -> None:
+    """Canary: the name passes Lightning's check in both connectors and reaches the routing policy."""
+    assert type(Trainer(accelerator="hpu", devices=1, precision="fp8", logger=False).precision_plugin) is (
+        HPUFP8Precision
+    )
+    assert type(Fabric(accelerator="hpu", devices=1, precision="fp8").strategy.precision) is fabric.HPUFP8Precision
+    with pytest.raises(ValueError, match=r"`Trainer\(precision='fp8'\)` .* not on CPUAccelerator"):
+        Trainer(accelerator="cpu", precision="fp8", logger=False)
 
 
 def test_lightning_still_refuses_fp8_by_name() -> None:

@@ -1,4 +1,5 @@
-"""The registry of patches (``lightning_gaudi.patches``): what ``import lightning_gaudi`` installs, and where."""
+"""The registry of patches (``lightning_gaudi.patches``, and the emulator's in ``lightning_gaudi.emulation``): what
+``import lightning_gaudi`` installs, and where."""
 
 from __future__ import annotations
 
@@ -12,19 +13,12 @@ import torch
 from lightning_utilities.core.imports import RequirementCache
 
 import lightning_gaudi
-from lightning_gaudi import patches
+from lightning_gaudi import emulation, patches
 from lightning_gaudi.patches import registry
 
 MODULES = (
     "connector",
     "sync_free_logging",
-    "loops",
-    "lr_scheduler",
-    "precision_plugin",
-    "amp_unscaling",
-    "sync_batchnorm",
-    "device_info",
-    "logging_cadence",
     "tuner_oom",
     "fabric_connector",
     "fp8_precision_name",
@@ -76,10 +70,18 @@ def test_installed_versions_are_the_checked_ones() -> None:
     )
 
 
-@pytest.mark.parametrize("name", MODULES)
+EVERY_PATCH = {**patches.PATCHES, **emulation.PATCHES}
+
+
+def test_the_emulators_patches_are_installed_after_import() -> None:
+    assert tuple(emulation.PATCHES) == ("no_grad_eval", "sync_batchnorm")
+    assert emulation.install_all() == {"no_grad_eval": True, "sync_batchnorm": True}
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_PATCH))
 def test_targets_exist_upstream(name: str) -> None:
     """Canary: every upstream object a patch names is still where the patch says."""
-    patch = patches.PATCHES[name]
+    patch = EVERY_PATCH[name]
     assert patch.targets
     assert patch.requirement in (registry.SUPPORTED_LIGHTNING, registry.SUPPORTED_TORCH)
     for target in patch.targets:

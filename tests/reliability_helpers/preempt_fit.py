@@ -1,4 +1,4 @@
-"""A fit that trains until it is preempted, for ``tests/test_preemption.py``.
+"""A fit that trains until it is preempted, for ``tests/callbacks/test_preemption.py``.
 
 ``python preempt_fit.py OUT_DIR [--devices N] [--grace S] [--slow-save S] [--step-sleep S] [--torchrun]`` with
 ``LIGHTNING_GAUDI_EMULATE=eager``. With 2 devices Lightning's popen launcher re-runs this script for rank 1 (under
@@ -6,7 +6,7 @@
 ``OUT_DIR/rank<r>.step`` (its global step) after every batch (the callbacks' batch-end hooks run first, so a
 checkpoint saved there is one step later) and ``OUT_DIR/rank<r>.ended`` (the time) when ``fit`` returns or raises.
 Checkpoints go to ``OUT_DIR/ckpt`` (the ``ModelCheckpoint`` folder, which saves nothing by itself here).
-``--slow-save S`` makes pickling the checkpoint take S seconds (the temporary file is open by then), for a grace period
+``--strategy NAME`` trains with another strategy (``hpu_fsdp``, ``hpu_deepspeed_stage_2``). ``--slow-save S`` makes pickling the checkpoint take S seconds (the temporary file is open by then), for a grace period
 that runs out during the save.
 """
 
@@ -70,9 +70,12 @@ def main() -> None:
     parser.add_argument("--slow-save", type=float, default=0.0)
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--torchrun", action="store_true")
+    parser.add_argument("--strategy", default=None, help="a registered strategy name (default: hpu_parallel)")
     args = parser.parse_args()
     seed_everything(0)
-    strategy = HPUParallelStrategy(timeout=60) if args.devices > 1 or args.torchrun else SingleHPUStrategy()
+    strategy: Any = HPUParallelStrategy(timeout=60) if args.devices > 1 or args.torchrun else SingleHPUStrategy()
+    if args.strategy is not None:
+        strategy = args.strategy
     checkpoints = ModelCheckpoint(dirpath=args.out / "ckpt", save_top_k=0, save_last=False)
     kwargs = trainer_kwargs(max_steps=100_000, max_epochs=None, enable_checkpointing=True)
     trainer = Trainer(

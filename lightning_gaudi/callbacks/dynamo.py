@@ -1,0 +1,370 @@
+"""Reading what ``torch.compile`` records about itself: compilations, recompile reasons, graph breaks, caches.
+
+torch has no public API for why a function recompiled, where its graph broke, or whether a compiled function holds
+any graph at all; dynamo keeps these in private places, which this module alone reads (it patches nothing):
+
+- ``torch._dynamo.utils.counters``: frames dynamo was asked to compile (``["frames"]["total"]``);
+- ``torch._dynamo.utils.get_compilation_metrics()``: one ``CompilationMetrics`` record per compiled frame, with its
+  code location, ``recompile_reason`` (the guard that failed) and ``fail_type``/``fail_reason`` (the recompile
+  limit being hit is an ``Unsupported`` failure whose reason starts with "Dynamo recompile limit exceeded");
+- the ``graph_breaks`` artifact logger of ``torch._dynamo.symbolic_convert``, which names each graph break's user
+  source line ("Graph break in user code at FILE:LINE") and reason when it is enabled for ``DEBUG``;
+- ``torch._dynamo.eval_frame._debug_get_cache_entry_list(code)``: the compiled graphs held for a code object;
+- ``torch._dynamo.config.recompile_limit`` and ``optimize_ddp``; ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``,
+  the first DDP bucket dynamo's DDPOptimizer assumes;
+- the log of ``torch._dynamo.backends.distributed`` (DDPOptimizer), whose ``INFO`` record "DDPOptimizer used bucket
+  cap N and created M buckets" says into how many sub-graphs it split a compiled graph;
+- ``torch._inductor.cpp_builder.get_cpp_compiler()``: the C++ compiler inductor would use;
+- ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile()``.
+
+Nothing here is imported before it is needed (``import lightning_gaudi`` does not load dynamo). On a torch outside
+:data:`SUPPORTED_TORCH`, or one that lacks a target, :func:`available` is ``False``, every reader returns nothing,
+and callers say what they cannot report. ``tests/callbacks/test_dynamo.py`` holds the canaries.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_utilities.core.imports import RequirementCache
+
+#: The torch versions these readers were checked against (the canaries run on the installed one).
+SUPPORTED_TORCH = "torch>=2.6,<2.14"
+
+#: Every private target, as ``module:attribute``; :func:`missing_targets` resolves them.
+TARGETS = (
+    "torch._dynamo.utils:counters",
+    "torch._dynamo.utils:get_compilation_metrics",
+    "torch._dynamo.utils:CompilationMetrics",
+    "torch._dynamo.symbolic_convert:graph_break_log",
+    "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
+    "torch._dynamo.config:recompile_limit",
+    "torch._dynamo.config:optimize_ddp",
+    "torch._dynamo.backends.distributed:log",
+)
+#: The fields of ``CompilationMetrics`` that are read.
+METRIC_FIELDS = ("co_name", "co_filename", "co_firstlineno", "recompile_reason", "fail_type", "fail_reason")
+#: Where ``nn.Module.compile()`` keeps the compiled call.
+MODULE_COMPILE_ATTRIBUTE = "_compiled_call_impl"
+#: How dynamo's failure reason starts when a function hit the recompile limit.
+RECOMPILE_LIMIT_REASON = "Dynamo recompile limit exceeded"
+
+_REASON_PREFIX = re.compile(r"^\d+/\d+: ")
+_GRAPH_BREAK = re.compile(r"in user code at (?P<where>.+?):(?P<line>\d+)\s*\nGraph Break Reason: (?P<reason>.*)", re.S)
+_ENCOUNTERED = "Encountered graph break when attempting to trace"
+_DDP_BUCKETS = re.compile(r"DDPOptimizer used bucket cap (?P<cap>\d+) and created (?P<buckets>\d+) buckets")
+
+
+def _resolve(target: str) -> Any:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@functools.cache
+def _counters() -> Any:
+    return _resolve("torch._dynamo.utils:counters")  # one dict for the life of the process (reset clears it)
+
+
+def missing_targets() -> list[str]:
+    """The targets this torch lacks; empty when every one resolves."""
+    missing = []
+    for target in TARGETS:
+        try:
+            _resolve(target)
+        except (ImportError, AttributeError):
+            missing.append(target)
+    if not missing:
+        fields = _resolve("torch._dynamo.utils:CompilationMetrics").__dataclass_fields__
+        missing += [f"CompilationMetrics.{name}" for name in METRIC_FIELDS if name not in fields]
+    return missing
+
+
+@functools.cache
+def _unavailable() -> str | None:
+    supported = RequirementCache(SUPPORTED_TORCH)
+    if not supported:
+        return f"lightning_gaudi reads torch.compile's records on {SUPPORTED_TORCH} ({supported.message})"
+    missing = missing_targets()
+    if missing:
+        return f"this torch lacks {', '.join(missing)}"
+    return None
+
+
+def available() -> bool:
+    """Whether torch.compile's records can be read on this torch."""
+    return _unavailable() is None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is ``False`` (empty when it is ``True``)."""
+    return _unavailable() or ""
+
+
+def frames_started() -> int:
+    """How many frames dynamo has been asked to compile in this process (cache hits do not count)."""
+    if not available():
+        return 0
+    return int(_counters()["frames"]["total"])
+
+
+def recompile_limit() -> int | None:
+    """``torch._dynamo.config.recompile_limit``: graphs one function may hold before it runs uncompiled."""
+    return int(_resolve("torch._dynamo.config:recompile_limit")) if available() else None
+
+
+def cache_entries(code_or_fn: Any) -> int:
+    """How many compiled graphs dynamo holds for a code object (or a function's or method's code)."""
+    if not available():
+        return 0
+    code = getattr(code_or_fn, "__code__", code_or_fn)
+    return len(_resolve("torch._dynamo.eval_frame:_debug_get_cache_entry_list")(code))
+
+
+def ddp_first_bucket_bytes() -> int | None:
+    """The first-bucket size dynamo's DDPOptimizer assumes, or ``None`` when it does not split graphs for DDP.
+
+    DDPOptimizer (``torch._dynamo.config.optimize_ddp``, on by default) splits a graph compiled inside a
+    ``DistributedDataParallel`` forward at bucket boundaries and asserts that this first bucket is no larger than
+    DDP's ``bucket_cap_mb``.
+    """
+    if not available():
+        return None
+    mode = _resolve("torch._dynamo.config:optimize_ddp")
+    if mode is False or (isinstance(mode, str) and mode != "ddp_optimizer"):
+        return None
+    import torch.distributed
+
+    value = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", None)
+    return int(value) if value is not None else 1024 * 1024
+
+
+def compiled_by_module_compile(module: Any) -> bool:
+    """Whether ``module.compile()`` was called (``nn.Module`` keeps the result in ``_compiled_call_impl``)."""
+    return getattr(module, MODULE_COMPILE_ATTRIBUTE, None) is not None
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would build CPU kernels with, or ``None`` when it finds none."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return str(get_cpp_compiler())
+    except Exception:  # inductor raises its own InvalidCxxCompiler, or a subprocess/import error, when none is usable
+        return None
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """One frame dynamo compiled (or tried to).
+
+    Attributes:
+        function: the compiled function and where it is defined, e.g. ``"forward (model.py:12)"``.
+        recompile_reason: the guard of a cached graph that failed, e.g. ``"tensor 'x' size mismatch at index 1.
+            expected 16, actual 17"``; ``None`` for a first compilation.
+        failure: why the compilation failed (the frame then runs uncompiled), or ``None``.
+        recompile_limit_hit: the function already held ``recompile_limit`` graphs, so this input runs uncompiled.
+    """
+
+    function: str | None
+    recompile_reason: str | None
+    failure: str | None
+    recompile_limit_hit: bool
+
+
+def _compilation(record: Any) -> Compilation:
+    name = getattr(record, "co_name", None)
+    function = None
+    if name:
+        function = f"{name} ({getattr(record, 'co_filename', '?')}:{getattr(record, 'co_firstlineno', '?')})"
+    reason = getattr(record, "recompile_reason", None)
+    if reason:
+        reason = _REASON_PREFIX.sub("", reason.strip().splitlines()[0])
+    fail_reason = (getattr(record, "fail_reason", None) or "").strip()
+    fail_type = getattr(record, "fail_type", None)
+    failure = f"{fail_type}: {fail_reason.splitlines()[0] if fail_reason else ''}".strip() if fail_type else None
+    return Compilation(function, reason or None, failure, fail_reason.startswith(RECOMPILE_LIMIT_REASON))
+
+
+class CompilationLog:
+    """The frames compiled since the log was made (or last read), in order.
+
+    Dynamo keeps its last 64 records; read at least that often (once per training step is plenty).
+    """
+
+    def __init__(self) -> None:
+        self._last: Any = None
+        if available():
+            records = _resolve("torch._dynamo.utils:get_compilation_metrics")()
+            self._last = records[-1] if records else None
+
+    def read(self) -> list[Compilation]:
+        """The compilations of forward frames recorded since the last read (backward graphs are not frames)."""
+        if not available():
+            return []
+        records = _resolve("torch._dynamo.utils:get_compilation_metrics")()
+        start = 0
+        if self._last is not None:
+            for index in range(len(records) - 1, -1, -1):
+                if records[index] is self._last:
+                    start = index + 1
+                    break
+        if records:
+            self._last = records[-1]
+        new = records[start:]
+        return [
+            _compilation(r)
+            for r in new
+            if getattr(r, "is_forward", None) is not False and not getattr(r, "is_runtime", False)
+        ]
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """Where and why dynamo split a graph.
+
+    Attributes:
+        location: the user's source line, ``"path/to/model.py:18"``.
+        reason: dynamo's reason and its explanation, e.g. ``"Failed to trace builtin operator: Dynamo does not
+            know how to trace builtin operator `print` with argument types ['str'] (has_kwargs False)"``.
+    """
+
+    location: str
+    reason: str
+
+
+def _graph_break(message: str) -> GraphBreak | None:
+    match = _GRAPH_BREAK.search(message)
+    if match is None:
+        return None
+    lines = [line.strip() for line in match["reason"].splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(_ENCOUNTERED)] or lines or ["unknown reason"]
+    reason = lines[0]
+    explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
+    if explanation is not None:
+        reason = f"{reason}: {explanation.removeprefix('Explanation:').strip()}"
+    return GraphBreak(f"{match['where']}:{match['line']}", reason)
+
+
+class _Handler(logging.Handler):
+    def __init__(self, sink: Callable[[GraphBreak], None]) -> None:
+        super().__init__(logging.DEBUG)
+        self._sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            found = _graph_break(record.getMessage())
+        except Exception:  # a record this torch formats differently is skipped, never raised into dynamo
+            return
+        if found is not None:
+            self._sink(found)
+
+
+class GraphBreakRecorder:
+    """Collects dynamo's graph breaks, with their source lines, while started.
+
+    Dynamo formats a graph break's user location only when its ``graph_breaks`` logger is enabled for ``DEBUG``;
+    starting the recorder enables it (without printing: the records stop at the recorder unless the user's own
+    ``TORCH_LOGS`` already enabled them), which costs time only while compiling. :meth:`stop` restores the logger.
+    """
+
+    _active = 0
+    _saved: tuple[int, bool] | None = None
+
+    def __init__(self) -> None:
+        self.breaks: list[GraphBreak] = []
+        self._handler = _Handler(self.breaks.append)
+        self._started = False
+
+    def start(self) -> None:
+        """Starts recording (idempotent); does nothing where :func:`available` is ``False``."""
+        if self._started or not available():
+            return
+        logger = _resolve("torch._dynamo.symbolic_convert:graph_break_log")
+        cls = type(self)
+        if cls._active == 0 and not logger.isEnabledFor(logging.DEBUG):
+            cls._saved = (logger.level, logger.propagate)
+            logger.setLevel(logging.DEBUG)
+            logger.propagate = False
+        cls._active += 1
+        logger.addHandler(self._handler)
+        self._started = True
+
+    def stop(self) -> None:
+        """Stops recording and, with the last recorder, restores the logger."""
+        if not self._started:
+            return
+        logger = _resolve("torch._dynamo.symbolic_convert:graph_break_log")
+        logger.removeHandler(self._handler)
+        self._started = False
+        cls = type(self)
+        cls._active -= 1
+        if cls._active == 0 and cls._saved is not None:
+            logger.setLevel(cls._saved[0])
+            logger.propagate = cls._saved[1]
+            cls._saved = None
+
+
+class _DDPSplitHandler(logging.Handler):
+    def __init__(self, sink: Callable[[int], None]) -> None:
+        super().__init__(logging.INFO)
+        self._sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            match = _DDP_BUCKETS.search(record.getMessage())
+        except Exception:  # never raised into dynamo
+            return
+        if match is not None:
+            self._sink(int(match["buckets"]))
+
+
+class DDPSplitRecorder:
+    """Collects how many sub-graphs dynamo's DDPOptimizer split each compiled graph into, while started.
+
+    DDPOptimizer compiles one sub-graph per DDP gradient bucket (``bucket_cap_mb``) of a graph compiled inside a
+    ``DistributedDataParallel`` forward, and logs the bucket count at ``INFO``; starting the recorder enables that
+    record (without printing it: it stops here unless the user's ``TORCH_LOGS`` enabled it already). :meth:`stop`
+    restores the logger. Use as a context manager or with :meth:`start`/:meth:`stop`.
+
+    Attributes:
+        splits: the sub-graph count of each graph DDPOptimizer compiled, in order.
+    """
+
+    def __init__(self) -> None:
+        self.splits: list[int] = []
+        self._handler = _DDPSplitHandler(self.splits.append)
+        self._saved: tuple[int, bool] | None = None
+
+    def start(self) -> None:
+        """Starts recording (idempotent); does nothing where :func:`available` is ``False``."""
+        if self._saved is not None or not available():
+            return
+        logger = _resolve("torch._dynamo.backends.distributed:log")
+        self._saved = (logger.level, logger.propagate)
+        if not logger.isEnabledFor(logging.INFO):
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+        logger.addHandler(self._handler)
+
+    def stop(self) -> None:
+        """Stops recording and restores the logger."""
+        if self._saved is None:
+            return
+        logger = _resolve("torch._dynamo.backends.distributed:log")
+        logger.removeHandler(self._handler)
+        logger.setLevel(self._saved[0])
+        logger.propagate = self._saved[1]
+        self._saved = None
+
+    def __enter__(self) -> DDPSplitRecorder:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,233 @@
+"""Synchronized batch norm under eager emulation, where torch's ``SyncBatchNorm`` cannot run.
+
+On a Gaudi, ``Trainer(sync_batchnorm=True)`` converts the model's batch norms to ``torch.nn.SyncBatchNorm``, which
+Intel's bridge supports. On the CPU (eager emulation) torch refuses that module three times over, in torch 2.13:
+
+- ``DistributedDataParallel.__init__`` (``_passing_sync_batchnorm_handle``) raises "SyncBatchNorm layers only work
+  with GPU modules" for a module whose parameters are on the CPU;
+- ``SyncBatchNorm.forward`` raises "SyncBatchNorm expected input tensor to be on GPU or XPU" for a CPU input;
+- the kernels its autograd function calls (``torch.batch_norm_stats``, ``batch_norm_gather_stats_with_counts``,
+  ``batch_norm_elemt`` and the backward ones) have no CPU implementation.
+
+So emulation converts batch norms to :class:`EmulatedSyncBatchNorm` instead: a ``torch.nn.modules.batchnorm._BatchNorm``
+(torch's private base of every batch norm, so ``isinstance`` checks in user code, such as excluding norms from weight
+decay, see it as they see ``SyncBatchNorm``) that computes the global mean and variance over every rank's batch with
+two all-reduces (sum and count, then the sum of squared deviations), differentiably, with torch's semantics:
+running statistics from the global batch with the unbiased variance, gradients of the sum of every rank's loss.
+``tests/emulation/test_sync_batchnorm.py`` fails when torch changes what this relies on or starts running
+``SyncBatchNorm`` on the CPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.autograd import Function
+from torch.nn import Module
+from torch.nn import functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from lightning_gaudi.patches import registry
+
+__all__ = ["PATCH", "EmulatedSyncBatchNorm", "convert", "install", "installed", "revert"]
+
+#: The upstream base class the emulated module derives from, and its constructor arguments the conversion passes.
+BASE = "torch.nn.modules.batchnorm._BatchNorm"
+BASE_ARGUMENTS = ("num_features", "eps", "momentum", "affine", "track_running_stats", "device", "dtype")
+#: The buffers every batch norm keeps (the state dict's keys besides ``weight`` and ``bias``).
+BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+class _State:
+    enabled = False
+
+
+class _AllReduceSum(Function):
+    """``all_reduce(SUM)`` with a gradient: the gradient of a sum over ranks is the sum of the ranks' gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, group: Any) -> Tensor:
+        ctx.group = group
+        result = tensor.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(result, op=dist.ReduceOp.SUM, group=group)
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return _AllReduceSum.apply(grad, ctx.group), None
+
+
+class EmulatedSyncBatchNorm(_BatchNorm):
+    """Batch norm over the whole distributed batch, on CPU tensors (eager emulation of ``torch.nn.SyncBatchNorm``).
+
+    Outside training, or without a process group of two or more ranks, it is plain batch norm. Build it with
+    :func:`convert`; :func:`revert` gives the original classes back.
+
+    Args:
+        num_features: channels (``C`` of an ``(N, C, ...)`` input).
+        eps: added to the variance.
+        momentum: the running statistics' update factor (``None``: a cumulative average).
+        affine: learn a weight and a bias.
+        track_running_stats: keep running statistics.
+        process_group: the ranks to synchronize over; the whole world when ``None``.
+        device: where the parameters live.
+        dtype: their dtype.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group: Any | None = None,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        self.process_group = process_group
+        #: the class :func:`revert` makes of this module (the converted module's; ``SyncBatchNorm`` when built directly)
+        self.reverts_to: type[torch.nn.Module] = torch.nn.SyncBatchNorm
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        tracked = not self.training or self.track_running_stats
+        running_mean = self.running_mean if tracked else None
+        running_var = self.running_var if tracked else None
+        group = self.process_group or dist.group.WORLD
+        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1):
+            use_batch = self.training or (self.running_mean is None and self.running_var is None)
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, use_batch, factor, self.eps)
+        return self.synced(input, running_mean, running_var, factor, group)
+
+    def synced(
+        self, input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, factor: float, group: Any
+    ) -> Tensor:
+        """Batch norm with the mean and variance of ``input`` over every rank of ``group``; updates the running
+        statistics from them."""
+        channels = input.size(1)
+        dims = [0, *range(2, input.dim())]
+        shape = [1, channels] + [1] * (input.dim() - 2)
+        x = input.float() if input.dtype in (torch.float16, torch.bfloat16) else input
+        count = torch.full((1,), input.numel() // channels, dtype=x.dtype, device=x.device)
+        totals = _AllReduceSum.apply(torch.cat([x.sum(dims), count]), group)
+        n = totals[channels]
+        mean = totals[:channels] / n
+        centered = x - mean.view(shape)
+        var = _AllReduceSum.apply(centered.square().sum(dims), group) / n
+        out = centered * torch.rsqrt(var + self.eps).view(shape)
+        if self.weight is not None:
+            out = out * self.weight.view(shape)
+        if self.bias is not None:
+            out = out + self.bias.view(shape)
+        with torch.no_grad():
+            if running_mean is not None:
+                running_mean.lerp_(mean.to(running_mean.dtype), factor)
+            if running_var is not None:
+                unbiased = var * n / (n - 1).clamp(min=1)
+                running_var.lerp_(unbiased.to(running_var.dtype), factor)
+        return out.to(input.dtype)
+
+
+def _move_state(source: _BatchNorm, target: _BatchNorm) -> _BatchNorm:
+    if source.affine:
+        with torch.no_grad():
+            target.weight = source.weight
+            target.bias = source.bias
+    target.running_mean = source.running_mean
+    target.running_var = source.running_var
+    target.num_batches_tracked = source.num_batches_tracked
+    target.train(source.training)
+    if hasattr(source, "qconfig"):
+        target.qconfig = source.qconfig
+    return target
+
+
+def _arguments(module: _BatchNorm) -> dict[str, Any]:
+    return {
+        "num_features": module.num_features,
+        "eps": module.eps,
+        "momentum": module.momentum,
+        "affine": module.affine,
+        "track_running_stats": module.track_running_stats,
+    }
+
+
+def convert(module: Module, process_group: Any | None = None) -> Module:
+    """``module`` with every batch norm (``torch.nn.SyncBatchNorm`` included) made an :class:`EmulatedSyncBatchNorm`.
+
+    The parameters and buffers are the same tensors (an optimizer built on them still holds them); the converted
+    module remembers its class for :func:`revert`.
+
+    Raises:
+        RuntimeError: the patch is not in effect (a torch outside the checked range).
+    """
+    if not installed():
+        raise RuntimeError(
+            f"Synchronized batch norm under emulation was checked against {registry.SUPPORTED_TORCH}"
+            f" ({registry.TORCH_SUPPORTED.message or 'not checked'}); train without `sync_batchnorm=True`."
+        )
+    converted = module
+    if isinstance(module, _BatchNorm) and not isinstance(module, EmulatedSyncBatchNorm):
+        synced = EmulatedSyncBatchNorm(**_arguments(module), process_group=process_group)
+        synced.reverts_to = type(module)
+        converted = _move_state(module, synced)
+    for name, child in module.named_children():
+        converted.add_module(name, convert(child, process_group))
+    return converted
+
+
+def revert(module: Module) -> Module:
+    """``module`` with every :class:`EmulatedSyncBatchNorm` back to the class it was converted from."""
+    reverted = module
+    if isinstance(module, EmulatedSyncBatchNorm):
+        original: Any = module.reverts_to
+        extra = {"process_group": module.process_group} if issubclass(original, torch.nn.SyncBatchNorm) else {}
+        reverted = _move_state(module, original(**_arguments(module), **extra))
+    for name, child in module.named_children():
+        reverted.add_module(name, revert(child))
+    return reverted
+
+
+def missing_targets() -> list[str]:
+    """What this torch lacks of what the emulated module relies on; empty when all is there."""
+    parameters = inspect.signature(_BatchNorm.__init__).parameters
+    missing = [f"{BASE}({name}=...)" for name in BASE_ARGUMENTS if name not in parameters]
+    probe = dict(_BatchNorm(2).named_buffers())
+    return missing + [f"{BASE}.{name}" for name in BUFFERS if name not in probe]
+
+
+def installed() -> bool:
+    """Whether :func:`convert` was checked against this torch and may be used."""
+    return _State.enabled
+
+
+def install() -> bool:
+    """Checks this torch (idempotent). Returns whether :func:`convert` is enabled; if not, a warning says what still
+    works (synchronized batch norm on a Gaudi; none under emulation)."""
+    fallback = "`Trainer(sync_batchnorm=True)` still works on a Gaudi, but not under emulation."
+    _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback, torch=True)
+    return _State.enabled
+
+
+PATCH = registry.Patch(
+    name="sync_batchnorm",
+    targets=(BASE,),
+    requirement=registry.SUPPORTED_TORCH,
+    install=install,
+    installed=installed,
+)

@@ -1,0 +1,109 @@
+"""Gaudi's fused optimizers, built in ``configure_optimizers`` from the torch optimizer they replace."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.optim import Optimizer
+
+from lightning_gaudi import hpu
+
+#: What each replaceable optimizer keeps, by its torch class name.
+_HYPERPARAMETERS = {
+    "AdamW": ("lr", "betas", "eps", "weight_decay"),
+    "Adam": ("lr", "betas", "eps", "weight_decay"),
+    "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+}
+#: Options the fused kernels do not have: a group that turns one on cannot be replaced without changing numerics.
+_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable")
+_TORCH_CLASSES = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
+REPLACEABLE = tuple(_TORCH_CLASSES)
+#: Every optimizer :func:`fuse_optimizer` made: its fused clippers by ``max_norm``, or ``None`` without fused clipping.
+_FUSED: weakref.WeakKeyDictionary[Optimizer, dict[float, hpu.ClipNorm] | None] = weakref.WeakKeyDictionary()
+
+
+def _check_replaceable(optimizer: Optimizer) -> str:
+    name = type(optimizer).__name__
+    if type(optimizer) is not _TORCH_CLASSES.get(name):
+        raise ValueError(
+            f"fuse_optimizer cannot replace {type(optimizer).__qualname__}: it replaces torch.optim"
+            f" {', '.join(REPLACEABLE)} (exactly those classes). Return {type(optimizer).__qualname__} as it is, or"
+            " build one of those."
+        )
+    for index, group in enumerate(optimizer.param_groups):
+        on = [option for option in _UNSUPPORTED if group.get(option)]
+        if on:
+            raise ValueError(
+                f"fuse_optimizer cannot replace {name} with {', '.join(f'{o}=True' for o in on)} (param group"
+                f" {index}): the fused kernels do not have it. Turn it off, or return the torch optimizer unfused."
+            )
+        if name == "Adam" and group["weight_decay"] and not group.get("decoupled_weight_decay"):
+            raise ValueError(
+                f"fuse_optimizer cannot replace Adam with weight_decay={group['weight_decay']} (param group {index}):"
+                " Adam's L2 penalty is not FusedAdamW's decoupled weight decay. Use torch.optim.AdamW (and retune"
+                " weight_decay), or return the Adam unfused."
+            )
+    return "SGD" if name == "SGD" else "AdamW"
+
+
+def fuse_optimizer(optimizer: Optimizer, clip_norm: bool = True) -> Optimizer:
+    """Gaudi's fused optimizer with ``optimizer``'s param groups and hyperparameters.
+
+    Call it in ``configure_optimizers`` on a fresh torch ``AdamW``, ``Adam`` (without weight decay) or ``SGD``, and
+    build the LR scheduler on what it returns::
+
+        def configure_optimizers(self):
+            optimizer = lightning_gaudi.fuse_optimizer(torch.optim.AdamW(self.parameters(), lr=1e-3))
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)
+            return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    On Gaudi it is ``hpex.optimizers.FusedAdamW`` / ``FusedSGD``; in eager emulation torch's ``fused=True`` kernels;
+    in lazy emulation torch's single-tensor ones (Lazy Tensor Core has no fused kernels). Every hyperparameter is
+    passed explicitly (FusedAdamW's default eps is 1e-6, torch's 1e-8), empty param groups are dropped (they crash
+    FusedAdamW) and extra group entries (``initial_lr``, names) are kept. Checkpoints resume into it as into any
+    optimizer. Not for ``hpu_fsdp`` or DeepSpeed, whose ranks hold slices of the parameters.
+
+    Args:
+        optimizer: the torch optimizer to replace; it is not used afterwards.
+        clip_norm: with ``Trainer(gradient_clip_val=...)`` (clipping by norm) under
+            :class:`~lightning_gaudi.HPUPrecision` (``bf16-mixed``, ``16-mixed``), clip this optimizer's gradients
+            with the fused clipper (``FusedClipNorm`` on Gaudi). Other precisions clip with torch's
+            ``clip_grad_norm_``, with the same result.
+
+    Returns:
+        The fused optimizer.
+
+    Raises:
+        ValueError: ``optimizer`` is not a torch AdamW, Adam or SGD, or uses an option the fused kernels lack
+            (``amsgrad``, ``maximize``, Adam's coupled ``weight_decay``...).
+    """
+    kind = _check_replaceable(optimizer)
+    backend = hpu.get_backend()
+    keys = _HYPERPARAMETERS[kind]
+    kept = [group for group in optimizer.param_groups if group["params"]]
+    groups = [{"params": group["params"], **{key: group[key] for key in keys}} for group in kept]
+    defaults = {key: optimizer.defaults[key] for key in keys}
+    factory = backend.fused_sgd if kind == "SGD" else backend.fused_adamw
+    fused = factory(groups, **defaults)
+    for old, new in zip(kept, fused.param_groups, strict=True):
+        new.update({key: value for key, value in old.items() if key != "params" and key not in fused.defaults})
+    _FUSED[fused] = {} if clip_norm else None
+    return fused
+
+
+def fused_clip_grad_norm(optimizer: Optimizer, max_norm: float) -> bool:
+    """Clips ``optimizer``'s gradients by their global 2-norm with the fused clipper, when ``optimizer`` came from
+    :func:`fuse_optimizer` with ``clip_norm=True``; returns whether it did.
+
+    The clipper is built once per optimizer and bound, like ``FusedClipNorm``, to its parameters.
+    """
+    clippers = _FUSED.get(optimizer)
+    if clippers is None:
+        return False
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    clipper = clippers.get(float(max_norm))
+    if clipper is None:
+        clipper = clippers[float(max_norm)] = hpu.get_backend().fused_clip_norm(params, float(max_norm))
+    clipper.clip_norm(params)
+    return True

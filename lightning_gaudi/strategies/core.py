@@ -1,0 +1,352 @@
+"""The HPU strategy core: what every HPU strategy does, written once for the Trainer's and for Fabric's classes.
+
+Lightning has one strategy class per parallelism and per API (``lightning.pytorch.strategies.DDPStrategy`` for the
+Trainer, ``lightning.fabric.strategies.DDPStrategy`` for Fabric). Each HPU strategy puts these mixins before
+Lightning's class in its bases and keeps only what is specific to its parallelism:
+
+- :class:`HPUStrategyCore` (every strategy, both APIs): the accelerator must be the HPU's, devices resolve through
+  the seam (an ``"hpu"`` device is the emulated one in emulation), registration under the strategy's names;
+- :class:`HPUParallelCore` (distributed strategies, both APIs): the launch checked before any process starts, the
+  process group on HCCL (gloo in emulation), collectives guarded so a lost or hung peer fails with a clear error,
+  HCCL's reductions, the timeout;
+- :class:`TrainerCore` and :class:`TrainerParallelCore` (the Trainer's hooks): the start-up line, the default
+  callbacks, tied weights kept across the moves, emulator limits explained on failure, launched ranks ended when
+  the job fails (but not after a preemption), synchronized batch norm.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from lightning.fabric.strategies.registry import _StrategyRegistry
+from lightning.fabric.utilities.distributed import ReduceOp
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.plugins import TorchSyncBatchNorm
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.callbacks.inference import add_default_compile
+from lightning_gaudi.callbacks.mark_step import add_default_mark_step
+from lightning_gaudi.callbacks.preemption import add_default_preemption
+from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.distributed import (
+    check_same_layout,
+    coerce_timeout,
+    collective_errors,
+    rendezvous,
+    validate_launch,
+)
+from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
+from lightning_gaudi.strategies._collectives import all_reduce, form_process_group
+from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
+from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    import lightning.pytorch as pl
+
+
+def check_hpu_accelerator(strategy_name: str, accelerator: object, api: str = "Trainer") -> None:
+    """Raises a clear error when an HPU strategy is given any accelerator but :class:`HPUAccelerator`."""
+    if accelerator is not None and not isinstance(accelerator, HPUAccelerator):
+        raise ValueError(
+            f"The {strategy_name!r} strategy runs on HPUs, but the accelerator is {type(accelerator).__name__}."
+            f" Pass `{api}(accelerator='hpu', ...)` (on a machine without Gaudi, set LIGHTNING_GAUDI_EMULATE=eager)."
+        )
+
+
+def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.device:
+    """The ``torch.device`` this process's HPU backend uses for ``device``.
+
+    ``None`` or an index is the backend's device; an ``"hpu"`` device (``"hpu"``, ``"hpu:1"``, ``torch.device("hpu")``)
+    is the HPU on a Gaudi and the emulated device in emulation (``cpu`` for eager, ``lazy`` for lazy); a device of the
+    backend's own type is kept.
+
+    Raises:
+        ValueError: ``device`` is not a device, or a device of another kind (``cuda``, ``meta``...).
+    """
+    backend = hpu.get_backend()
+    if device is None or (isinstance(device, int) and not isinstance(device, bool)):
+        return backend.device(device)
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"{owner} got device {device!r}, which is not a device: pass 'hpu' or torch.device('hpu')."
+        ) from err
+    if parsed.type == backend.device_type:
+        return parsed
+    if parsed.type == "hpu":
+        return backend.device(parsed.index)
+    raise ValueError(
+        f"{owner} got device {parsed}; pass an HPU device ('hpu', torch.device('hpu')), or none and let the Trainer"
+        " pick (accelerator='hpu', devices=N)."
+    )
+
+
+def refuse_lazy_emulation(strategy_name: str) -> None:
+    """Raises a clear error when data parallelism is asked for under lazy emulation (gloo cannot carry LTC tensors)."""
+    backend = hpu.get_backend()
+    if backend.is_lazy() and backend.emulated:
+        raise ValueError(
+            f"{strategy_name!r} cannot run under {hpu.EMULATE_ENV}=lazy: torch's Lazy Tensor Core"
+            " tensors cannot cross gloo collectives. Emulate data parallelism with"
+            f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
+        )
+
+
+class HPUStrategyCore:
+    """What every HPU strategy adds to Lightning's, for the Trainer and for Fabric (placed first in the bases).
+
+    Subclasses set :attr:`strategy_name` and may list extra registry names in :attr:`registered_variants`.
+    """
+
+    strategy_name: ClassVar[str]
+    #: Names registered besides :attr:`strategy_name`, each with the arguments it implies.
+    registered_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
+    #: Which object the user configures, for error messages ("Trainer" or "Fabric").
+    api: ClassVar[str] = "Trainer"
+
+    _accelerator: Any
+
+    def __init__(self, *args: Any, accelerator: Any = None, **kwargs: Any) -> None:
+        check_hpu_accelerator(self.strategy_name, accelerator, self.api)
+        if "timeout" in kwargs:
+            kwargs["timeout"] = coerce_timeout(kwargs["timeout"])
+        if "checkpoint_io" in kwargs:  # CPU tensors in the file, atomic writes
+            kwargs["checkpoint_io"] = kwargs["checkpoint_io"] or HPUCheckpointIO()
+        super().__init__(*args, accelerator=accelerator, **kwargs)
+
+    @property
+    def accelerator(self) -> Any:
+        return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator: Any) -> None:
+        check_hpu_accelerator(self.strategy_name, accelerator, self.api)
+        if accelerator is not None:
+            self._check_runnable()
+        self._accelerator = accelerator
+
+    def _check_runnable(self) -> None:
+        """Raises when this strategy cannot run on the backend in use; called once the accelerator is known."""
+
+    def _hpu_device(self, device: torch.device | str | int | None) -> torch.device:
+        # resolved once per device: root_device is read for every batch
+        resolved: dict[Any, torch.device] = self.__dict__.setdefault("_resolved_devices", {})
+        found = resolved.get(device)
+        if found is None:
+            found = resolved[device] = hpu_device(device, type(self).__name__)
+        return found
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        """Registers :attr:`strategy_name` and :attr:`registered_variants` (again: harmless)."""
+        for name, init_params in ((cls.strategy_name, {}), *cls.registered_variants):
+            description = f"{cls.__name__} ({cls.api}) {init_params or ''}".strip()
+            strategy_registry.register(name, cls, description=description, override=True, **init_params)
+
+
+class HPUParallelCore(HPUStrategyCore):
+    """What every distributed HPU strategy adds, for the Trainer and for Fabric: launch checks, the process group on
+    HCCL (gloo in emulation), collectives that fail clearly when a peer is lost or hangs, HCCL's reductions."""
+
+    #: What a failed backward or forward was doing, for the error (the collectives differ per parallelism).
+    backward_collective: ClassVar[str] = "backward (gradient all-reduce)"
+    forward_collective: ClassVar[str] = "forward (DDP bucket rebuild or buffer broadcast)"
+    #: A logger under Lightning's, so the start-up lines appear where Lightning's own would.
+    log: ClassVar[logging.Logger] = logging.getLogger("lightning.pytorch.strategies.hpu")
+
+    _timeout: timedelta
+    _process_group_backend: str | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # one guard for every backward: entering and leaving it costs well under a microsecond
+        self._backward_errors = collective_errors(self.backward_collective, self.timeout)
+        self._forward_errors = collective_errors(self.forward_collective, self.timeout)
+
+    @property
+    def timeout(self) -> timedelta:
+        """How long a collective, a barrier or the process-group set-up waits for its peers."""
+        return self._timeout
+
+    @override
+    def _check_runnable(self) -> None:
+        refuse_lazy_emulation(self.strategy_name)
+
+    @property
+    def root_device(self) -> torch.device:
+        """This process's device; in emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
+        return self._hpu_device(super().root_device)  # type: ignore[misc]
+
+    def check_launch(self) -> None:
+        """Checks the launcher's variables against ``num_nodes`` x devices and this node's HPUs, and that every device
+        is an HPU; runs while the Trainer or Fabric is built, before any process starts, and again in each process.
+
+        Raises:
+            InvalidLaunchError: the launch is malformed or disagrees with the requested layout.
+            ValueError: a device that is no HPU.
+        """
+        strategy: Any = self
+        if strategy.parallel_devices and strategy.cluster_environment is not None:
+            validate_launch(
+                strategy.cluster_environment,
+                num_devices=strategy.num_processes,
+                num_nodes=strategy.num_nodes,
+                devices_on_node=hpu.get_backend().device_count(),
+            )
+        for device in strategy.parallel_devices or ():
+            hpu_device(device, type(self).__name__)
+
+    def _get_process_group_backend(self) -> str:
+        return self._process_group_backend or hpu.get_backend().collective_backend
+
+    def _form_process_group(self) -> None:
+        reset_seed()
+        self._set_ranks()
+        self._process_group_backend = self._get_process_group_backend()
+        # the module attribute, which tests replace
+        form_process_group(self, self._process_group_backend, self.log, rendezvous.init_process_group)  # type: ignore[arg-type]
+
+    def _set_ranks(self) -> None:
+        raise NotImplementedError
+
+    def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
+        with collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
+            super().barrier(name, *args, **kwargs)  # type: ignore[misc]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with collective_errors("broadcast", self.timeout):
+            return super().broadcast(obj, src)  # type: ignore[misc]
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        """Gathers ``tensor`` from every rank; first checks that all ranks pass the same shape and dtype.
+
+        Raises:
+            CollectiveMismatchError: the ranks passed different shapes or dtypes (on every rank, naming each one's).
+        """
+        with collective_errors("all_gather", self.timeout):
+            check_same_layout(tensor, "all_gather", group)
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)  # type: ignore[misc]
+
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        # only transport failures are translated: backward also fails for reasons of its own (shapes, dtypes, NaNs)
+        with self._backward_errors:
+            return super().backward(*args, **kwargs)  # type: ignore[misc]
+
+    def _all_reduce(self, tensor: Tensor | Any, group: Any | None, reduce_op: ReduceOp | str | None) -> Tensor | Any:
+        return all_reduce(tensor, group, reduce_op, self.timeout)
+
+
+class TrainerCore(HPUStrategyCore):
+    """The Trainer's hooks of every HPU strategy."""
+
+    lightning_module: Any
+    model: Any
+    launcher: Any
+
+    def setup_environment(self) -> None:
+        super().setup_environment()  # type: ignore[misc]
+        if self.lightning_module is not None:
+            self._prepare_trainer(self.lightning_module.trainer)
+
+    def _prepare_trainer(self, trainer: pl.Trainer) -> None:
+        """The start-up line (once per Trainer), and the default callbacks: :class:`~lightning_gaudi.callbacks.MarkStep`
+        in lazy mode, :class:`~lightning_gaudi.callbacks.HPUCompile` in compile mode,
+        :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` (configured ones win). Under lazy emulation,
+        evaluation runs under ``torch.no_grad``: torch's Lazy Tensor Core cannot trace ``torch.inference_mode``."""
+        if not getattr(trainer, "_lightning_gaudi_announced", False):
+            trainer._lightning_gaudi_announced = True  # type: ignore[attr-defined]
+            rank_zero_info(hpu.device_summary(trainer.num_devices, type(self).__name__, trainer.num_nodes))
+        add_default_mark_step(trainer)
+        add_default_compile(trainer)
+        add_default_preemption(trainer)
+        backend = hpu.get_backend()
+        if backend.emulated and backend.is_lazy():
+            disable_inference_mode(trainer)
+
+    def model_to_device(self) -> None:
+        move_keeping_ties(self.model, self.root_device)  # type: ignore[attr-defined]  # Module.to unties on lazy tensors
+
+    def teardown(self) -> None:
+        module = self.lightning_module
+        tied = find_tied_parameters(module) if module is not None else []
+        super().teardown()  # type: ignore[misc]  # moves the module back to the CPU, which would untie them again
+        if module is not None:
+            restore_ties(module, tied)
+
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)  # type: ignore[misc]
+        hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
+        if getattr(self, "launcher", None) is not None and not isinstance(exception, SIGTERMException):
+            # the job has failed: the ranks this process started would wait for it in a collective until the
+            # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card.
+            # After a preemption every rank stops at the same step by itself, within its grace period.
+            self.launcher.kill(signal.SIGKILL)
+
+
+class TrainerParallelCore(TrainerCore, HPUParallelCore):
+    """The Trainer's hooks of every distributed HPU strategy."""
+
+    _layer_sync: Any
+
+    def set_world_ranks(self) -> None:
+        """Checks the launch (:meth:`check_launch`), then sets the ranks.
+
+        Lightning calls this while building the Trainer, before the launcher starts any process, and again in every
+        process before the process group forms, so a bad launch fails before anything is started or written.
+        """
+        self.check_launch()
+        super().set_world_ranks()  # type: ignore[misc]
+
+    @override
+    def _set_ranks(self) -> None:
+        self.set_world_ranks()
+
+    def setup_distributed(self) -> None:
+        """Forms the process group on HCCL (gloo in emulation); one that exists is kept."""
+        self._form_process_group()
+
+    # the forward runs collectives too (DDP's bucket rebuild and buffer broadcast, FSDP's and ZeRO-3's gathers): only
+    # transport failures are translated, the step's own errors pass through unchanged
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._forward_errors:
+            return super().training_step(*args, **kwargs)  # type: ignore[misc]
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._forward_errors:
+            return super().validation_step(*args, **kwargs)  # type: ignore[misc]
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._forward_errors:
+            return super().test_step(*args, **kwargs)  # type: ignore[misc]
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._forward_errors:
+            return super().predict_step(*args, **kwargs)  # type: ignore[misc]
+
+    def reduce(
+        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
+    ) -> Tensor | Any:
+        """All-reduces ``tensor``; a mean is a sum divided by the world size (HCCL has no mean), in floating point.
+
+        Raises:
+            CollectiveMismatchError: the ranks passed tensors of more than one element in different shapes or dtypes.
+            ValueError: ``reduce_op`` is not a reduction HCCL has (sum, min, max; mean as a sum), also in emulation
+                and in a single process.
+        """
+        return self._all_reduce(tensor, group, reduce_op)
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        if type(self._layer_sync) is TorchSyncBatchNorm:  # Trainer(sync_batchnorm=True)
+            self._layer_sync = HPUSyncBatchNorm()
+        super().setup(trainer)  # type: ignore[misc]

@@ -1,0 +1,301 @@
+"""Preemption (``PreemptionCheckpoint``): SIGTERM saves a checkpoint at a step all ranks agree on and stops every rank
+within the grace period, under Lightning's launcher, under torchrun, and on one device.
+
+The jobs run ``tests/reliability_helpers/preempt_fit.py`` (eager emulation, a tiny model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_gaudi import hpu, resume
+from lightning_gaudi.callbacks import PreemptionCheckpoint
+from lightning_gaudi.callbacks.preemption import Preempted, add_default_preemption, preempted_exit_code
+
+HELPERS = Path(__file__).parents[1] / "reliability_helpers"
+FIT = HELPERS / "preempt_fit.py"
+sys.path.insert(0, str(Path(__file__).parents[1] / "helpers"))
+from models import RegressionModel, regression_loader, trainer_kwargs  # noqa: E402
+
+START_TIMEOUT_S = 90
+SIGTERM_EXIT = 128 + signal.SIGTERM
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "LIGHTNING_GAUDI_"))}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"):
+        env.pop(name, None)
+    env.update({hpu.EMULATE_ENV: "eager", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+class Job:
+    """A preempt_fit.py job in its own session, with the pids its ranks wrote."""
+
+    def __init__(self, out: Path, *args: str, torchrun: bool = False, ranks: int = 2) -> None:
+        self.out = out
+        self.ranks = ranks
+        out.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, str(FIT), str(out), *args]
+        if torchrun:
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+            command += ["--monitor-interval", "0.2", str(FIT), str(out), "--torchrun", *args]
+        self.log = out / "job.log"
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen(
+                command, env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.pids = self._wait_for_pids()
+
+    def _wait_for_pids(self) -> list[int]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        files = [self.out / f"rank{rank}.pid" for rank in range(self.ranks)]
+        steps = [self.out / f"rank{rank}.step" for rank in range(self.ranks)]
+        while not all(f.is_file() and f.read_text() for f in files + steps):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"the job did not start training\n{self.log.read_text()[-5000:]}")
+            time.sleep(0.1)
+        return [int(f.read_text()) for f in files]
+
+    def alive(self) -> list[int]:
+        """The job's processes still running (a process that exited but was not reaped yet is not)."""
+        self.proc.poll()
+        alive = []
+        for pid in {self.proc.pid, *self.pids}:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                alive.append(pid)
+        return alive
+
+    def wait_gone(self, within: float) -> float:
+        """Seconds until every process of the job is gone; fails (after killing them) past ``within``."""
+        start = time.monotonic()
+        while self.alive():
+            if time.monotonic() - start > within:
+                self.kill()
+                pytest.fail(f"processes still running {within}s after the signal\n{self.log.read_text()[-5000:]}")
+            time.sleep(0.05)
+        took = time.monotonic() - start
+        self.proc.wait()  # exited already; reaps it and sets its return code
+        return took
+
+    def kill(self) -> None:
+        for pid in [*self.pids]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.out / "ckpt" / "last-preempted.ckpt"
+
+
+def _assert_resumes(job: Job) -> None:
+    """The checkpoint verifies, the resume policies pick it, and training goes on from its step on one device."""
+    info = resume.verify_checkpoint(job.checkpoint)
+    assert info.global_step is not None
+    assert info.global_step > 0
+    ckpt_dir = job.out / "ckpt"
+    assert resume.resolve_ckpt_path("auto", ckpt_dir) == str(job.checkpoint)
+    assert resume.resolve_ckpt_path("last", ckpt_dir) == str(job.checkpoint)
+    model = RegressionModel()
+    trainer = Trainer(
+        accelerator="hpu",
+        devices=1,
+        default_root_dir=job.out,
+        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_top_k=0)],
+        **trainer_kwargs(max_steps=info.global_step + 2, max_epochs=None, enable_checkpointing=True),
+    )
+    trainer.fit(model, regression_loader(), ckpt_path="last")  # Lightning's own "last" finds it too
+    assert trainer.global_step == info.global_step + 2
+    restored = torch.load(job.checkpoint, weights_only=False)
+    assert restored["global_step"] == info.global_step
+
+
+@pytest.mark.subprocess
+def test_sigterm_to_the_whole_job_saves_a_checkpoint_and_ends_every_rank(
+    tmp_path: Path, eager_hpu: hpu.Backend
+) -> None:
+    grace = 20.0
+    job = Job(tmp_path / "job", "--grace", str(grace))
+    os.killpg(job.proc.pid, signal.SIGTERM)  # what a scheduler does: every process of the job
+    took = job.wait_gone(within=grace)
+    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
+    steps = {int((job.out / f"rank{rank}.step").read_text()) for rank in range(2)}
+    assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
+    print(f"2 ranks, SIGTERM to the job: all gone {took:.2f}s after the signal")
+    _assert_resumes(job)
+    # the callbacks' batch-end hooks (which stop) run before the model's (which records the step)
+    assert resume.read_checkpoint_info(job.checkpoint).global_step == steps.pop() + 1
+    assert not [p for p in (job.out / "ckpt").iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("strategy", ["hpu_fsdp", "hpu_deepspeed_stage_2"])
+def test_sigterm_ends_a_sharded_job_as_it_ends_a_ddp_job(tmp_path: Path, strategy: str) -> None:
+    """The shared strategy core behaves the same for every distributed strategy: a checkpoint at one step, exit 143
+    from every process, none left."""
+    if strategy.startswith("hpu_deepspeed"):
+        pytest.importorskip("deepspeed", reason="DeepSpeed is not installed")
+    grace = 20.0
+    job = Job(tmp_path / "job", "--grace", str(grace), "--strategy", strategy)
+    os.killpg(job.proc.pid, signal.SIGTERM)
+    took = job.wait_gone(within=grace)
+    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
+    steps = {int((job.out / f"rank{rank}.step").read_text()) for rank in range(2)}
+    assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
+    assert job.checkpoint.exists(), job.log.read_text()[-4000:]
+    assert sorted(p.name for p in (job.out / "ckpt").iterdir()) == ["last-preempted.ckpt"]
+    print(f"2 ranks of {strategy}, SIGTERM to the job: all gone {took:.2f}s after the signal")
+
+
+@pytest.mark.subprocess
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    grace = 20.0
+    job = Job(tmp_path / "job", "--grace", str(grace))
+    os.kill(job.pids[1], signal.SIGTERM)  # rank 1 alone: rank 0 learns it from the vote
+    took = job.wait_gone(within=grace)
+    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
+    steps = {int((job.out / f"rank{rank}.step").read_text()) for rank in range(2)}
+    assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
+    assert resume.verify_checkpoint(job.checkpoint).global_step == steps.pop() + 1
+    print(f"2 ranks, SIGTERM to rank 1 only: all gone {took:.2f}s after the signal")
+
+
+@pytest.mark.subprocess
+def test_a_grace_period_too_short_ends_every_rank_without_a_partial_checkpoint(tmp_path: Path) -> None:
+    grace = 2.0
+    job = Job(tmp_path / "job", "--grace", str(grace), "--slow-save", "30")
+    os.killpg(job.proc.pid, signal.SIGTERM)
+    took = job.wait_gone(within=grace + 8)  # the grace period, then the interpreter's exit on a busy machine
+    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
+    assert "grace period of 2s ran out while saving" in job.log.read_text()
+    leftovers = sorted(p.name for p in (job.out / "ckpt").iterdir()) if (job.out / "ckpt").exists() else []
+    assert leftovers == [], f"a grace period that ran out left {leftovers}"
+    print(f"2 ranks, grace period 2 s, a 30 s save: all gone {took:.2f}s after the signal")
+
+
+@pytest.mark.subprocess
+def test_sigterm_to_all_torchrun_agents_saves_and_ends_every_rank(tmp_path: Path) -> None:
+    grace = 15.0
+    job = Job(tmp_path / "job", "--grace", str(grace), torchrun=True)
+    os.killpg(job.proc.pid, signal.SIGTERM)  # the agent and its workers, as a scheduler signals a job step
+    job.wait_gone(within=grace + 5)
+    log = job.log.read_text()
+    assert job.proc.returncode != 0, log[-4000:]  # the agent reports the signal it got
+    assert "preempted by SIGTERM: saved" in log, log[-4000:]
+    assert resume.verify_checkpoint(job.checkpoint).global_step
+
+
+@pytest.mark.subprocess
+def test_sigterm_on_one_device_saves_and_stops(tmp_path: Path, eager_hpu: hpu.Backend) -> None:
+    job = Job(tmp_path / "job", "--devices", "1", "--grace", "20", ranks=1)
+    job.proc.send_signal(signal.SIGTERM)
+    job.wait_gone(within=20)
+    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
+    _assert_resumes(job)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# In one process
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class SignalsItself(RegressionModel):
+    """Sends ``signum`` to its own process after batch ``at``."""
+
+    def __init__(self, signum: int, at: int = 2) -> None:
+        super().__init__()
+        self.signum = signum
+        self.at = at
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        if batch_idx == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+def _fit_until_preempted(tmp_path: Path, callback: PreemptionCheckpoint, signum: int) -> tuple[Trainer, Preempted]:
+    trainer = Trainer(
+        accelerator="hpu",
+        devices=1,
+        callbacks=[callback, ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=0)],
+        **trainer_kwargs(max_steps=20, enable_checkpointing=True),
+    )
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(Preempted) as raised:
+            trainer.fit(SignalsItself(signum), regression_loader())
+    finally:
+        if callback._timer is not None:
+            callback._timer.cancel()  # this process goes on: the grace period's exit must not end pytest
+    assert signal.getsignal(signal.SIGTERM) == previous, "the fit left its handler installed"
+    return trainer, raised.value
+
+
+def test_preempted_in_process_saves_at_the_next_step_and_exits_with_128_plus_the_signal(
+    tmp_path: Path, eager_hpu: hpu.Backend
+) -> None:
+    callback = PreemptionCheckpoint(grace_period=60)
+    trainer, raised = _fit_until_preempted(tmp_path, callback, signal.SIGTERM)
+    assert raised.code == SIGTERM_EXIT == preempted_exit_code(signal.SIGTERM)
+    assert raised.checkpoint == str(tmp_path / "ckpt" / "last-preempted.ckpt")
+    assert trainer.global_step == 4  # signalled after the third batch, stopped at the end of the fourth
+    assert resume.verify_checkpoint(raised.checkpoint).global_step == 4
+    assert not trainer.received_sigterm  # Lightning's own handling never saw it
+
+
+def test_sigusr1_preempts_when_asked(tmp_path: Path, eager_hpu: hpu.Backend) -> None:
+    callback = PreemptionCheckpoint(grace_period=60, signals=["SIGTERM", "USR1"], dirpath=str(tmp_path / "elsewhere"))
+    previous = signal.getsignal(signal.SIGUSR1)
+    _, raised = _fit_until_preempted(tmp_path, callback, signal.SIGUSR1)
+    assert raised.code == 128 + signal.SIGUSR1
+    assert raised.checkpoint == str(tmp_path / "elsewhere" / "last-preempted.ckpt")
+    assert resume.is_complete_checkpoint(raised.checkpoint)
+    assert signal.getsignal(signal.SIGUSR1) == previous
+
+
+def test_the_hpu_strategies_add_one_by_default_and_a_configured_one_wins(eager_hpu: hpu.Backend) -> None:
+    trainer = Trainer(accelerator="hpu", devices=1, **trainer_kwargs(max_steps=1))
+    trainer.fit(RegressionModel(), regression_loader())
+    assert sum(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks) == 1
+    off = PreemptionCheckpoint(enabled=False)
+    trainer = Trainer(accelerator="hpu", devices=1, callbacks=[off], **trainer_kwargs(max_steps=1))
+    assert add_default_preemption(trainer) is None
+    trainer.fit(RegressionModel(), regression_loader())
+    assert [c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)] == [off]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"grace_period": 0}, "positive, finite"),
+        ({"grace_period": float("nan")}, "positive, finite"),
+        ({"grace_period": float("inf")}, "positive, finite"),
+        ({"grace_period": "30"}, "number of seconds"),
+        ({"signals": ["SIGKILL"]}, "no process can catch it"),
+        ({"signals": ["SIGNOPE"]}, "not a signal"),
+        ({"signals": []}, "handles nothing"),
+        ({"filename": "a/b"}, "without a folder"),
+        ({"filename": ""}, "without a folder"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PreemptionCheckpoint(**kwargs)  # type: ignore[arg-type]

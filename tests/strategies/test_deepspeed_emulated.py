@@ -1,0 +1,130 @@
+"""Real 2-process ``hpu_deepspeed`` fits under eager emulation (DeepSpeed's CPU accelerator, gloo), checked against
+one process on the union of the batches, and a checkpoint directory resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers.models import make_net, regression_data
+from lightning_utilities.core.imports import RequirementCache
+
+from lightning_gaudi import hpu
+from strategies.test_parallel_emulated import _reference, _rows
+
+HELPERS_DIR = Path(__file__).parents[1] / "helpers"
+pytestmark = [
+    pytest.mark.subprocess,
+    pytest.mark.skipif(
+        not RequirementCache("deepspeed"), reason="DeepSpeed is not installed (scripts/setup.sh installs it)"
+    ),
+]
+
+
+def _run(out: Path, strategy: str, mode: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
+        env.pop(name, None)
+    env.pop("DS_ACCELERATOR", None)  # the strategy chooses it
+    env[hpu.EMULATE_ENV] = "eager"
+    command = [sys.executable, str(HELPERS_DIR / "deepspeed_fit.py"), str(out), strategy, mode, *extra]
+    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def _ranks(out: Path) -> list[dict[str, Any]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def _tensors(weights: dict[str, list[Any]]) -> dict[str, torch.Tensor]:
+    return {name: torch.tensor(value) for name, value in weights.items()}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "stage"),
+    # ZeRO-1 runs the same DeepSpeed optimizer as ZeRO-2 (gradients kept whole); its name and config are unit-tested
+    [("deepspeed_stage_2", 2), ("hpu_deepspeed_stage_3", 3)],
+)
+def test_two_ranks_match_one_process_on_the_union(tmp_path: Path, strategy: str, stage: int) -> None:
+    """ZeRO with SGD and no clipping: both ranks end with the weights one process reaches on the union of their
+    batches (Lightning's name ``deepspeed_stage_2`` runs the HPU strategy too); under ZeRO-3 each rank holds about
+    half of the parameters while it trains."""
+    proc = _run(tmp_path, strategy, "fit")
+    assert proc.stderr.count("distributed_backend=gloo\nAll distributed processes registered. Starting with 2") == 1
+    ranks = _ranks(tmp_path)
+    for rank, facts in enumerate(ranks):
+        assert facts["global_rank"] == rank
+        assert facts["strategy"] == "HPUDeepSpeedStrategy"
+        assert facts["engine"] == "DeepSpeedEngine"
+        assert facts["zero_stage"] == stage
+        assert facts["gradient_clipping"] == 0.0  # not DeepSpeed's default of 1.0
+        assert facts["process_group_backend"] == "gloo"
+        assert facts["steps"] == 4
+        total = facts["total"][0]
+        assert total == 49
+        if stage == 3:
+            # each parameter is split in two, padded to an even length: 16 + 4 + 4 + 1 of 32 + 8 + 8 + 1
+            assert facts["held"] == [25] * 4
+        else:
+            assert facts["held"] == [total] * 4
+    initial = ranks[0]["initial"]
+    assert ranks[1]["initial"] == initial
+    dataset = _rows(regression_data(32)[0].tolist())
+    for (x0, _), (x1, _) in zip(ranks[0]["batches"], ranks[1]["batches"], strict=True):
+        assert _rows(x0) <= dataset
+        assert _rows(x1) <= dataset
+        assert not _rows(x0) & _rows(x1), "both ranks trained on the same samples"
+    expected = _reference(initial, list(zip(ranks[0]["batches"], ranks[1]["batches"], strict=True)))
+    alone = _reference(initial, [(batch, batch) for batch in ranks[0]["batches"]])  # rank 0 unsynchronized
+    final0, final1 = _tensors(ranks[0]["final"]), _tensors(ranks[1]["final"])
+    for name, tensor in expected.items():
+        assert torch.equal(final0[name], final1[name]), f"{name} differs between ranks"
+        torch.testing.assert_close(final0[name], tensor, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(final0[name], torch.tensor(initial[name])), f"{name} never trained"
+    assert any(not torch.allclose(alone[n], expected[n], rtol=1e-3, atol=1e-4) for n in expected), "cannot tell"
+    # validate, test and predict after fit, on the same Trainer: the loss of the trained weights on all 32 samples
+    x, y = regression_data(32)
+    net = make_net()
+    net.load_state_dict({name.removeprefix("net."): tensor for name, tensor in final0.items()})
+    with torch.no_grad():
+        loss = torch.nn.functional.mse_loss(net(x), y).item()
+    for rank in range(2):
+        evaluated = json.loads((tmp_path / f"rank{rank}.eval.json").read_text())
+        assert evaluated["validate"] == pytest.approx(loss, rel=1e-5)
+        assert evaluated["test"] == pytest.approx(loss, rel=1e-5)
+        assert evaluated["predicted"] == 16  # each rank predicts its half of the samples
+
+
+def test_a_checkpoint_directory_resumes_to_the_same_weights(tmp_path: Path) -> None:
+    """ZeRO-3 (every rank writes its shards): 2 epochs straight, and epoch 2 resumed from the directory written after
+    epoch 1, end with the same weights; no staging directory is left behind."""
+    straight = tmp_path / "straight"
+    resumed = tmp_path / "resumed"
+    straight.mkdir()
+    resumed.mkdir()
+    _run(straight, "hpu_deepspeed_stage_3", "checkpointed")
+    written = sorted(path.name for path in (straight / "ckpt").iterdir())
+    assert written == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"]
+    first = straight / "ckpt" / "epoch=0-step=2.ckpt"
+    assert (first / "latest").read_text().strip() == "checkpoint"
+    shards = sorted(path.name for path in (first / "checkpoint").iterdir())
+    assert "zero_pp_rank_0_mp_rank_00_model_states.pt" in shards
+    assert "zero_pp_rank_1_mp_rank_00_model_states.pt" in shards
+    _run(resumed, "hpu_deepspeed_stage_3", "resume", str(first))
+    facts_straight, facts_resumed = _ranks(straight), _ranks(resumed)
+    assert facts_straight[0]["steps"] == facts_resumed[0]["steps"] == 4
+    assert len(facts_resumed[0]["batches"]) == 2  # only the second epoch ran again
+    assert facts_resumed[0]["batches"] == facts_straight[0]["batches"][2:]
+    for rank in (0, 1):
+        final, again = _tensors(facts_straight[rank]["final"]), _tensors(facts_resumed[rank]["final"])
+        for name, tensor in final.items():
+            # only 2 of the 4 steps ran here: equal weights mean the first 2 came from the checkpoint
+            torch.testing.assert_close(again[name], tensor, rtol=0, atol=0)
+    assert not list((straight / "ckpt").glob("*.partial")), "a staging directory was left behind"

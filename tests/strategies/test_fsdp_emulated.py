@@ -1,0 +1,143 @@
+"""A real 2-process ``hpu_fsdp`` run under eager emulation (gloo): weights against a 1-process reference, per-rank
+shards, and resuming from a sharded and from a full checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers.models import make_net, regression_data
+
+from lightning_gaudi import hpu
+
+MOMENTUM = 0.9  # helpers/fsdp_fit.py's optimizer
+STEPS = 4
+RESUMED_STEPS = 6
+BATCH = 4  # per rank
+HELPERS_DIR = Path(__file__).parents[1] / "helpers"
+
+
+def _run(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in launch_vars:  # a fresh launch: Lightning picks a free port
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(HELPERS_DIR / "fsdp_fit.py"), str(out), *args]
+    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def _ranks(out: Path, mode: str) -> list[dict[str, Any]]:
+    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def _tensors(weights: dict[str, list[Any]]) -> dict[str, torch.Tensor]:
+    return {name: torch.tensor(value) for name, value in weights.items()}
+
+
+def _reference(initial: dict[str, list[Any]], steps: list[tuple[Any, Any]]) -> dict[str, torch.Tensor]:
+    """SGD with momentum in one process, step k on the union of both ranks' step-k batches.
+
+    FSDP averages the two ranks' gradients in its reduce-scatter; with equal batch sizes and mean losses that is the
+    gradient of the mean loss over the union, so the weights must agree up to float rounding.
+    """
+    net = make_net()
+    net.load_state_dict({name.removeprefix("net."): torch.tensor(value) for name, value in initial.items()})
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=MOMENTUM)
+    for (x0, y0), (x1, y1) in steps:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(torch.tensor(x0 + x1)), torch.tensor(y0 + y1)).backward()
+        optimizer.step()
+    return {f"net.{name}": tensor for name, tensor in net.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("fsdp")
+    return out, _run(out, "fit", str(STEPS))
+
+
+@pytest.mark.subprocess
+def test_two_process_fit_matches_one_process_on_the_union_of_batches(
+    fitted: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    out, proc = fitted
+    for rank in (0, 1):
+        assert (
+            proc.stderr.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}") == 1
+        )
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
+        proc.stderr
+    )
+    ranks = _ranks(out, "fit")
+    initial = ranks[0]["initial"]
+    assert ranks[1]["initial"] == initial
+    total = sum(torch.tensor(value).numel() for value in initial.values())
+    for rank, facts in enumerate(ranks):
+        assert facts["global_rank"] == rank
+        assert facts["wrapper"] == "FullyShardedDataParallel"
+        assert facts["process_group_backend"] == "gloo"
+        assert facts["steps"] == STEPS
+        # FULL_SHARD: each rank holds about half of the parameters and of the optimizer state, all along
+        for held in facts["parameter_elements"] + facts["optimizer_state_elements"]:
+            assert total // 2 - 1 <= held <= total // 2 + 1, (held, total)
+    assert ranks[0]["parameter_elements"][0] + ranks[1]["parameter_elements"][0] == total
+
+    dataset = {tuple(row) for row in regression_data(32)[0].tolist()}
+    for (x0, _), (x1, _) in zip(ranks[0]["batches"], ranks[1]["batches"], strict=True):
+        rows0, rows1 = {tuple(r) for r in x0}, {tuple(r) for r in x1}
+        assert len(rows0) == len(rows1) == BATCH
+        assert rows0 <= dataset
+        assert rows1 <= dataset
+        assert not rows0 & rows1, "both ranks trained on the same samples: the sampler did not shard the data"
+
+    expected = _reference(initial, list(zip(ranks[0]["batches"], ranks[1]["batches"], strict=True)))
+    final0, final1 = _tensors(ranks[0]["final"]), _tensors(ranks[1]["final"])
+    for name, tensor in expected.items():
+        assert torch.equal(final0[name], final1[name]), f"{name} differs between ranks"
+        torch.testing.assert_close(final0[name], tensor, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(final0[name], torch.tensor(initial[name])), f"{name} never trained"
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("kind", ["sharded", "full"])
+def test_a_checkpoint_resumes_to_the_same_weights(
+    fitted: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path, kind: str
+) -> None:
+    out, _ = fitted
+    checkpoint = out / f"{kind}.ckpt"
+    if kind == "sharded":  # a directory of shards, renamed into place complete: no staging directory is left
+        assert checkpoint.is_dir()
+        assert (checkpoint / "meta.pt").is_file()
+        assert {p.name for p in out.iterdir() if p.name.startswith(".")} == set()
+    else:
+        assert checkpoint.is_file()
+        state = torch.load(checkpoint, weights_only=False)
+        assert set(state["state_dict"]) == set(_ranks(out, "fit")[0]["initial"])  # full, plain parameter names
+    _run(tmp_path, "resume", str(RESUMED_STEPS), str(checkpoint))
+
+    fitted_ranks, resumed = _ranks(out, "fit"), _ranks(tmp_path, "resume")
+    for facts in resumed:
+        assert facts["start_step"] == STEPS
+        assert facts["steps"] == RESUMED_STEPS
+        assert facts["start"] == fitted_ranks[0]["final"]  # every weight restored, bit for bit
+    # the momentum buffers were restored too: the resumed steps continue the reference's momentum
+    steps = [
+        *zip(fitted_ranks[0]["batches"], fitted_ranks[1]["batches"], strict=True),
+        *zip(resumed[0]["batches"], resumed[1]["batches"], strict=True),
+    ]
+    assert len(steps) == RESUMED_STEPS
+    expected = _reference(fitted_ranks[0]["initial"], steps)
+    final0, final1 = _tensors(resumed[0]["final"]), _tensors(resumed[1]["final"])
+    for name, tensor in expected.items():
+        assert torch.equal(final0[name], final1[name])
+        torch.testing.assert_close(final0[name], tensor, rtol=1e-5, atol=1e-6)
