@@ -403,8 +403,7 @@ def _ddp_child(bucket_cap_mb: float, steps: int, out: Path) -> None:
 
     import lightning_gaudi  # noqa: F401 - registers "hpu"
     from lightning_gaudi import HPUParallelStrategy
-    from lightning_gaudi.callbacks import HPUCompile
-    from lightning_gaudi.callbacks import dynamo
+    from lightning_gaudi.callbacks import HPUCompile, dynamo
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")

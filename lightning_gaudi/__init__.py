@@ -21,7 +21,13 @@ from lightning_gaudi.fsdp_precision import HPUFSDPPrecision
 from lightning_gaudi.hpu.runtime import RecipeCache, Runtime, configure
 from lightning_gaudi.optimizers import fuse_optimizer
 from lightning_gaudi.precision import HPUPrecision
-from lightning_gaudi.strategies import HPUDeepSpeedStrategy, HPUFSDPStrategy, HPUParallelStrategy, SingleHPUStrategy
+from lightning_gaudi.strategies import (
+    HPUDeepSpeedStrategy,
+    HPUFSDPStrategy,
+    HPUModelParallelStrategy,
+    HPUParallelStrategy,
+    SingleHPUStrategy,
+)
 
 __version__ = "0.1.0"
 
@@ -31,6 +37,7 @@ __all__ = [
     "HPUDeepSpeedStrategy",
     "HPUFSDPPrecision",
     "HPUFSDPStrategy",
+    "HPUModelParallelStrategy",
     "HPUParallelStrategy",
     "HPUPrecision",
     "RecipeCache",
@@ -60,6 +67,7 @@ def register() -> None:
     HPUParallelStrategy.register_strategies(StrategyRegistry)
     HPUDeepSpeedStrategy.register_strategies(StrategyRegistry)
     HPUFSDPStrategy.register_strategies(StrategyRegistry)
+    HPUModelParallelStrategy.register_strategies(StrategyRegistry)
     fabric.register()
     routing.install()
     patches.install_all()

@@ -24,10 +24,10 @@ from typing_extensions import override
 
 import lightning_gaudi
 from lightning_gaudi import hpu
+from lightning_gaudi.callbacks import dynamo
 from lightning_gaudi.callbacks.inference import HPUCompile
 from lightning_gaudi.callbacks.memory_stats import check_interval
 from lightning_gaudi.hpu import runtime
-from lightning_gaudi.callbacks import dynamo
 
 #: How to see the bridge's own logs of CPU fallbacks (and compilations) on Gaudi.
 BRIDGE_LOG_HINT = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"

@@ -15,8 +15,8 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.hpu import runtime
 from lightning_gaudi.callbacks import dynamo
+from lightning_gaudi.hpu import runtime
 
 EVAL_STAGES = ("validate", "test", "predict")
 

@@ -7,7 +7,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from lightning.fabric.utilities.types import Optimizable
 from torch import Tensor
 from torch.nn import Module
@@ -55,7 +54,6 @@ class FabricCore(HPUStrategyCore):
     """
 
     api = "Fabric"
-    root_device: torch.device
 
     def __init__(self, *args: Any, mark_step: bool = True, **kwargs: Any) -> None:
         self._mark_step = mark_step
@@ -78,7 +76,7 @@ class FabricCore(HPUStrategyCore):
 
     def module_to_device(self, module: Module) -> None:
         before = dict(module.named_parameters(remove_duplicate=False))
-        move_keeping_ties(module, self.root_device)
+        move_keeping_ties(module, self.root_device)  # type: ignore[attr-defined]
         for name, parameter in module.named_parameters(remove_duplicate=False):
             old = before.get(name)
             if old is not None and old is not parameter:

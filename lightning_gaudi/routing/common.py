@@ -106,7 +106,7 @@ class Routing:
     lightning_single: type
     single_hpu: type
     parallel_hpu: type
-    mixed_precision: Callable[[str], Any]
+    mixed_precision: Callable[..., Any]
     check_plugin: Callable[[Any], None]
     fp8_plugin: Callable[[Any], Any]
 

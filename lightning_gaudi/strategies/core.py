@@ -109,7 +109,7 @@ class HPUStrategyCore:
     Subclasses set :attr:`strategy_name` and may list extra registry names in :attr:`registered_variants`.
     """
 
-    strategy_name: ClassVar[str]
+    strategy_name: str
     #: Names registered besides :attr:`strategy_name`, each with the arguments it implies.
     registered_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
     #: Which object the user configures, for error messages ("Trainer" or "Fabric").
@@ -123,7 +123,7 @@ class HPUStrategyCore:
             kwargs["timeout"] = coerce_timeout(kwargs["timeout"])
         if "checkpoint_io" in kwargs:  # CPU tensors in the file, atomic writes
             kwargs["checkpoint_io"] = kwargs["checkpoint_io"] or HPUCheckpointIO()
-        super().__init__(*args, accelerator=accelerator, **kwargs)
+        super().__init__(*args, accelerator=accelerator, **kwargs)  # type: ignore[call-arg]
 
     @property
     def accelerator(self) -> Any:
@@ -165,7 +165,7 @@ class HPUParallelCore(HPUStrategyCore):
     #: A logger under Lightning's, so the start-up lines appear where Lightning's own would.
     log: ClassVar[logging.Logger] = logging.getLogger("lightning.pytorch.strategies.hpu")
 
-    _timeout: timedelta
+    _timeout: timedelta | None
     _process_group_backend: str | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -177,6 +177,7 @@ class HPUParallelCore(HPUStrategyCore):
     @property
     def timeout(self) -> timedelta:
         """How long a collective, a barrier or the process-group set-up waits for its peers."""
+        assert self._timeout is not None  # coerced in __init__
         return self._timeout
 
     @override

@@ -25,9 +25,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
 from lightning_gaudi import HPUParallelStrategy, hpu
-from lightning_gaudi.callbacks import FusedOptimizers, HPUCompile, HPUGraphs
+from lightning_gaudi.callbacks import FusedOptimizers, HPUCompile, HPUGraphs, dynamo
 from lightning_gaudi.callbacks.inference import CompiledForward, compile_targets
-from lightning_gaudi.callbacks import dynamo
 
 
 def _spy_wrap(backend: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:

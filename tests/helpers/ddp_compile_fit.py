@@ -1,4 +1,5 @@
-"""A real 2-process ``hpu_parallel`` fit in compile mode under eager emulation, for ``tests/strategies/test_parallel_compile.py``.
+"""A real 2-process ``hpu_parallel`` fit in compile mode under eager emulation, for
+``tests/strategies/test_parallel_compile.py``.
 
 Run as ``python ddp_compile_fit.py OUT_DIR BUCKET_CAP_MB STEPS`` with ``LIGHTNING_GAUDI_EMULATE=eager``,
 ``LIGHTNING_GAUDI_COMPILE=1`` (compile mode: the strategy adds ``HPUCompile`` by itself) and

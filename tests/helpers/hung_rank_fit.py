@@ -1,4 +1,5 @@
-"""A 2-process ``hpu_parallel`` fit in which rank 0 fails while rank 1 hangs, for ``tests/strategies/test_parallel_emulated.py``.
+"""A 2-process ``hpu_parallel`` fit in which rank 0 fails while rank 1 hangs,
+for ``tests/strategies/test_parallel_emulated.py``.
 
 Run as ``python hung_rank_fit.py OUT_DIR`` with ``LIGHTNING_GAUDI_EMULATE=eager``. Rank 1 writes its pid to
 ``OUT_DIR/rank1.pid`` and then sleeps in its second training step; rank 0 raises in its second training step.

@@ -11,7 +11,7 @@ from helpers.hf_style import HFStyleClassifier, TinyForSequenceClassification, t
 from helpers.workload import quiet_trainer
 
 from lightning_gaudi import hpu
-from lightning_gaudi.callbacks import HPUCompile
+from lightning_gaudi.callbacks import HPUCompile, dynamo
 from lightning_gaudi.hpu.runtime import (
     COMPILE_BACKEND_ENV,
     COMPILE_ENV,
@@ -20,7 +20,6 @@ from lightning_gaudi.hpu.runtime import (
     configure,
     emulated_compile_backend,
 )
-from lightning_gaudi.callbacks import dynamo
 
 
 @pytest.fixture

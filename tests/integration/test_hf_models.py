@@ -17,8 +17,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_gaudi import hpu
-from lightning_gaudi.callbacks import HPUCompile
-from lightning_gaudi.callbacks import dynamo
+from lightning_gaudi.callbacks import HPUCompile, dynamo
 
 transformers = pytest.importorskip("transformers")
 

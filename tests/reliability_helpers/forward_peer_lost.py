@@ -1,4 +1,5 @@
-"""A 2-process ``hpu_parallel`` fit in which rank 1 dies before its third forward, for ``tests/callbacks/test_preemption.py``.
+"""A 2-process ``hpu_parallel`` fit in which rank 1 dies before its third forward,
+for ``tests/callbacks/test_preemption.py``.
 
 Run as ``python forward_peer_lost.py`` with ``LIGHTNING_GAUDI_EMULATE=eager``. The model has a batch norm, so DDP
 broadcasts its buffers from rank 0 at the start of every forward: rank 0's next collective is inside DDP's forward,

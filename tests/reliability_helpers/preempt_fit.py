@@ -6,8 +6,9 @@
 ``OUT_DIR/rank<r>.step`` (its global step) after every batch (the callbacks' batch-end hooks run first, so a
 checkpoint saved there is one step later) and ``OUT_DIR/rank<r>.ended`` (the time) when ``fit`` returns or raises.
 Checkpoints go to ``OUT_DIR/ckpt`` (the ``ModelCheckpoint`` folder, which saves nothing by itself here).
-``--strategy NAME`` trains with another strategy (``hpu_fsdp``, ``hpu_deepspeed_stage_2``). ``--slow-save S`` makes pickling the checkpoint take S seconds (the temporary file is open by then), for a grace period
-that runs out during the save.
+``--strategy NAME`` trains with another strategy (``hpu_fsdp``, ``hpu_deepspeed_stage_2``). ``--slow-save S`` makes
+pickling the checkpoint take S seconds (the temporary file is open by then), for a grace period that runs out during
+the save.
 """
 
 from __future__ import annotations

@@ -1,0 +1,192 @@
+"""The ``"hpu_model_parallel"`` strategy: FSDP2 and tensor parallelism over a 2-D device mesh on HPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+from lightning_gaudi.distributed import DEFAULT_TIMEOUT
+from lightning_gaudi.strategies._staged import save_sharded_checkpoint
+from lightning_gaudi.strategies.core import TrainerParallelCore
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+MeshSize = int | Literal["auto"]
+
+
+def check_mesh_size(name: str, value: object) -> None:
+    """Raises a clear error for a ``data_parallel_size``/``tensor_parallel_size`` that is neither ``"auto"`` nor a
+    positive int."""
+    if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"`{name}={value!r}` must be a positive int or 'auto'.")
+
+
+def mesh_shape(data_parallel: MeshSize, tensor_parallel: MeshSize, num_nodes: int, per_node: int) -> tuple[int, int]:
+    """The ``(data_parallel, tensor_parallel)`` mesh shape: ``"auto"`` is the node count and the cards per node.
+
+    Raises:
+        ValueError: the product is not the world size (``num_nodes`` x ``per_node``).
+    """
+    shape = (
+        num_nodes if data_parallel == "auto" else data_parallel,
+        per_node if tensor_parallel == "auto" else tensor_parallel,
+    )
+    if shape[0] * shape[1] != num_nodes * per_node:
+        raise ValueError(
+            f"`data_parallel_size={shape[0]}` x `tensor_parallel_size={shape[1]}` must equal the world size,"
+            f" {num_nodes} node(s) x {per_node} device(s) = {num_nodes * per_node}. Change the sizes or `devices`."
+        )
+    return shape  # type: ignore[return-value]
+
+
+def refuse_lazy_dtensor(strategy_name: str) -> None:
+    """Raises a clear error in lazy mode (real or emulated): DTensor, which FSDP2 and tensor parallelism build on."""
+    backend = hpu.get_backend()
+    if backend.is_lazy():
+        raise ValueError(
+            f"{strategy_name!r} cannot run in lazy mode: Intel supports DTensor (FSDP2, tensor parallelism) on Gaudi in"
+            " eager and compile mode only. Run in eager or compile mode (lightning_gaudi.configure(execution_mode="
+            f"'compile'), PT_HPU_LAZY_MODE=0; {hpu.EMULATE_ENV}=eager in emulation), or use strategy 'hpu_fsdp'."
+        )
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
+    """Clips the gradients of ``parameters`` by their global norm over every rank's shards; returns that norm.
+
+    Unlike ``torch.nn.utils.clip_grad_norm_`` it takes a mix of DTensors of any placement (tensor-parallel and FSDP2
+    shards) and plain, replicated tensors (layers no plan shards). Each DTensor's norm is a collective: call it on
+    every rank.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    norms = []
+    for grad in grads:
+        norm = torch.linalg.vector_norm(grad, norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]), norm_type)
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for grad in grads:
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
+        local.mul_(coefficient.to(local.device, local.dtype))
+    return total
+
+
+class LateArguments:
+    """Takes the arguments every strategy takes (Lightning's ``ModelParallelStrategy`` takes none of them and lets the
+    Trainer or Fabric set them later) and sets those given, after Lightning's ``__init__``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = ("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin")
+        given = {name: kwargs.pop(name) for name in (*names, "precision") if name in kwargs}
+        super().__init__(*args, **kwargs)
+        for name, value in given.items():
+            if value is not None:
+                setattr(self, name, value)
+
+
+class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallelStrategy):
+    """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs.
+
+    Lightning's :class:`~lightning.pytorch.strategies.ModelParallelStrategy` on the HPU: the 2-D device mesh
+    ``(data_parallel, tensor_parallel)`` is built on the HPU over HCCL (on the CPU over gloo in eager emulation) and
+    is ``self.device_mesh`` in the LightningModule's ``configure_model``, where the model applies its plan. Mixed
+    precision autocasts on the HPU device type; ``gradient_clip_val`` clips by the global norm over every shard
+    (:func:`clip_grad_norm_`). Eager and compile mode; lazy mode is refused (Intel supports DTensor in eager and
+    compile mode only). Launch checks, timeouts and preemption are those of every HPU strategy.
+
+    Checkpoints: with ``save_distributed_checkpoint=True`` every rank writes its shard into a directory, built under a
+    temporary name and renamed into place once all have written; it resumes on the same mesh (``ckpt_path`` the
+    directory). With ``False`` rank 0 writes the full weights and optimizer states into one file, for inference or
+    another layout.
+
+    Args:
+        data_parallel_size: ranks that shard the data and FSDP2's states; ``"auto"``: the node count.
+        tensor_parallel_size: ranks that split each layer; ``"auto"``: the cards per node.
+        save_distributed_checkpoint: a sharded directory (``True``) or a full file (``False``).
+        accelerator, parallel_devices, cluster_environment: normally left to the Trainer.
+        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO`.
+        precision_plugin: normally ``Trainer(precision=...)``.
+        process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
+        timeout: how long a collective waits for its peers (a ``timedelta`` or seconds; default 10 minutes).
+
+    Raises:
+        ValueError: a size that is not a positive int or ``"auto"``; sizes whose product is not the world size (while
+            the Trainer is built, before any process starts); lazy mode; a bad ``timeout``; a non-HPU accelerator.
+    """
+
+    strategy_name = "hpu_model_parallel"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (ModelParallelStrategy,)
+    backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
+    forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
+
+    def __init__(
+        self,
+        data_parallel_size: MeshSize = "auto",
+        tensor_parallel_size: MeshSize = "auto",
+        save_distributed_checkpoint: bool = True,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+    ) -> None:
+        check_mesh_size("data_parallel_size", data_parallel_size)
+        check_mesh_size("tensor_parallel_size", tensor_parallel_size)
+        super().__init__(
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=tensor_parallel_size,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
+
+    @override
+    def _check_runnable(self) -> None:
+        refuse_lazy_dtensor(self.strategy_name)
+
+    @override
+    def _configure_launcher(self) -> None:
+        # runs while the Trainer is built, before any process starts
+        mesh_shape(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
+        super()._configure_launcher()
+
+    @override
+    def _setup_distributed(self) -> None:
+        self._form_process_group()  # HCCL (gloo in emulation); the mesh is then built on the root device's type
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        super().setup(trainer)
+        plugin = self.precision_plugin
+        # Lightning clips with torch's clip_grad_norm_, which refuses tensor-parallel models (DTensors of several
+        # placements beside plain tensors)
+        plugin.clip_grad_by_norm = lambda optimizer, clip_val: clip_grad_norm_(plugin.main_params(optimizer), clip_val)  # type: ignore[method-assign]
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        if not self._save_distributed_checkpoint:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        save_sharded_checkpoint(self, checkpoint, filepath, storage_options, model_key="state_dict")
