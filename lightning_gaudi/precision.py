@@ -128,6 +128,23 @@ class OpListMode(TorchFunctionMode):
             return func(*tree_map(cast, args), **tree_map(cast, kwargs))
 
 
+def autocast_device(precision: str, api: str) -> str:
+    """The device type mixed ``precision`` autocasts on here (the HPU's; the CPU's in eager emulation).
+
+    Raises:
+        ValueError: ``precision`` is not a mixed precision, or the HPU cannot run it.
+    """
+    if precision not in ("bf16-mixed", "16-mixed"):
+        raise ValueError(
+            f"HPUPrecision got `precision={precision!r}`; it handles 'bf16-mixed' and '16-mixed'. For"
+            f" '32-true' or 'bf16-true' pass the string to `{api}(precision=...)`."
+        )
+    backend = hpu.get_backend()
+    check_precision_supported(precision, backend)
+    assert backend.autocast_device_type is not None  # checked: mixed precision needs autocast
+    return backend.autocast_device_type
+
+
 class HPUPrecision(MixedPrecision):
     """Automatic mixed precision with ``torch.autocast`` on the HPU device type.
 
@@ -152,15 +169,7 @@ class HPUPrecision(MixedPrecision):
     """
 
     def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:
-        if precision not in ("bf16-mixed", "16-mixed"):
-            raise ValueError(
-                f"HPUPrecision got `precision={precision!r}`; it handles 'bf16-mixed' and '16-mixed'. For"
-                " '32-true' or 'bf16-true' pass the string to `Trainer(precision=...)`."
-            )
-        backend = hpu.get_backend()
-        check_precision_supported(precision, backend)
-        assert backend.autocast_device_type is not None
-        super().__init__(precision, device=backend.autocast_device_type, scaler=scaler)
+        super().__init__(precision, device=autocast_device(precision, "Trainer"), scaler=scaler)
         self.op_lists: OpListMode | None = None
 
     @override

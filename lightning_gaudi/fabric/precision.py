@@ -11,7 +11,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.precision import check_precision_supported
+from lightning_gaudi.precision import autocast_device, check_precision_supported
 
 _Precision = Literal["bf16-mixed", "16-mixed"]
 
@@ -63,15 +63,7 @@ class HPUPrecision(MixedPrecision):
     """
 
     def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:
-        if precision not in ("bf16-mixed", "16-mixed"):
-            raise ValueError(
-                f"HPUPrecision got `precision={precision!r}`; it handles 'bf16-mixed' and '16-mixed'. For"
-                " '32-true' or 'bf16-true' pass the string to `Fabric(precision=...)`."
-            )
-        backend = hpu.get_backend()
-        check_precision_supported(precision, backend)
-        assert backend.autocast_device_type is not None
-        super().__init__(precision, device=backend.autocast_device_type, scaler=scaler)
+        super().__init__(precision, device=autocast_device(precision, "Fabric"), scaler=scaler)
 
     @override
     def unscale_gradients(self, optimizer: Optimizer) -> None:

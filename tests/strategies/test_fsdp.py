@@ -182,7 +182,7 @@ def test_a_sharded_checkpoint_is_renamed_into_place_complete(
         (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half a shard")
         raise OSError("disk full")
 
-    monkeypatch.setattr(fsdp.dcp, "save", crash)
+    monkeypatch.setattr("torch.distributed.checkpoint.save", crash)
     with pytest.raises(OSError, match="disk full"):
         strategy.save_checkpoint({"state_dict": {"w": torch.full((3,), 2.0)}, "epoch": 2}, target)
     assert [p.name for p in tmp_path.iterdir()] == [target.name]

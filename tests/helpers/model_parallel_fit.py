@@ -1,0 +1,115 @@
+"""A real multi-process ``hpu_model_parallel`` fit under eager emulation, for ``tests/strategies/test_model_parallel.py``.
+
+Run as ``python model_parallel_fit.py OUT_DIR MODE DP TP PLAN STEPS [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``;
+Lightning's popen launcher re-runs it for the other ranks. ``PLAN`` is ``tp`` (tensor parallelism), ``fsdp`` (FSDP2)
+or ``both`` (tensor parallelism, then FSDP2 over the data-parallel dimension). ``MODE`` is ``fit`` (train ``STEPS``
+steps with gradient clipping, then save a sharded checkpoint ``OUT_DIR/sharded.ckpt`` and a full one
+``OUT_DIR/full.ckpt``) or ``resume`` (resume from ``CKPT`` up to ``STEPS`` steps). Each rank writes
+``OUT_DIR/<MODE>-rank<r>.json``: its data-parallel rank, its batches, the bytes of parameters and optimizer state it
+held, and the full weights at the start and the end of training.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from models import RegressionModel, regression_loader, trainer_kwargs
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from lightning_gaudi import HPUModelParallelStrategy
+
+MOMENTUM = 0.9
+CLIP = 0.5
+
+
+def local_bytes(tensors: Any) -> int:
+    return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors)
+
+
+def full_weights(module: torch.nn.Module) -> dict[str, list[Any]]:
+    """Every rank's view of the whole model (gathering a DTensor is a collective: call it on every rank)."""
+    return {
+        name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().tolist()
+        for name, t in module.state_dict().items()
+    }
+
+
+class ParallelModel(RegressionModel):
+    def __init__(self, plan: str) -> None:
+        super().__init__()
+        self.plan = plan
+
+    def configure_model(self) -> None:
+        mesh = self.device_mesh
+        if self.plan in ("tp", "both"):
+            parallelize_module(self.net, mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        if self.plan in ("fsdp", "both"):
+            for layer in (self.net[0], self.net[2]):
+                fully_shard(layer, mesh=mesh["data_parallel"])
+            fully_shard(self.net, mesh=mesh["data_parallel"])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=MOMENTUM)
+
+
+class Probe(Callback):
+    def __init__(self) -> None:
+        self.facts: dict[str, Any] = {"batches": []}
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        mesh = trainer.strategy.device_mesh
+        self.facts.update(
+            mesh_device=mesh.device_type,
+            data_parallel_rank=mesh["data_parallel"].get_local_rank(),
+            start_step=trainer.global_step,
+            start=full_weights(pl_module),
+            parameter_bytes=local_bytes(pl_module.parameters()),
+        )
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.facts["batches"].append([tensor.tolist() for tensor in batch])
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        states = trainer.optimizers[0].state.values()
+        self.facts.update(
+            final=full_weights(pl_module),
+            steps=trainer.global_step,
+            optimizer_bytes=local_bytes(t for state in states for t in state.values() if torch.is_tensor(t)),
+        )
+
+
+def main() -> None:
+    out, mode, dp, tp, plan, steps = Path(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:5]), *sys.argv[5:7]
+    seed_everything(0, verbose=False)
+    model = ParallelModel(plan)
+    probe = Probe()
+    strategy = HPUModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp)
+    trainer = Trainer(
+        accelerator="hpu",
+        strategy=strategy,
+        devices=dp * tp,
+        callbacks=[probe],
+        gradient_clip_val=CLIP,
+        **trainer_kwargs(max_steps=int(steps)),
+    )
+    loader = regression_loader(samples=32, batch_size=4)
+    if mode == "fit":
+        probe.facts["initial"] = {name: t.tolist() for name, t in model.state_dict().items()}
+        trainer.fit(model, train_dataloaders=loader)
+        trainer.save_checkpoint(out / "sharded.ckpt")
+        strategy._save_distributed_checkpoint = False
+        trainer.save_checkpoint(out / "full.ckpt")
+    else:
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=sys.argv[7])
+    (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
+
+
+if __name__ == "__main__":
+    main()

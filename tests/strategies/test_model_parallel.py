@@ -1,0 +1,213 @@
+"""``hpu_model_parallel``: FSDP2 and tensor parallelism on the HPU. Quick checks of the strategy's set-up, then real
+multi-process runs under eager emulation (gloo) against one process on the same data, and resuming."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from helpers.models import make_net
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from lightning_gaudi import HPUCheckpointIO, HPUModelParallelStrategy, HPUPrecision, hpu
+from lightning_gaudi.strategies.model_parallel import clip_grad_norm_
+
+HELPERS_DIR = Path(__file__).parents[1] / "helpers"
+MOMENTUM, CLIP = 0.9, 0.5  # helpers/model_parallel_fit.py's
+STEPS, RESUMED_STEPS = 4, 6
+
+
+def _trainer(**kwargs: Any) -> Trainer:
+    kwargs.setdefault("accelerator", "hpu")
+    kwargs.setdefault("devices", 2)
+    return Trainer(logger=False, enable_checkpointing=False, **kwargs)
+
+
+def test_the_name_builds_the_strategy_and_lightnings_class_is_refused(eager_hpu: hpu.Backend) -> None:
+    strategy = _trainer(strategy="hpu_model_parallel").strategy
+    assert type(strategy) is HPUModelParallelStrategy
+    assert isinstance(strategy.checkpoint_io, HPUCheckpointIO)
+    assert strategy._get_process_group_backend() == "gloo"
+    assert strategy.root_device == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"pass lightning_gaudi's `HPUModelParallelStrategy\(...\)` instead"):
+        _trainer(strategy=ModelParallelStrategy())
+
+
+@pytest.mark.parametrize(
+    ("sizes", "devices", "match"),
+    [
+        ((2, 2), 2, r"`data_parallel_size=2` x `tensor_parallel_size=2` must equal the world size.* = 2"),
+        ((3, "auto"), 2, r"`data_parallel_size=3` x `tensor_parallel_size=2` must equal the world size"),
+        ((0, 2), 2, r"`data_parallel_size=0` must be a positive int or 'auto'"),
+        ((1, "two"), 2, r"`tensor_parallel_size='two'` must be a positive int or 'auto'"),
+    ],
+)
+def test_bad_sizes_are_refused_before_any_process_starts(
+    eager_hpu: hpu.Backend, sizes: tuple[Any, Any], devices: int, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        _trainer(strategy=HPUModelParallelStrategy(*sizes), devices=devices)
+
+
+def test_auto_sizes_are_the_nodes_and_the_cards_per_node(eager_hpu: hpu.Backend) -> None:
+    from lightning_gaudi.strategies.model_parallel import mesh_shape
+
+    assert mesh_shape("auto", "auto", 1, 2) == (1, 2)
+    assert mesh_shape("auto", "auto", 2, 4) == (2, 4)
+    assert mesh_shape(4, 1, 1, 4) == (4, 1)
+    _trainer(strategy=HPUModelParallelStrategy())  # (1, 2) on 2 devices
+
+
+def test_lazy_mode_is_refused(lazy_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match=r"'hpu_model_parallel' cannot run in lazy mode: Intel supports DTensor"):
+        _trainer(strategy="hpu_model_parallel", devices=1)
+
+
+def test_bridge_path_uses_the_hpu_device_hccl_and_hpu_autocast(
+    bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    trainer = _trainer(strategy="hpu_model_parallel", precision="bf16-mixed")
+    assert trainer.strategy.root_device == torch.device("hpu")  # the mesh's device type
+    assert trainer.strategy._get_process_group_backend() == "hccl"
+    assert isinstance(trainer.precision_plugin, HPUPrecision)
+    assert trainer.precision_plugin.device == "hpu"
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    with pytest.raises(ValueError, match="cannot run in lazy mode"):
+        _trainer(strategy="hpu_model_parallel")
+
+
+def test_clipping_plain_tensors_matches_torch() -> None:
+    nets = [make_net(), make_net()]
+    nets[1].load_state_dict(nets[0].state_dict())
+    for net in nets:
+        net(torch.ones(3, 4)).sum().mul(10).backward()
+    norm = clip_grad_norm_(nets[0].parameters(), 0.5)
+    torch.testing.assert_close(norm, torch.nn.utils.clip_grad_norm_(nets[1].parameters(), 0.5))
+    for ours, theirs in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Real runs: 2 processes on the emulated HPU
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_helper(script: str, out: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    """Runs ``tests/helpers/<script>`` as a fresh launch under eager emulation (Lightning or the test starts the
+    other ranks)."""
+    launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in launch_vars:
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(HELPERS_DIR / script), str(out), *args]
+    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def ranks_facts(out: Path, mode: str, world_size: int = 2) -> list[dict[str, Any]]:
+    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def steps_of(ranks: list[dict[str, Any]]) -> list[tuple[list[Any], list[Any]]]:
+    """Each step's data as one process sees it: the union of the batches of the distinct data-parallel ranks."""
+    by_dp = {facts["data_parallel_rank"]: facts["batches"] for facts in ranks}
+    steps = []
+    for batches in zip(*(by_dp[r] for r in sorted(by_dp)), strict=True):
+        steps.append(([row for x, _ in batches for row in x], [row for _, y in batches for row in y]))
+    return steps
+
+
+def reference(initial: dict[str, list[Any]], steps: list[tuple[Any, Any]]) -> dict[str, torch.Tensor]:
+    """SGD with momentum and clipping by the global norm, in one process on each step's union of batches."""
+    net = make_net()
+    net.load_state_dict({name.removeprefix("net."): torch.tensor(value) for name, value in initial.items()})
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=MOMENTUM)
+    for x, y in steps:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(torch.tensor(x)), torch.tensor(y)).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+        optimizer.step()
+    return {f"net.{name}": tensor for name, tensor in net.state_dict().items()}
+
+
+def assert_matches_reference(ranks: list[dict[str, Any]], expected: dict[str, torch.Tensor]) -> None:
+    for facts in ranks:
+        for name, tensor in expected.items():
+            assert torch.equal(torch.tensor(facts["final"][name]), torch.tensor(ranks[0]["final"][name])), name
+            torch.testing.assert_close(torch.tensor(facts["final"][name]), tensor, rtol=1e-5, atol=1e-6)
+
+
+#: (plan, data-parallel size, tensor-parallel size)
+LAYOUTS = [("tp", 1, 2), ("fsdp", 2, 1), ("both", 1, 2), ("both", 2, 1)]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda layout: f"{layout[0]}-dp{layout[1]}-tp{layout[2]}")
+def fitted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Any, ...]]:
+    plan, dp, tp = request.param
+    out = tmp_path_factory.mktemp(f"{plan}-dp{dp}-tp{tp}")
+    proc = run_helper("model_parallel_fit.py", out, "fit", str(dp), str(tp), plan, str(STEPS))
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
+        proc.stderr
+    )
+    return out, request.param
+
+
+@pytest.mark.subprocess
+def test_two_processes_train_to_the_weights_of_one(fitted: tuple[Path, tuple[Any, ...]]) -> None:
+    out, (plan, dp, tp) = fitted
+    ranks = ranks_facts(out, "fit")
+    initial = ranks[0]["initial"]
+    total_bytes = sum(torch.tensor(value).nbytes for value in initial.values())
+    for facts in ranks:
+        assert facts["mesh_device"] == "cpu"
+        assert facts["steps"] == STEPS
+        assert facts["start"] == initial  # the plan keeps the weights, only splits them
+        if tp == 2 or plan == "fsdp":  # every parallelized weight is split in two; biases partly
+            assert facts["parameter_bytes"] < 0.8 * total_bytes, (facts["parameter_bytes"], total_bytes)
+            assert facts["optimizer_bytes"] < 0.8 * total_bytes
+    if dp == 2:  # the ranks read different halves of the data
+        assert {facts["data_parallel_rank"] for facts in ranks} == {0, 1}
+        assert ranks[0]["batches"] != ranks[1]["batches"]
+    else:
+        assert ranks[0]["batches"] == ranks[1]["batches"]
+    expected = reference(initial, steps_of(ranks))
+    assert_matches_reference(ranks, expected)
+    for name in expected:
+        assert ranks[0]["final"][name] != initial[name], f"{name} never trained"
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("kind", ["sharded", "full"])
+def test_a_checkpoint_saved_mid_run_resumes_to_the_uninterrupted_result(
+    fitted: tuple[Path, tuple[Any, ...]], tmp_path: Path, kind: str
+) -> None:
+    out, (plan, dp, tp) = fitted
+    if plan == "both":
+        pytest.skip("resuming is covered by the tp and fsdp layouts")
+    checkpoint = out / f"{kind}.ckpt"
+    if kind == "sharded":  # one shard per rank, renamed into place complete: no staging directory left
+        assert {p.name for p in checkpoint.iterdir()} == {"__0_0.distcp", "__1_0.distcp", ".metadata", "meta.pt"}
+        assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    else:  # the full weights, plain names, for inference
+        state = torch.load(checkpoint, weights_only=False)
+        assert set(state["state_dict"]) == set(ranks_facts(out, "fit")[0]["initial"])
+    run_helper("model_parallel_fit.py", tmp_path, "resume", str(dp), str(tp), plan, str(RESUMED_STEPS), str(checkpoint))
+    fitted_ranks, resumed = ranks_facts(out, "fit"), ranks_facts(tmp_path, "resume")
+    for facts in resumed:
+        assert facts["start_step"] == STEPS
+        assert facts["start"] == fitted_ranks[0]["final"]
+    # the momentum buffers were restored too: the resumed steps continue the uninterrupted run
+    expected = reference(fitted_ranks[0]["initial"], steps_of(fitted_ranks) + steps_of(resumed))
+    assert_matches_reference(resumed, expected)
