@@ -167,6 +167,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     """
 
     strategy_name = "hpu_fsdp"
+    _fsdp_root: FullyShardedDataParallel | None = None
     registered_variants = (("hpu_fsdp_sharded_checkpoint", {"state_dict_type": "sharded"}),)
     backward_collective = "backward (gradient reduce-scatter)"
     forward_collective = "forward (parameter all-gather)"
@@ -297,6 +298,11 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
 
     @override
     def _setup_model(self, model: Module) -> Module:
+        root = self._fsdp_root
+        if root is not None and root.module is model:
+            # validate/test/predict after fit: the module is sharded already; wrapping it again would take its shards
+            # for whole parameters
+            return root
         if any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
             return super()._setup_model(model)  # wrapped by the user (or by an earlier stage): Lightning's handling
         wrapped = FullyShardedDataParallel(
@@ -312,9 +318,10 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         kwargs = self.kwargs
         self.kwargs = {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"}
         try:
-            return super()._setup_model(wrapped)
+            self._fsdp_root = super()._setup_model(wrapped)
         finally:
             self.kwargs = kwargs
+        return self._fsdp_root
 
     @contextmanager
     @override

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from models import RegressionModel, regression_loader, trainer_kwargs
+from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwargs
 
 import lightning_gaudi  # noqa: F401  (registers the names)
 
@@ -36,21 +36,6 @@ def _weights(module: torch.nn.Module) -> dict[str, list[Any]]:
     zero3 = any(hasattr(p, "ds_id") for p in params)
     with deepspeed.zero.GatheredParameters(params, enabled=zero3):
         return {name: p.detach().float().cpu().clone().tolist() for name, p in module.named_parameters()}
-
-
-class Evaluated(RegressionModel):
-    def _loss(self, batch: Any) -> torch.Tensor:
-        x, y = batch
-        return torch.nn.functional.mse_loss(self(x).float(), y.float())
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.log("val_loss", self._loss(batch), sync_dist=True)
-
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self.log("test_loss", self._loss(batch), sync_dist=True)
-
-    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self(batch[0])
 
 
 class DeepSpeedProbe(Callback):
@@ -103,12 +88,7 @@ def main() -> None:
     trainer = Trainer(accelerator="hpu", strategy=strategy, devices=2, callbacks=callbacks, **kwargs)
     trainer.fit(model, train_dataloaders=loader, ckpt_path=sys.argv[4] if mode == "resume" else None)
     if mode == "fit":
-        evaluated = {
-            "validate": trainer.validate(model, loader, verbose=False)[0]["val_loss"],
-            "test": trainer.test(model, loader, verbose=False)[0]["test_loss"],
-            "predicted": sum(len(rows) for rows in trainer.predict(model, loader)),
-        }
-        (out / f"rank{trainer.global_rank}.eval.json").write_text(json.dumps(evaluated))
+        evaluate_after_fit(trainer, model, loader, out / f"rank{trainer.global_rank}.eval.json")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Run as ``python fsdp_fit.py OUT_DIR MODE STEPS [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
 launcher re-runs it for rank 1. ``MODE`` is ``fit`` (train ``STEPS`` steps, then save the run as a sharded checkpoint
-``OUT_DIR/sharded.ckpt`` and as a full one ``OUT_DIR/full.ckpt``) or ``resume`` (resume from ``CKPT`` up to ``STEPS``
+``OUT_DIR/sharded.ckpt`` and as a full one ``OUT_DIR/full.ckpt``, then validate, test and predict:
+``OUT_DIR/rank<r>.eval.json``) or ``resume`` (resume from ``CKPT`` up to ``STEPS``
 steps). Each rank writes ``OUT_DIR/<MODE>-rank<r>.json``: its batches, how many parameter and optimizer-state elements
 it held during training, and the full weights (gathered) at the start and the end of training.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
-from models import RegressionModel, regression_loader, trainer_kwargs
+from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwargs
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from lightning_gaudi import HPUFSDPStrategy
@@ -24,7 +25,7 @@ from lightning_gaudi import HPUFSDPStrategy
 MOMENTUM = 0.9
 
 
-class MomentumModel(RegressionModel):
+class MomentumModel(Evaluated):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=MOMENTUM)
 
@@ -81,6 +82,7 @@ def main() -> None:
         trainer.save_checkpoint(out / "sharded.ckpt")
         strategy.state_dict_type = "full"
         trainer.save_checkpoint(out / "full.ckpt")
+        evaluate_after_fit(trainer, model, loader, out / f"rank{trainer.global_rank}.eval.json")
     else:
         trainer.fit(model, train_dataloaders=loader, ckpt_path=sys.argv[4])
     (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))

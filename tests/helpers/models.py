@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,3 +84,30 @@ def trainer_kwargs(**overrides: Any) -> dict[str, Any]:
     }
     kwargs.update(overrides)
     return kwargs
+
+
+class Evaluated(RegressionModel):
+    """A RegressionModel that validates, tests (its MSE, synchronized over ranks) and predicts."""
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x).float(), y.float())
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", self._loss(batch), sync_dist=True)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("test_loss", self._loss(batch), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
+
+
+def evaluate_after_fit(trainer: Any, model: Evaluated, loader: DataLoader, out: Path) -> None:
+    """Runs validate, test and predict on ``trainer`` after its fit; writes both losses and the rows predicted."""
+    evaluated = {
+        "validate": trainer.validate(model, loader, verbose=False)[0]["val_loss"],
+        "test": trainer.test(model, loader, verbose=False)[0]["test_loss"],
+        "predicted": sum(len(rows) for rows in trainer.predict(model, loader)),
+    }
+    out.write_text(json.dumps(evaluated))

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.models import make_net, regression_data
+from helpers.models import regression_data
 from lightning_utilities.core.imports import RequirementCache
 
 from lightning_gaudi import hpu
+from strategies.test_fsdp_emulated import assert_evaluated
 from strategies.test_parallel_emulated import _reference, _rows
 
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
@@ -89,17 +90,7 @@ def test_two_ranks_match_one_process_on_the_union(tmp_path: Path, strategy: str,
         torch.testing.assert_close(final0[name], tensor, rtol=1e-5, atol=1e-6)
         assert not torch.equal(final0[name], torch.tensor(initial[name])), f"{name} never trained"
     assert any(not torch.allclose(alone[n], expected[n], rtol=1e-3, atol=1e-4) for n in expected), "cannot tell"
-    # validate, test and predict after fit, on the same Trainer: the loss of the trained weights on all 32 samples
-    x, y = regression_data(32)
-    net = make_net()
-    net.load_state_dict({name.removeprefix("net."): tensor for name, tensor in final0.items()})
-    with torch.no_grad():
-        loss = torch.nn.functional.mse_loss(net(x), y).item()
-    for rank in range(2):
-        evaluated = json.loads((tmp_path / f"rank{rank}.eval.json").read_text())
-        assert evaluated["validate"] == pytest.approx(loss, rel=1e-5)
-        assert evaluated["test"] == pytest.approx(loss, rel=1e-5)
-        assert evaluated["predicted"] == 16  # each rank predicts its half of the samples
+    assert_evaluated(tmp_path, final0)  # validate, test and predict after fit, on the same Trainer
 
 
 def test_a_checkpoint_directory_resumes_to_the_same_weights(tmp_path: Path) -> None:

@@ -106,6 +106,21 @@ def test_two_process_fit_matches_one_process_on_the_union_of_batches(
         assert torch.equal(final0[name], final1[name]), f"{name} differs between ranks"
         torch.testing.assert_close(final0[name], tensor, rtol=1e-5, atol=1e-6)
         assert not torch.equal(final0[name], torch.tensor(initial[name])), f"{name} never trained"
+    assert_evaluated(out, final0)
+
+
+def assert_evaluated(out: Path, final: dict[str, torch.Tensor]) -> None:
+    """validate, test and predict after fit, on the same Trainer, use the trained weights (MSE on all 32 samples)."""
+    x, y = regression_data(32)
+    net = make_net()
+    net.load_state_dict({name.removeprefix("net."): tensor for name, tensor in final.items()})
+    with torch.no_grad():
+        loss = torch.nn.functional.mse_loss(net(x), y).item()
+    for rank in range(2):
+        evaluated = json.loads((out / f"rank{rank}.eval.json").read_text())
+        assert evaluated["validate"] == pytest.approx(loss, rel=1e-5)
+        assert evaluated["test"] == pytest.approx(loss, rel=1e-5)
+        assert evaluated["predicted"] == 16  # each rank predicts its half of the samples
 
 
 @pytest.mark.subprocess

@@ -22,6 +22,11 @@ from lightning_gaudi.distributed import rendezvous
 from lightning_gaudi.emulation.sync_batchnorm import EmulatedSyncBatchNorm
 from lightning_gaudi.strategies import HPUSyncBatchNorm
 
+_needs_skip_all_reduce = pytest.mark.skipif(
+    "skip_all_reduce_unused_params" not in torch.nn.parallel.DistributedDataParallel.__init__.__code__.co_varnames,
+    reason=f"needs torch>=2.8: DDP's `skip_all_reduce_unused_params` is not in torch {torch.__version__}",
+)
+
 
 @pytest.mark.parametrize(
     ("devices", "num_nodes", "expected"),
@@ -75,6 +80,7 @@ def test_single_by_name(eager_hpu: hpu.Backend) -> None:
     assert trainer.strategy.root_device == torch.device("cpu")
 
 
+@_needs_skip_all_reduce
 def test_ddp_arguments_pass_through(eager_hpu: hpu.Backend) -> None:
     strategy = HPUParallelStrategy(
         bucket_cap_mb=100, static_graph=True, broadcast_buffers=False, skip_all_reduce_unused_params=True
@@ -295,6 +301,7 @@ def test_reductions_hccl_lacks_are_refused(
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+@_needs_skip_all_reduce
 def test_a_misspelled_ddp_argument_is_refused_with_a_suggestion(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'bucket_cap_mbb'.*Did you mean 'bucket_cap_mb'"):
         HPUParallelStrategy(bucket_cap_mbb=3)
