@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from contextlib import AbstractContextManager
-from typing import Any
-
 from lightning.fabric.plugins import Precision
-from torch import nn
-from typing_extensions import override
 
-from lightning_gaudi.fp8.recipe import FP8Recipe
-from lightning_gaudi.fp8.training import FP8Training
+from lightning_gaudi.fp8.precision import FP8PrecisionCore
 
 
-class HPUFP8Precision(Precision):
+class HPUFP8Precision(FP8PrecisionCore, Precision):  # type: ignore[misc]
     """Fabric's FP8 training on Gaudi 2 and later, emulated on the CPU elsewhere.
 
     The Fabric counterpart of :class:`lightning_gaudi.fp8.HPUFP8Precision` (the Trainer's), with the same behaviour:
@@ -34,25 +27,3 @@ class HPUFP8Precision(Precision):
     Raises:
         ValueError: first-generation Gaudi (no FP8), or a bad recipe.
     """
-
-    precision = "fp8"  # type: ignore[assignment]
-
-    def __init__(self, recipe: FP8Recipe | Mapping[str, Any] | None = None) -> None:
-        self.recipe = FP8Recipe.coerce(recipe)
-        self._fp8 = FP8Training(self.recipe)
-
-    @override
-    def convert_module(self, module: nn.Module) -> nn.Module:
-        return self._fp8.convert(module)
-
-    @override
-    def forward_context(self) -> AbstractContextManager[None]:
-        return self._fp8.forward_context()
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return self._fp8.state_dict()
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._fp8.load_state_dict(state_dict)

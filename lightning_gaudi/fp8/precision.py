@@ -8,37 +8,38 @@ from typing import Any
 
 from lightning.pytorch.plugins.precision import Precision
 from torch import nn
-from typing_extensions import override
 
 from lightning_gaudi.fp8.recipe import FP8Recipe
 from lightning_gaudi.fp8.training import FP8Training
 
 
-class HPUFP8Precision(Precision):
-    """FP8 training on Gaudi 2 and later, emulated on the CPU elsewhere (:class:`~lightning_gaudi.fp8.FP8Training`).
+class FP8PrecisionCore:
+    """The FP8 plugin's behaviour, shared by the Trainer's :class:`HPUFP8Precision` and Fabric's
+    (:class:`lightning_gaudi.fabric.HPUFP8Precision`): the model's ``nn.Linear`` layers converted, steps under FP8
+    autocast, the FP8 scaling state as the plugin's state."""
 
-    ``precision="fp8"`` builds it with the default ``recipe`` (an :class:`~lightning_gaudi.fp8.FP8Recipe` or a mapping
-    of its fields); its state, the FP8 scaling state, is saved in checkpoints beside the model.
-    """
-
-    precision = "fp8"  # type: ignore[assignment]
+    precision = "fp8"
 
     def __init__(self, recipe: FP8Recipe | Mapping[str, Any] | None = None) -> None:
         self.recipe = FP8Recipe.coerce(recipe)
         self._fp8 = FP8Training(self.recipe)
 
-    @override
     def convert_module(self, module: nn.Module) -> nn.Module:
         return self._fp8.convert(module)
 
-    @override
     def forward_context(self) -> AbstractContextManager[None]:
         return self._fp8.forward_context()
 
-    @override
     def state_dict(self) -> dict[str, Any]:
         return self._fp8.state_dict()
 
-    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._fp8.load_state_dict(state_dict)
+
+
+class HPUFP8Precision(FP8PrecisionCore, Precision):  # type: ignore[misc]
+    """FP8 training on Gaudi 2 and later, emulated on the CPU elsewhere (:class:`~lightning_gaudi.fp8.FP8Training`).
+
+    ``precision="fp8"`` builds it with the default ``recipe`` (an :class:`~lightning_gaudi.fp8.FP8Recipe` or a mapping
+    of its fields); its state, the FP8 scaling state, is saved in checkpoints beside the model.
+    """

@@ -167,7 +167,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     """
 
     strategy_name = "hpu_fsdp"
-    _fsdp_root: FullyShardedDataParallel | None = None
+    _fsdp_root: Module | None = None
     registered_variants = (("hpu_fsdp_sharded_checkpoint", {"state_dict_type": "sharded"}),)
     backward_collective = "backward (gradient reduce-scatter)"
     forward_collective = "forward (parameter all-gather)"
@@ -299,7 +299,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     @override
     def _setup_model(self, model: Module) -> Module:
         root = self._fsdp_root
-        if root is not None and root.module is model:
+        if isinstance(root, FullyShardedDataParallel) and root.module is model:
             # validate/test/predict after fit: the module is sharded already; wrapping it again would take its shards
             # for whole parameters
             return root
@@ -318,10 +318,10 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         kwargs = self.kwargs
         self.kwargs = {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"}
         try:
-            self._fsdp_root = super()._setup_model(wrapped)
+            root = self._fsdp_root = super()._setup_model(wrapped)
         finally:
             self.kwargs = kwargs
-        return self._fsdp_root
+        return root
 
     @contextmanager
     @override
