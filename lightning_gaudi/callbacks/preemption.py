@@ -75,15 +75,18 @@ def _parse_signal(value: str | int) -> signal.Signals:
 class PreemptionCheckpoint(Callback):
     """Saves a checkpoint and stops every rank within ``grace_period`` seconds when the job gets SIGTERM.
 
-    The ranks agree in a background vote (:class:`~lightning_gaudi.distributed.agreement.StopVote`), stop at the same
-    optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise :class:`Preempted` (exit 143 for SIGTERM); a rank
-    still running after ``grace_period`` exits at once. It replaces Lightning's SIGTERM handling during ``fit``.
+    The ranks agree in a background vote every few steps (:class:`~lightning_gaudi.distributed.agreement.StopVote`: a
+    request reaches every rank within a quarter of ``grace_period``, for one small all-reduce per up to 100 steps),
+    stop at the same optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise :class:`Preempted` (exit 143 for
+    SIGTERM); a rank still running after ``grace_period`` exits at once. It replaces Lightning's SIGTERM handling
+    during ``fit``.
 
     Args:
         grace_period: seconds from the signal to the exit: below the scheduler's kill delay, above a step plus a save.
         dirpath, filename: where to save (default: the ``ModelCheckpoint``'s folder) and the name without ``.ckpt``.
         signals: the signals that preempt, by name; add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@<seconds>``.
-        enabled: ``False`` turns it off (and stops the HPU strategies adding the default one).
+        enabled: ``False`` turns it off (and stops the HPU strategies adding the default one): SIGTERM then ends every
+            rank at once, as it ends any program, without a checkpoint.
     """
 
     def __init__(
@@ -131,11 +134,18 @@ class PreemptionCheckpoint(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if not self.enabled or stage != "fit":
+        if stage != "fit":
             return
         self._trainer = trainer
+        if not self.enabled:
+            # no checkpoint: SIGTERM ends the ranks as it ends any program (and Lightning's per-batch broadcast of
+            # the signal, a blocking collective, stays off)
+            if signal.SIGTERM in self.signals:
+                self._took_sigterm = signal_patch.take_over_sigterm(trainer, self._end)
+            return
         self._requested = self._agreed = 0
-        self._vote = StopVote(getattr(trainer.strategy, "timeout", DEFAULT_TIMEOUT))
+        # a signal reaches every rank within a quarter of the grace period; the rest is for the step and the save
+        self._vote = StopVote(getattr(trainer.strategy, "timeout", DEFAULT_TIMEOUT), latency=self.grace_period / 4)
         self._vote.setup()
         if signal.SIGTERM in self.signals:
             # Lightning registers its own SIGTERM handler after setup; it registers this one in its place
@@ -177,6 +187,11 @@ class PreemptionCheckpoint(Callback):
             self.grace_period,
         )
         self._kill_launched(signum)  # so that each rank this process started bounds its own exit
+
+    def _end(self, signum: int, frame: Any) -> None:
+        self._kill_launched(signum)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     def _kill_launched(self, signum: int) -> None:
         launcher = self._trainer.strategy.launcher if self._trainer is not None else None

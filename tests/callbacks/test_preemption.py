@@ -7,21 +7,25 @@ The jobs run ``tests/reliability_helpers/preempt_fit.py`` (eager emulation, a ti
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_gaudi import hpu, resume
 from lightning_gaudi.callbacks import PreemptionCheckpoint
 from lightning_gaudi.callbacks.preemption import Preempted, add_default_preemption, preempted_exit_code
+from lightning_gaudi.distributed import agreement
+from lightning_gaudi.patches import signals as signals_patch
 
 HELPERS = Path(__file__).parents[1] / "reliability_helpers"
 FIT = HELPERS / "preempt_fit.py"
@@ -167,6 +171,17 @@ def test_sigterm_ends_a_sharded_job_as_it_ends_a_ddp_job(tmp_path: Path, strateg
 
 
 @pytest.mark.subprocess
+def test_sigterm_with_preemption_off_ends_every_rank_at_once(tmp_path: Path) -> None:
+    """``PreemptionCheckpoint(enabled=False)``: no checkpoint, and no rank keeps training (or hangs) after SIGTERM."""
+    job = Job(tmp_path / "job", "--disabled")
+    os.killpg(job.proc.pid, signal.SIGTERM)
+    took = job.wait_gone(within=10)
+    assert job.proc.returncode == -signal.SIGTERM, job.log.read_text()[-4000:]
+    assert not job.checkpoint.exists()
+    print(f"2 ranks, preemption off, SIGTERM to the job: all gone {took:.2f}s after the signal")
+
+
+@pytest.mark.subprocess
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
     grace = 20.0
     job = Job(tmp_path / "job", "--grace", str(grace))
@@ -280,6 +295,60 @@ def test_the_hpu_strategies_add_one_by_default_and_a_configured_one_wins(eager_h
     assert add_default_preemption(trainer) is None
     trainer.fit(RegressionModel(), regression_loader())
     assert [c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)] == [off]
+
+
+def test_preemption_off_leaves_lightnings_per_batch_broadcast_off(eager_hpu: hpu.Backend) -> None:
+    seen: list[object] = []
+
+    class Probe(Callback):
+        def on_train_batch_end(self, trainer: Trainer, *args: object) -> None:
+            seen.append(vars(trainer.fit_loop.epoch_loop).get("_broadcast_sigterm_tensor"))
+            seen.append(vars(trainer._signal_connector).get("_sigterm_notifier_fn"))
+
+    off = PreemptionCheckpoint(enabled=False)
+    trainer = Trainer(accelerator="hpu", devices=1, callbacks=[off, Probe()], **trainer_kwargs(max_steps=1))
+    trainer.fit(RegressionModel(), regression_loader())
+    skipped, handler = seen
+    assert skipped is signals_patch._skip, "Lightning's per-batch SIGTERM broadcast is back"
+    assert handler == off._end  # what Lightning registers for SIGTERM: end every rank at once, without a checkpoint
+    assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)  # released after the fit
+
+
+class _FakeWork:
+    def wait(self) -> None:
+        return None
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def test_the_vote_runs_every_few_steps_and_every_rank_keeps_the_same_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Votes are spaced so that a request reaches every rank within ``latency`` (two intervals of the slowest rank's
+    steps): the per-step cost is one small all-reduce per interval."""
+    clock = [0.0]
+    monkeypatch.setattr(agreement.time, "monotonic", lambda: clock[0])
+    slower_peer = torch.tensor([0, 20_000])  # another rank: no request, 20 ms per step
+    casts: list[int] = []
+
+    def all_reduce(ballot: torch.Tensor, **kwargs: object) -> _FakeWork:
+        casts.append(steps)
+        ballot.copy_(torch.maximum(ballot, slower_peer))
+        return _FakeWork()
+
+    monkeypatch.setattr(agreement.dist, "all_reduce", all_reduce)
+    vote = agreement.StopVote(timedelta(seconds=10), latency=1.0)
+    vote._group = object()  # as if setup() had found a process group of two
+    answers = []
+    for steps in range(1, 301):
+        clock[0] += 0.005  # this rank: 5 ms per step
+        answers.append(vote.step(signal.SIGTERM if steps >= 150 else 0))  # the callback keeps its request
+    assert casts[:2] == [1, 2]  # every step until a step time is known
+    assert vote.interval == 25  # 1 s / (2 x 20 ms): the slowest rank decides
+    assert all(b - a == 25 for a, b in itertools.pairwise(casts[1:])), casts
+    assert len(casts) < 20  # instead of 300
+    # a request made at step 150 comes back at the vote after the next cast: within two intervals
+    noticed = answers.index(signal.SIGTERM) + 1
+    assert 150 < noticed <= 150 + 2 * 25
 
 
 @pytest.mark.parametrize(

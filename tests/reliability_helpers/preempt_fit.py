@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.05)
     parser.add_argument("--torchrun", action="store_true")
     parser.add_argument("--strategy", default=None, help="a registered strategy name (default: hpu_parallel)")
+    parser.add_argument("--disabled", action="store_true", help="PreemptionCheckpoint(enabled=False)")
     args = parser.parse_args()
     seed_everything(0)
     strategy: Any = HPUParallelStrategy(timeout=60) if args.devices > 1 or args.torchrun else SingleHPUStrategy()
@@ -83,7 +84,7 @@ def main() -> None:
         accelerator="hpu",
         devices=args.devices,
         strategy=strategy,
-        callbacks=[checkpoints, PreemptionCheckpoint(grace_period=args.grace)],
+        callbacks=[checkpoints, PreemptionCheckpoint(grace_period=args.grace, enabled=not args.disabled)],
         **kwargs,
     )
     try:
