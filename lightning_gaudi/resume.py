@@ -1,4 +1,5 @@
-"""Resume policy: which checkpoint a (re)started run continues from (:func:`resolve_ckpt_path`).
+"""Resume policy: which checkpoint a (re)started run continues from (:func:`resolve_ckpt_path`): a file, or a folder
+of per-rank shards (sharded FSDP, model-parallel and DeepSpeed checkpoints).
 
 - ``"auto"``: the newest checkpoint in the directory that verifies, or ``None`` (start fresh);
 - ``"last"``: the newest of ``last.ckpt``, ``last-v<N>.ckpt`` and ``last-preempted.ckpt``; it must verify;
@@ -223,6 +224,8 @@ def _inspect(text: str, verify_data: bool) -> CheckpointInfo:
         raise CheckpointDamagedError(text, _MISSING) from None
     except (NotImplementedError, OSError, ValueError):
         mtime_ns = -1
+    if fs is None and os.path.isdir(path):
+        return _inspect_folder(text, mtime_ns, verify_data)
     try:
         with open(path, "rb") if fs is None else fs.open(path, "rb") as raw:
             return _inspect_archive(text, raw, mtime_ns, verify_data)
@@ -234,6 +237,60 @@ def _inspect(text: str, verify_data: bool) -> CheckpointInfo:
         raise CheckpointDamagedError(text, _MISSING) from None
     except IsADirectoryError:
         raise CheckpointDamagedError(text, "a directory, not a checkpoint file") from None
+
+
+def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointInfo:
+    """A checkpoint folder, each rank's shards in it: torch's distributed checkpoint (``hpu_fsdp`` with
+    ``state_dict_type="sharded"``, ``hpu_model_parallel``: ``.metadata``, the shards it lists, ``meta.pt``) or
+    DeepSpeed's (``latest`` naming a folder of per-rank ``*_states.pt``). Complete when every file the layout names is
+    there, whole (shards as long as the metadata says; archives checked as single-file checkpoints)."""
+    entries = set(os.listdir(text))
+    if ".metadata" in entries:
+        info = _inspect(os.path.join(text, "meta.pt"), verify_data)
+        with open(os.path.join(text, ".metadata"), "rb") as f:
+            try:
+                metadata = _Probe(f.read()).load()
+                shards = [vars(entry)["state"] for entry in vars(metadata)["state"]["storage_data"].values()]
+                ends: dict[str, int] = {}
+                for shard in shards:
+                    name = shard["relative_path"]
+                    ends[name] = max(ends.get(name, 0), shard["offset"] + shard["length"])
+            except Exception as error:  # a damaged pickle fails in many ways
+                raise CheckpointDamagedError(
+                    text, f"damaged: its shard index (.metadata) cannot be read ({type(error).__name__}: {error})"
+                ) from None
+        for name, end in sorted(ends.items()):
+            size = os.path.getsize(os.path.join(text, name)) if name in entries else -1
+            if size < end:
+                what = "missing" if size < 0 else f"truncated ({size} of at least {end} bytes)"
+                raise CheckpointDamagedError(text, f"incomplete: the shard {name!r} is {what}")
+        return CheckpointInfo(text, info.global_step, info.epoch, mtime_ns, info.crc_checked)
+    if "latest" in entries:
+        with open(os.path.join(text, "latest")) as f:
+            tag = f.read().strip()
+        folder = os.path.join(text, tag)
+        names = sorted(os.listdir(folder)) if tag and os.path.isdir(folder) else []
+        states = [n for n in names if n.endswith("_states.pt")]
+        infos = {n: _inspect(os.path.join(folder, n), verify_data) for n in states}
+        model = next((n for n in states if n.endswith("model_states.pt") and infos[n].global_step is not None), None)
+        if model is None:
+            raise CheckpointDamagedError(text, f"incomplete: {tag or 'latest'!r} holds no DeepSpeed model states")
+        step = infos[model]
+        world = _deepspeed_world_size(os.path.join(folder, model))
+        optimizer_files = [n for n in states if n.endswith("optim_states.pt")]
+        if optimizer_files and world is not None and len(optimizer_files) != world:
+            raise CheckpointDamagedError(
+                text, f"incomplete: {len(optimizer_files)} of its {world} ranks' optimizer states are there"
+            )
+        return CheckpointInfo(text, step.global_step, step.epoch, mtime_ns, all(i.crc_checked for i in infos.values()))
+    raise CheckpointDamagedError(text, "a directory without the metadata of a sharded or DeepSpeed checkpoint")
+
+
+def _deepspeed_world_size(path: str) -> int | None:
+    with zipfile.ZipFile(path) as archive:
+        pkl = next(m for m in archive.infolist() if m.filename.endswith("/data.pkl"))
+        checkpoint = _Probe(archive.read(pkl)).load()
+    return _int_or_none(checkpoint.get("dp_world_size")) if isinstance(checkpoint, dict) else None
 
 
 def _inspect_archive(text: str, raw: IO[bytes], mtime_ns: int, verify_data: bool) -> CheckpointInfo:
@@ -315,10 +372,13 @@ class _Opaque:
     def __call__(self, *args: object, **kwargs: object) -> _Opaque:
         return _Opaque()
 
+    def __setstate__(self, state: object) -> None:
+        self.state = state  # plain values only, as everything the probe builds
+
     def _ignore(self, *args: object) -> None:
         pass
 
-    __setstate__ = __setitem__ = append = extend = _ignore
+    __setitem__ = append = extend = _ignore
 
 
 class _Probe(pickle.Unpickler):

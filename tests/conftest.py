@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -22,12 +23,44 @@ BRIDGE_DOUBLE_DIR = TESTS_DIR / "bridge_double"
 HELPERS_DIR = TESTS_DIR / "helpers"
 
 _ENV = (hpu.EMULATE_ENV, hpu.DEVICES_ENV, hpu.DEVICE_NAME_ENV)
+#: ``1`` (or ``pytest --real-bridge``, which sets it): the ``bridge_double`` fixture yields Intel's real bridge, so the
+#: bridge-path tests (marked ``bridge``) run on a Gaudi; ``python -m lightning_gaudi.doctor`` sets it there.
+REAL_BRIDGE_ENV = "LIGHTNING_GAUDI_TEST_REAL_BRIDGE"
 
 # torch.compile in eager emulation defaults to inductor, which generates and builds C++ for every graph (seconds
 # each). The tests check what dynamo captures, guards and recompiles, the same whatever the backend: aot_eager
 # traces the same graphs without building code. Subprocesses started with this environment inherit it; a value
 # exported before pytest starts wins.
 os.environ.setdefault(COMPILE_BACKEND_ENV, "aot_eager")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--real-bridge", action="store_true", help=f"bridge tests on Intel's bridge ({REAL_BRIDGE_ENV})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "bridge: uses the bridge_double fixture (the real bridge with --real-bridge)")
+    if config.getoption("--real-bridge"):
+        os.environ[REAL_BRIDGE_ENV] = "1"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "bridge_double" in getattr(item, "fixturenames", ()):
+            item.add_marker("bridge")
+
+
+def real_bridge() -> bool:
+    """Whether the bridge tests run on Intel's real ``habana_frameworks`` instead of the double."""
+    return os.environ.get(REAL_BRIDGE_ENV, "") not in ("", "0")
+
+
+class _RealBridgeState:
+    """The double's state module on the real bridge: a test that configures the double or reads its call log
+    skips (the real bridge records no calls)."""
+
+    def __getattr__(self, name: str) -> Any:
+        pytest.skip(f"uses the bridge double's `{name}` (its call log or settings), which the real bridge lacks")
 
 
 @pytest.fixture(autouse=True)
@@ -93,13 +126,15 @@ def lazy_hpu(clean_hpu_env: pytest.MonkeyPatch) -> hpu.Backend:
 @pytest.fixture
 def no_hpu(clean_hpu_env: pytest.MonkeyPatch) -> None:
     """Neither emulation nor Intel's bridge: what a CPU-only machine without settings looks like."""
+    if real_bridge():
+        pytest.skip("Intel's bridge is in use (--real-bridge)")
     _forget_bridge()
     if hpu.bridge_installed():
         pytest.skip("Intel's bridge is installed on this machine")
 
 
 @pytest.fixture
-def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType | Any]:
     """The real-bridge code path, on a test double of Intel's ``habana_frameworks`` package.
 
     Puts ``tests/bridge_double`` first on ``sys.path`` (so ``import habana_frameworks.torch...`` finds the double),
@@ -122,7 +157,13 @@ def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     Importing the double's ``hccl`` registers an ``"hccl"`` process-group backend that is gloo underneath, so
     ``torch.distributed.init_process_group("hccl")`` works on the CPU. Tensors cannot be moved to the ``"hpu"``
     device here: test the bridge path through the seam, the accelerator and the strategies, not a full ``fit``.
+
+    With ``--real-bridge`` (:data:`REAL_BRIDGE_ENV`) it yields a stand-in for the state module instead and leaves
+    ``sys.path`` alone, so ``habana_frameworks`` is Intel's; a test that touches the stand-in skips, saying why.
     """
+    if real_bridge():
+        yield _RealBridgeState()
+        return
     clean_hpu_env.syspath_prepend(str(BRIDGE_DOUBLE_DIR))
     _forget_bridge()
     import _bridge_double_state as state

@@ -15,6 +15,7 @@ from lightning_gaudi import (
     HPUAccelerator,
     HPUDeepSpeedStrategy,
     HPUFSDPStrategy,
+    HPUModelParallelStrategy,
     HPUParallelStrategy,
     SingleHPUStrategy,
     hpu,
@@ -29,6 +30,7 @@ STRATEGIES = {
     "hpu_parallel_static_graph": (HPUParallelStrategy, {"static_graph": True}),
     "hpu_fsdp": (HPUFSDPStrategy, {}),
     "hpu_fsdp_sharded_checkpoint": (HPUFSDPStrategy, {"state_dict_type": "sharded"}),
+    "hpu_model_parallel": (HPUModelParallelStrategy, {}),
 }
 #: Registered whether or not DeepSpeed is installed (built in tests/strategies/test_deepspeed.py, which needs it).
 DEEPSPEED_STRATEGIES = {
@@ -67,6 +69,7 @@ PUBLIC = {
     "HPUDeepSpeedStrategy",
     "HPUFSDPPrecision",
     "HPUFSDPStrategy",
+    "HPUModelParallelStrategy",
     "HPUParallelStrategy",
     "HPUPrecision",
     "RecipeCache",

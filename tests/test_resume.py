@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -248,3 +249,72 @@ def test_explicit_paths_and_bad_input(tmp_path: Path) -> None:
         resume.resolve_ckpt_path("auto")
     with pytest.raises(NotADirectoryError, match=r"is a file"):
         resume.latest(whole)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Folder checkpoints: torch's distributed checkpoint (sharded FSDP, model parallel) and DeepSpeed's
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _sharded(path: Path, step: int) -> Path:
+    """A folder as ``hpu_fsdp(state_dict_type="sharded")`` writes it: ``.metadata``, the shards, ``meta.pt``."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": {"w": torch.arange(64.0), "b": torch.ones(3)}}, checkpoint_id=path)
+    torch.save({"global_step": step, "epoch": 0}, path / "meta.pt")
+    return path
+
+
+def _deepspeed(path: Path, step: int, ranks: int = 2) -> Path:
+    """A folder as DeepSpeed writes it: ``latest`` naming a folder of per-rank states."""
+    tag = path / "checkpoint"
+    tag.mkdir(parents=True)
+    (path / "latest").write_text("checkpoint")
+    torch.save({"global_step": step, "epoch": 0, "dp_world_size": ranks}, tag / "mp_rank_00_model_states.pt")
+    for rank in range(ranks):
+        torch.save({"state": torch.zeros(4)}, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    return path
+
+
+@pytest.mark.parametrize("write", [_sharded, _deepspeed])
+def test_a_folder_checkpoint_verifies_and_auto_and_last_resume_from_it(tmp_path: Path, write: Any) -> None:
+    _save(tmp_path / "epoch=0-step=2.ckpt", step=2, mtime=1000)
+    folder = write(tmp_path / "epoch=0-step=6.ckpt", 6)
+    assert resume.verify_checkpoint(folder).global_step == 6
+    assert resume.resolve_ckpt_path("auto", tmp_path) == str(folder)
+    preempted = write(tmp_path / "last-preempted.ckpt", 7)
+    assert resume.resolve_ckpt_path("last", tmp_path) == str(preempted)
+    assert resume.resolve_ckpt_path("auto", tmp_path) == str(preempted)
+
+
+def test_a_sharded_folder_with_a_lost_or_truncated_shard_is_skipped(tmp_path: Path) -> None:
+    good = _save(tmp_path / "epoch=0-step=2.ckpt", step=2, mtime=1000)
+    folder = _sharded(tmp_path / "epoch=0-step=6.ckpt", 6)
+    shard = next(folder.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(resume.CheckpointDamagedError, match=r"the shard '__0_0.distcp' is truncated"):
+        resume.verify_checkpoint(folder)
+    assert resume.resolve_ckpt_path("auto", tmp_path) == str(good)
+    shard.unlink()
+    with pytest.raises(resume.CheckpointDamagedError, match="is missing"):
+        resume.verify_checkpoint(folder)
+    (folder / "meta.pt").unlink()
+    with pytest.raises(resume.CheckpointDamagedError, match="missing"):
+        resume.verify_checkpoint(folder)
+
+
+def test_a_deepspeed_folder_missing_a_ranks_state_is_skipped(tmp_path: Path) -> None:
+    folder = _deepspeed(tmp_path / "epoch=0-step=6.ckpt", 6)
+    (folder / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    with pytest.raises(resume.CheckpointDamagedError, match=r"1 of its 2 ranks' optimizer states"):
+        resume.verify_checkpoint(folder)
+    assert resume.resolve_ckpt_path("auto", tmp_path) is None
+    (tmp_path / "plain.ckpt").mkdir()
+    with pytest.raises(resume.CheckpointDamagedError, match="without the metadata of a sharded or DeepSpeed"):
+        resume.verify_checkpoint(tmp_path / "plain.ckpt")
+
+
+def test_staging_folders_are_not_checkpoints(tmp_path: Path) -> None:
+    _sharded(tmp_path / ".epoch=0-step=6.ckpt.tmp-0123", 6)  # hpu_fsdp's staging name
+    _deepspeed(tmp_path / "epoch=0-step=6.ckpt.partial", 6)  # hpu_deepspeed's
+    assert resume.resolve_ckpt_path("auto", tmp_path) is None

@@ -16,7 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from torch import Tensor, nn
 from torchmetrics.text import Perplexity
 
@@ -50,13 +50,13 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         batch, time, channels = x.shape
-        # (batch, time, channels) -> (batch, heads, time, head size)
+        # (batch, time, channels) -> (batch, heads, time, head size); under tensor parallelism each card has its heads
         q, k, v = (
-            proj(x).view(batch, time, self.n_head, channels // self.n_head).transpose(1, 2)
+            proj(x).view(batch, time, -1, channels // self.n_head).transpose(1, 2)
             for proj in (self.query, self.key, self.value)
         )
         y = self.attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(batch, time, channels)
+        y = y.transpose(1, 2).contiguous().view(batch, time, -1)
         return self.resid_dropout(self.proj(y))
 
 
@@ -157,6 +157,13 @@ class GPTLanguageModel(L.LightningModule):
         self.warmup_steps = warmup_steps
         self.min_lr_ratio = min_lr_ratio
 
+    def configure_model(self) -> None:
+        """Under ``hpu_model_parallel``, applies the tensor-parallel (and FSDP2) plan of :mod:`gpt_recipe.parallel`."""
+        if isinstance(self.trainer.strategy, ModelParallelStrategy):
+            from gpt_recipe.parallel import parallelize
+
+            parallelize(self.model, self.device_mesh)
+
     def forward(self, idx: Tensor) -> Tensor:
         return self.model(idx)
 
@@ -194,7 +201,7 @@ class GPTLanguageModel(L.LightningModule):
         )
         # Gaudi's FusedAdamW (fused clipping under bf16-mixed) on an HPU, built before the scheduler; sharded
         # strategies, whose ranks hold slices of the parameters, keep torch's
-        sharded = isinstance(self.trainer.strategy, (FSDPStrategy, DeepSpeedStrategy))
+        sharded = isinstance(self.trainer.strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy))
         if isinstance(self.trainer.accelerator, HPUAccelerator) and not sharded:
             optimizer = fuse_optimizer(optimizer)
         total = max(int(self.trainer.estimated_stepping_batches), 1)

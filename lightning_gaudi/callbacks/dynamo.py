@@ -6,7 +6,8 @@ any graph at all; dynamo keeps these in private places, which this module alone 
 - ``torch._dynamo.utils.counters``: frames dynamo was asked to compile (``["frames"]["total"]``);
 - ``torch._dynamo.utils.get_compilation_metrics()``: one ``CompilationMetrics`` record per compiled frame, with its
   code location, ``recompile_reason`` (the guard that failed) and ``fail_type``/``fail_reason`` (the recompile
-  limit being hit is an ``Unsupported`` failure whose reason starts with "Dynamo recompile limit exceeded");
+  limit being hit is an ``Unsupported`` failure "Dynamo recompile limit exceeded" on torch 2.11 and newer, a
+  ``RecompileLimitExceeded`` failure "recompile_limit reached", without the code location, before);
 - the ``graph_breaks`` artifact logger of ``torch._dynamo.symbolic_convert``, which names each graph break's user
   source line ("Graph break in user code at FILE:LINE") and reason when it is enabled for ``DEBUG``;
 - ``torch._dynamo.eval_frame._debug_get_cache_entry_list(code)``: the compiled graphs held for a code object;
@@ -17,13 +18,15 @@ any graph at all; dynamo keeps these in private places, which this module alone 
 - ``torch._inductor.cpp_builder.get_cpp_compiler()``: the C++ compiler inductor would use;
 - ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile()``.
 
-Nothing here is imported before it is needed (``import lightning_gaudi`` does not load dynamo). On a torch outside
-:data:`SUPPORTED_TORCH`, or one that lacks a target, :func:`available` is ``False``, every reader returns nothing,
-and callers say what they cannot report. ``tests/callbacks/test_dynamo.py`` holds the canaries.
+Nothing here is imported before it is needed (``import lightning_gaudi`` does not load dynamo). No version caps the
+readers: on a torch older than :data:`SUPPORTED_TORCH`, or one that lacks a target, :func:`available` is ``False``,
+every reader returns nothing, and callers say in one line what they cannot report and why.
+``tests/callbacks/test_dynamo.py`` holds the canaries, run on every torch of the matrix (docs/compat.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import logging
@@ -34,8 +37,8 @@ from typing import Any
 
 from lightning_utilities.core.imports import RequirementCache
 
-#: The torch versions these readers were checked against (the canaries run on the installed one).
-SUPPORTED_TORCH = "torch>=2.6,<2.14"
+#: The lowest torch these readers were tested on (docs/compat.md); newer ones are read wherever the targets resolve.
+SUPPORTED_TORCH = "torch>=2.7"
 
 #: Every private target, as ``module:attribute``; :func:`missing_targets` resolves them.
 TARGETS = (
@@ -52,8 +55,10 @@ TARGETS = (
 METRIC_FIELDS = ("co_name", "co_filename", "co_firstlineno", "recompile_reason", "fail_type", "fail_reason")
 #: Where ``nn.Module.compile()`` keeps the compiled call.
 MODULE_COMPILE_ATTRIBUTE = "_compiled_call_impl"
-#: How dynamo's failure reason starts when a function hit the recompile limit.
+#: How dynamo's failure reason starts when a function hit the recompile limit (torch 2.11 and newer).
 RECOMPILE_LIMIT_REASON = "Dynamo recompile limit exceeded"
+#: The failure of a function that hit the limit, on every torch of the matrix.
+_LIMIT_HIT = re.compile(rf"^({RECOMPILE_LIMIT_REASON}|\w*(recompile|cache_size)_limit reached)")
 
 _REASON_PREFIX = re.compile(r"^\d+/\d+: ")
 _GRAPH_BREAK = re.compile(r"in user code at (?P<where>.+?):(?P<line>\d+)\s*\nGraph Break Reason: (?P<reason>.*)", re.S)
@@ -89,7 +94,7 @@ def missing_targets() -> list[str]:
 def _unavailable() -> str | None:
     supported = RequirementCache(SUPPORTED_TORCH)
     if not supported:
-        return f"lightning_gaudi reads torch.compile's records on {SUPPORTED_TORCH} ({supported.message})"
+        return f"lightning_gaudi reads torch.compile's records from {SUPPORTED_TORCH} on ({supported.message})"
     missing = missing_targets()
     if missing:
         return f"this torch lacks {', '.join(missing)}"
@@ -188,7 +193,8 @@ def _compilation(record: Any) -> Compilation:
     fail_reason = (getattr(record, "fail_reason", None) or "").strip()
     fail_type = getattr(record, "fail_type", None)
     failure = f"{fail_type}: {fail_reason.splitlines()[0] if fail_reason else ''}".strip() if fail_type else None
-    return Compilation(function, reason or None, failure, fail_reason.startswith(RECOMPILE_LIMIT_REASON))
+    limit_hit = fail_type == "RecompileLimitExceeded" or _LIMIT_HIT.match(fail_reason) is not None
+    return Compilation(function, reason or None, failure, limit_hit)
 
 
 class CompilationLog:
@@ -199,6 +205,7 @@ class CompilationLog:
 
     def __init__(self) -> None:
         self._last: Any = None
+        self._functions: dict[str, str] = {}  # frame id -> function: a limit record lacks the code on torch < 2.11
         if available():
             records = _resolve("torch._dynamo.utils:get_compilation_metrics")()
             self._last = records[-1] if records else None
@@ -216,12 +223,18 @@ class CompilationLog:
                     break
         if records:
             self._last = records[-1]
-        new = records[start:]
-        return [
-            _compilation(r)
-            for r in new
-            if getattr(r, "is_forward", None) is not False and not getattr(r, "is_runtime", False)
-        ]
+        found = []
+        for record in records[start:]:
+            if getattr(record, "is_forward", None) is False or getattr(record, "is_runtime", False):
+                continue
+            compilation = _compilation(record)
+            frame = str(getattr(record, "compile_id", None) or "").strip("[]").split("/")[0]
+            if compilation.function is not None:
+                self._functions[frame] = compilation.function
+            elif frame in self._functions:
+                compilation = dataclasses.replace(compilation, function=self._functions[frame])
+            found.append(compilation)
+        return found
 
 
 @dataclass(frozen=True)

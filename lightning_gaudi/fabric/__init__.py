@@ -10,6 +10,8 @@ Trainer's); these are the HPU ones, sharing their HPU work with the Trainer's (:
 
 - :class:`SingleHPUStrategy` (``"hpu_single"``) and :class:`HPUParallelStrategy` (``"hpu_parallel"``, ``"hpu_ddp"``,
   ``"hpu_parallel_spawn"``, ``"hpu_parallel_find_unused_parameters_true"``, ``"hpu_parallel_static_graph"``);
+- :class:`HPUFSDPStrategy` (``"hpu_fsdp"``, FSDP with ``fabric.save``/``fabric.load`` of sharded state) and
+  :class:`HPUModelParallelStrategy` (``"hpu_model_parallel"``, FSDP2 and tensor parallelism over a device mesh);
 - :class:`HPUPrecision`, mixed precision on the HPU's autocast device type;
 - :class:`HPUFP8Precision`, FP8 training (Gaudi 2 and later; emulated on the CPU), ``precision="fp8"``.
 
@@ -24,12 +26,17 @@ from lightning.fabric.strategies import STRATEGY_REGISTRY
 
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.fabric.fp8 import HPUFP8Precision
+from lightning_gaudi.fabric.fsdp import HPUFSDPPrecision, HPUFSDPStrategy
+from lightning_gaudi.fabric.model_parallel import HPUModelParallelStrategy
 from lightning_gaudi.fabric.parallel import HPUParallelStrategy
 from lightning_gaudi.fabric.precision import HPUPrecision, check_precision_plugin
 from lightning_gaudi.fabric.single import SingleHPUStrategy
 
 __all__ = [
     "HPUFP8Precision",
+    "HPUFSDPPrecision",
+    "HPUFSDPStrategy",
+    "HPUModelParallelStrategy",
     "HPUParallelStrategy",
     "HPUPrecision",
     "SingleHPUStrategy",
@@ -44,3 +51,5 @@ def register() -> None:
     HPUAccelerator.register_accelerators(ACCELERATOR_REGISTRY)
     SingleHPUStrategy.register_strategies(STRATEGY_REGISTRY)
     HPUParallelStrategy.register_strategies(STRATEGY_REGISTRY)
+    HPUFSDPStrategy.register_strategies(STRATEGY_REGISTRY)
+    HPUModelParallelStrategy.register_strategies(STRATEGY_REGISTRY)

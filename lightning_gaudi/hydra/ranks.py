@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from hydra.utils import get_class
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_gaudi.distributed.environment import LaunchEnvironment
@@ -29,9 +29,9 @@ Task = Callable[[DictConfig], Mapping[str, Any] | None]
 
 
 def needs_rank_launch(cfg: DictConfig) -> bool:
-    """Whether the job must start its ranks: a DDP-style or FSDP popen strategy on several cards, no launcher."""
+    """Whether the job must start its ranks: a DDP, FSDP or model-parallel strategy on several cards, no launcher."""
     target = cfg.strategy.get("_target_") if isinstance(cfg.strategy, DictConfig) else None
-    if target is None or not issubclass(get_class(target), (DDPStrategy, FSDPStrategy)):
+    if target is None or not issubclass(get_class(target), (DDPStrategy, FSDPStrategy, ModelParallelStrategy)):
         return False
     if cfg.strategy.get("start_method", "popen") != "popen" or LaunchEnvironment.from_env().externally_launched:
         return False

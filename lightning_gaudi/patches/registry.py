@@ -16,12 +16,13 @@ from lightning_utilities.core.imports import RequirementCache
 
 #: The Lightning versions every Lightning patch was checked against.
 SUPPORTED_LIGHTNING = "lightning>=2.5,<2.7"
-#: The torch versions the LR-scheduler patch was checked against (torch's private optimizer-step flags).
-SUPPORTED_TORCH = "torch>=2.4,<2.14"
+#: The lowest torch the torch patches were tested on (docs/compat.md). No upper cap: a newer torch keeps a patch on
+#: wherever what it relies on is still there and behaves (each patch's ``missing_targets()``, probed at install).
+SUPPORTED_TORCH = "torch>=2.7"
 
 #: Truthy when the installed Lightning is in :data:`SUPPORTED_LIGHTNING`; ``.message`` says why not otherwise.
 LIGHTNING_SUPPORTED = RequirementCache(SUPPORTED_LIGHTNING)
-#: Truthy when the installed torch is in :data:`SUPPORTED_TORCH`.
+#: Truthy when the installed torch is at least :data:`SUPPORTED_TORCH`.
 TORCH_SUPPORTED = RequirementCache(SUPPORTED_TORCH)
 
 

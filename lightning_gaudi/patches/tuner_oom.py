@@ -21,11 +21,18 @@ _MODULE = "lightning.pytorch.tuner.batch_size_scaling"
 _NAME = "is_oom_error"
 #: The scaling loops that look up :data:`_NAME` in :data:`_MODULE` when an error comes.
 READERS = ("_run_power_scaling", "_run_binsearch_scaling")
+#: Their names in Lightning 2.5 (the same loop, renamed in 2.6).
+_FORMERLY = {"_run_binsearch_scaling": "_run_binary_scaling"}
 _MARK = "__lightning_gaudi_hook__"
 
 
 def _module() -> ModuleType | None:
     return registry.lookup(_MODULE)  # type: ignore[no-any-return]
+
+
+def _readers() -> tuple[str, ...]:
+    module = _module()
+    return tuple(name if hasattr(module, name) else _FORMERLY.get(name, name) for name in READERS)
 
 
 def missing_targets() -> list[str]:
@@ -34,7 +41,7 @@ def missing_targets() -> list[str]:
     if module is None or not callable(getattr(module, _NAME, None)):
         return [f"{_MODULE}.{_NAME}"]
     missing = []
-    for reader in READERS:
+    for reader in _readers():
         code = getattr(getattr(module, reader, None), "__code__", None)
         if code is None or _NAME not in code.co_names:
             missing.append(f"{_MODULE}.{reader} using {_NAME}")
@@ -86,7 +93,7 @@ def install() -> bool:
 
 PATCH = registry.Patch(
     name="tuner_oom",
-    targets=(f"{_MODULE}.{_NAME}", *(f"{_MODULE}.{reader}" for reader in READERS)),
+    targets=(f"{_MODULE}.{_NAME}", *(f"{_MODULE}.{reader}" for reader in _readers())),
     requirement=registry.SUPPORTED_LIGHTNING,
     install=install,
     installed=installed,

@@ -25,6 +25,8 @@ HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
     "mean": ReduceOp.AVG,
     "avg": ReduceOp.AVG,
 }
+
+
 def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
     """The HCCL reduction ``reduce_op`` names (``None`` is the mean).
 

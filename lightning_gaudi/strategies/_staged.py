@@ -55,14 +55,8 @@ def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -
 def save_sharded_checkpoint(
     strategy: Any, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None, model_key: str
 ) -> None:
-    """The Trainer's sharded checkpoint: the model's (under ``model_key``) and optimizers' (``optimizer_<i>``) sharded
-    states with torch distributed checkpoint, the rest in :data:`METADATA_FILENAME` through the checkpoint IO, staged
-    by :func:`save_staged`.
-
-    Raises:
-        TypeError: ``storage_options`` were given.
-        ValueError: ``filepath`` is a URL.
-    """
+    """The Trainer's sharded checkpoint, staged by :func:`save_staged`: the model's (``model_key``) and optimizers'
+    (``optimizer_<i>``) states with torch distributed checkpoint, the rest in :data:`METADATA_FILENAME`."""
     if storage_options is not None:
         raise TypeError(f"{type(strategy).__name__} writes sharded checkpoints itself; it takes no `storage_options`.")
     state = {model_key: checkpoint.pop("state_dict")}

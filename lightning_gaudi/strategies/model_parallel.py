@@ -7,17 +7,15 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch.accelerators import Accelerator
-from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.distributed import DEFAULT_TIMEOUT
+from lightning_gaudi.checkpoint_io import HPUCheckpointIO
+from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.core import TrainerParallelCore
 
@@ -27,19 +25,11 @@ if TYPE_CHECKING:
 MeshSize = int | Literal["auto"]
 
 
-def check_mesh_size(name: str, value: object) -> None:
-    """Raises a clear error for a ``data_parallel_size``/``tensor_parallel_size`` that is neither ``"auto"`` nor a
-    positive int."""
-    if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"`{name}={value!r}` must be a positive int or 'auto'.")
-
-
 def mesh_shape(data_parallel: MeshSize, tensor_parallel: MeshSize, num_nodes: int, per_node: int) -> tuple[int, int]:
-    """The ``(data_parallel, tensor_parallel)`` mesh shape: ``"auto"`` is the node count and the cards per node.
-
-    Raises:
-        ValueError: the product is not the world size (``num_nodes`` x ``per_node``).
-    """
+    """The mesh shape; ``"auto"`` is the node count and the cards per node. ``ValueError`` for a bad size or product."""
+    for name, value in (("data_parallel_size", data_parallel), ("tensor_parallel_size", tensor_parallel)):
+        if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"`{name}={value!r}` must be a positive int or 'auto'.")
     shape = (
         num_nodes if data_parallel == "auto" else data_parallel,
         per_node if tensor_parallel == "auto" else tensor_parallel,
@@ -67,9 +57,8 @@ def refuse_lazy_dtensor(strategy_name: str) -> None:
 def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
     """Clips the gradients of ``parameters`` by their global norm over every rank's shards; returns that norm.
 
-    Unlike ``torch.nn.utils.clip_grad_norm_`` it takes a mix of DTensors of any placement (tensor-parallel and FSDP2
-    shards) and plain, replicated tensors (layers no plan shards). Each DTensor's norm is a collective: call it on
-    every rank.
+    Unlike ``torch.nn.utils.clip_grad_norm_`` it takes DTensors of any placement beside plain, replicated tensors.
+    Each DTensor's norm is a collective: call it on every rank.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
@@ -88,12 +77,14 @@ def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float, norm_type: fl
 
 class LateArguments:
     """Takes the arguments every strategy takes (Lightning's ``ModelParallelStrategy`` takes none of them and lets the
-    Trainer or Fabric set them later) and sets those given, after Lightning's ``__init__``."""
+    Trainer or Fabric set them later) and sets those given, after Lightning's ``__init__``; the HPU default timeout."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, timeout: timedelta | float | None = DEFAULT_TIMEOUT, **kwargs: Any) -> None:
         names = ("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin")
         given = {name: kwargs.pop(name) for name in (*names, "precision") if name in kwargs}
-        super().__init__(*args, **kwargs)
+        if getattr(self, "api", "") == "Trainer":  # Fabric's takes no checkpoint IO
+            given["checkpoint_io"] = given.get("checkpoint_io") or HPUCheckpointIO()
+        super().__init__(*args, timeout=coerce_timeout(timeout), **kwargs)
         for name, value in given.items():
             if value is not None:
                 setattr(self, name, value)
@@ -109,58 +100,24 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
     (:func:`clip_grad_norm_`). Eager and compile mode; lazy mode is refused (Intel supports DTensor in eager and
     compile mode only). Launch checks, timeouts and preemption are those of every HPU strategy.
 
-    Checkpoints: with ``save_distributed_checkpoint=True`` every rank writes its shard into a directory, built under a
-    temporary name and renamed into place once all have written; it resumes on the same mesh (``ckpt_path`` the
-    directory). With ``False`` rank 0 writes the full weights and optimizer states into one file, for inference or
-    another layout.
+    Checkpoints (``save_distributed_checkpoint``): a directory of shards, staged and renamed into place once every
+    rank has written, resumed on the same mesh (``ckpt_path`` the directory); or one full file, for inference.
 
     Args:
-        data_parallel_size: ranks that shard the data and FSDP2's states; ``"auto"``: the node count.
-        tensor_parallel_size: ranks that split each layer; ``"auto"``: the cards per node.
-        save_distributed_checkpoint: a sharded directory (``True``) or a full file (``False``).
-        accelerator, parallel_devices, cluster_environment: normally left to the Trainer.
-        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO`.
-        precision_plugin: normally ``Trainer(precision=...)``.
-        process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
-        timeout: how long a collective waits for its peers (a ``timedelta`` or seconds; default 10 minutes).
+        *args, **kwargs: Lightning's ``data_parallel_size`` (``"auto"``: the node count), ``tensor_parallel_size``
+            (``"auto"``: the cards per node), ``save_distributed_checkpoint``, ``process_group_backend``; and
+            ``accelerator``, ``parallel_devices``, ``cluster_environment``, ``checkpoint_io``, ``precision_plugin``,
+            ``timeout`` (a ``timedelta`` or seconds; default 10 minutes), as the other HPU strategies.
 
     Raises:
-        ValueError: a size that is not a positive int or ``"auto"``; sizes whose product is not the world size (while
-            the Trainer is built, before any process starts); lazy mode; a bad ``timeout``; a non-HPU accelerator.
+        ValueError: a size not a positive int or ``"auto"``, or sizes whose product is not the world size (while the
+            Trainer is built, before any process starts); lazy mode; a bad ``timeout``; a non-HPU accelerator.
     """
 
     strategy_name = "hpu_model_parallel"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (ModelParallelStrategy,)
     backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
     forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
-
-    def __init__(
-        self,
-        data_parallel_size: MeshSize = "auto",
-        tensor_parallel_size: MeshSize = "auto",
-        save_distributed_checkpoint: bool = True,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision_plugin: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
-    ) -> None:
-        check_mesh_size("data_parallel_size", data_parallel_size)
-        check_mesh_size("tensor_parallel_size", tensor_parallel_size)
-        super().__init__(
-            data_parallel_size=data_parallel_size,
-            tensor_parallel_size=tensor_parallel_size,
-            save_distributed_checkpoint=save_distributed_checkpoint,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-        )
 
     @override
     def _check_runnable(self) -> None:

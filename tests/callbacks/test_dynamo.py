@@ -46,8 +46,7 @@ def test_available_on_the_installed_torch() -> None:
     assert dynamo.missing_targets() == []
     assert dynamo.available(), dynamo.unavailable_reason()
     assert RequirementCache(dynamo.SUPPORTED_TORCH), (
-        f"torch {torch.__version__} is outside {dynamo.SUPPORTED_TORCH}: run these canaries, re-check"
-        " lightning_gaudi/callbacks/dynamo.py, then widen the range."
+        f"torch {torch.__version__} is older than {dynamo.SUPPORTED_TORCH}, the lowest torch tested (docs/compat.md)"
     )
 
 
@@ -68,7 +67,9 @@ def test_compilations_with_recompile_reasons_and_the_limit() -> None:
     assert "test_dynamo.py" in found[0].function
     assert found[1].recompile_reason == "tensor 'x' size mismatch at index 0. expected 3, actual 4"
     assert found[2].failure is not None
-    assert found[2].failure.startswith("Unsupported: Dynamo recompile limit")
+    limit_failures = ("Unsupported: Dynamo recompile limit", "RecompileLimitExceeded: recompile_limit")  # >= / < 2.11
+    assert found[2].failure.startswith(limit_failures)
+    assert found[2].function == found[0].function, "torch < 2.11 records no code for the limit: taken from the frame"
     assert dynamo.cache_entries(Scale.forward) == 2
     assert dynamo.recompile_limit() == 2
     assert log.read() == [], "each compilation is read once"

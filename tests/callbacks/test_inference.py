@@ -249,6 +249,11 @@ class CallsAnotherMethod(HFStyleClassifier):
         return hidden.pow(2).mean()
 
 
+@pytest.mark.skipif(
+    torch.__version__ < "2.8",
+    reason="torch 2.7 keeps skipping a forward it met under torch._dynamo.config.disable, after compiler.reset() too:"
+    " the later compile tests of the same forward would compile nothing (fixed in the torch 2.9 of the matrix)",
+)
 def test_nothing_compiled_in_the_first_step_is_explained(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:
     with pytest.warns(UserWarning, match=r"compiled no graph in the first step.*called none of their forwards"):
         quiet_trainer(max_steps=2, callbacks=[HPUCompile()]).fit(CallsAnotherMethod(), token_loader(SAMPLES))

@@ -152,7 +152,7 @@ def test_sigterm_to_the_whole_job_saves_a_checkpoint_and_ends_every_rank(
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("strategy", ["hpu_fsdp", "hpu_deepspeed_stage_2"])
+@pytest.mark.parametrize("strategy", ["hpu_fsdp", "hpu_fsdp_sharded_checkpoint", "hpu_deepspeed_stage_2"])
 def test_sigterm_ends_a_sharded_job_as_it_ends_a_ddp_job(tmp_path: Path, strategy: str) -> None:
     """The shared strategy core behaves the same for every distributed strategy: a checkpoint at one step, exit 143
     from every process, none left."""
@@ -167,6 +167,10 @@ def test_sigterm_ends_a_sharded_job_as_it_ends_a_ddp_job(tmp_path: Path, strateg
     assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
     assert job.checkpoint.exists(), job.log.read_text()[-4000:]
     assert sorted(p.name for p in (job.out / "ckpt").iterdir()) == ["last-preempted.ckpt"]
+    # a restart continues from it: the resume policies verify the checkpoint (a folder for DeepSpeed) and pick it
+    assert resume.verify_checkpoint(job.checkpoint).global_step == steps.pop() + 1
+    assert resume.resolve_ckpt_path("auto", job.out / "ckpt") == str(job.checkpoint)
+    assert resume.resolve_ckpt_path("last", job.out / "ckpt") == str(job.checkpoint)
     print(f"2 ranks of {strategy}, SIGTERM to the job: all gone {took:.2f}s after the signal")
 
 

@@ -169,8 +169,8 @@ def test_other_accelerators_keep_lightnings_classes(eager_hpu: hpu.Backend) -> N
 def test_unknown_hpu_strategy_name(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match=r"`strategy='hpu_paralel'` is not a strategy.*Did you mean 'hpu_parallel'\?"):
         Fabric(accelerator="hpu", strategy="hpu_paralel", devices=2)
-    with pytest.raises(ValueError, match=r"`strategy='hpu_fsdp'` is not a strategy.*'hpu_single', 'hpu_parallel'"):
-        Fabric(accelerator="cpu", strategy="hpu_fsdp")
+    with pytest.raises(ValueError, match=r"`strategy='hpu_deepspeed'` is not a strategy.*'hpu_single', 'hpu_parallel'"):
+        Fabric(accelerator="cpu", strategy="hpu_deepspeed")
 
 
 @pytest.mark.parametrize("name", ["ddp_fork", "ddp_notebook"])
@@ -179,7 +179,7 @@ def test_forking_ddp_is_refused(eager_hpu: hpu.Backend, name: str) -> None:
         Fabric(accelerator="hpu", strategy=name, devices=2)
 
 
-@pytest.mark.parametrize("name", ["fsdp", "deepspeed", "dp", "xla"])
+@pytest.mark.parametrize("name", ["deepspeed", "dp", "xla"])
 def test_strategies_without_an_hpu_version_are_refused(eager_hpu: hpu.Backend, name: str) -> None:
     with pytest.raises(ValueError, match=rf"`strategy='{name}'` .* does not run on HPUs.*'hpu_parallel'"):
         Fabric(accelerator="hpu", strategy=name, devices=2)

@@ -1,4 +1,4 @@
-"""A real multi-process ``hpu_model_parallel`` fit under eager emulation, for ``tests/strategies/test_model_parallel.py``.
+"""A real multi-process ``hpu_model_parallel`` fit under eager emulation (tests/strategies/test_model_parallel.py).
 
 Run as ``python model_parallel_fit.py OUT_DIR MODE DP TP PLAN STEPS [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``;
 Lightning's popen launcher re-runs it for the other ranks. ``PLAN`` is ``tp`` (tensor parallelism), ``fsdp`` (FSDP2)

@@ -22,6 +22,7 @@ import lightning_gaudi.hydra as lg_hydra
 from lightning_gaudi import (
     HPUDeepSpeedStrategy,
     HPUFSDPStrategy,
+    HPUModelParallelStrategy,
     HPUParallelStrategy,
     SingleHPUStrategy,
     callbacks,
@@ -38,8 +39,15 @@ TINY = ["data.max_bytes=20000", "data.seq_len=16", "data.batch_size=4"]
 
 #: hparams_search recipes that run Hydra's Optuna sweeper (the `optuna` extra).
 OPTUNA_RECIPES = ("gpt_optuna",)
+def _installed(name: str) -> bool:
+    try:  # find_spec raises, instead of returning None, when a parent package (hydra_plugins) is missing
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 _needs_optuna = pytest.mark.skipif(
-    importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
+    not _installed("hydra_plugins.hydra_optuna_sweeper"),
     reason="Hydra's Optuna sweeper is not installed (pip install '.[optuna]')",
 )
 
@@ -102,7 +110,10 @@ def test_every_option_composes_and_instantiates(
     assert isinstance(trainer, L.Trainer)
     assert isinstance(built["model"], L.LightningModule)
     assert isinstance(built["data"], L.LightningDataModule)
-    assert isinstance(trainer.strategy, (SingleHPUStrategy, HPUParallelStrategy, HPUFSDPStrategy, HPUDeepSpeedStrategy))
+    assert isinstance(
+        trainer.strategy,
+        (SingleHPUStrategy, HPUParallelStrategy, HPUFSDPStrategy, HPUDeepSpeedStrategy, HPUModelParallelStrategy),
+    )
     names = [name for name, node in (cfg.callbacks or {}).items() if isinstance(node, DictConfig)]
     assert len(built["callbacks"]) == len(names)
     assert all(isinstance(c, Callback) for c in built["callbacks"])

@@ -121,7 +121,7 @@ def _experiment_overrides(name: str) -> list[str]:
     "name",
     [
         pytest.param(n, marks=[pytest.mark.subprocess, *_needs_deepspeed(n)])
-        if n in ("gpt_ddp", "gpt_fsdp", "gpt_gaudi", "gpt_zero")
+        if n in ("gpt_ddp", "gpt_fsdp", "gpt_gaudi", "gpt_tp", "gpt_zero")
         else n
         for n in EXPERIMENTS
     ],
@@ -136,6 +136,7 @@ def test_experiment_fast_dev_run(name: str, isolated_env: pytest.MonkeyPatch, tm
         "lightning_gaudi.HPUParallelStrategy",
         "lightning_gaudi.HPUFSDPStrategy",
         "lightning_gaudi.HPUDeepSpeedStrategy",
+        "lightning_gaudi.HPUModelParallelStrategy",
     )
     assert results["world_size"] == (cfg.trainer.devices if parallel else 1)
     assert results["backend"] == (cfg.runtime.execution_mode or "eager")

@@ -27,12 +27,15 @@ TRAINER_DISTRIBUTED = (
     lightning_gaudi.HPUParallelStrategy,
     lightning_gaudi.HPUFSDPStrategy,
     lightning_gaudi.HPUDeepSpeedStrategy,
+    lightning_gaudi.HPUModelParallelStrategy,
 )
 ALL_STRATEGIES = (
     lightning_gaudi.SingleHPUStrategy,
     *TRAINER_DISTRIBUTED,
     fabric.SingleHPUStrategy,
     fabric.HPUParallelStrategy,
+    fabric.HPUFSDPStrategy,
+    fabric.HPUModelParallelStrategy,
 )
 #: What only the core may define: a strategy that defines one of these again has drifted from the others.
 CORE_ONLY = (

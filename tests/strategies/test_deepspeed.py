@@ -141,6 +141,7 @@ def test_on_gaudi_missing_deepspeed_names_intels_fork(bridge_double: ModuleType)
     assert not deepspeed_accelerator.is_intel_fork("0.19.8")
 
 
+@needs_deepspeed
 def test_an_accelerator_that_is_no_hpu_is_refused(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(
         ValueError, match=r"'hpu_deepspeed' strategy runs on HPUs, but the accelerator is CPUAccelerator"
@@ -154,11 +155,13 @@ def test_the_trainer_refuses_another_accelerator(ds_cpu: pytest.MonkeyPatch) -> 
         Trainer(accelerator="cpu", strategy="hpu_deepspeed", devices=2, logger=False)
 
 
+@needs_deepspeed
 def test_lazy_emulation_is_refused(lazy_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match=r"DeepSpeed cannot run under lazy emulation.*LIGHTNING_GAUDI_EMULATE=eager"):
         HPUDeepSpeedStrategy()
 
 
+@needs_deepspeed
 def test_another_ds_accelerator_in_the_environment_is_refused(clean_hpu_env: pytest.MonkeyPatch) -> None:
     clean_hpu_env.setenv(hpu.EMULATE_ENV, "eager")
     clean_hpu_env.setenv(deepspeed_accelerator.DS_ACCELERATOR_ENV, "cuda")

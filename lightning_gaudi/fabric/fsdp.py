@@ -1,0 +1,140 @@
+"""Fabric's ``"hpu_fsdp"`` strategy: torch's FullyShardedDataParallel over HCCL (gloo in emulation), and what Fabric's
+sharded HPU strategies share."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+import torch
+from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
+from lightning.fabric.strategies import FSDPStrategy, Strategy
+from lightning.fabric.utilities.distributed import ReduceOp
+from lightning.fabric.utilities.types import _PATH
+from torch import Tensor
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.nn import Module
+from typing_extensions import override
+
+from lightning_gaudi import hpu
+from lightning_gaudi.fabric._base import FabricCore
+from lightning_gaudi.precision import check_precision_supported
+from lightning_gaudi.strategies._staged import save_staged
+from lightning_gaudi.strategies.core import HPUParallelCore
+from lightning_gaudi.strategies.fsdp import refuse_lazy_mode
+
+
+class FabricShardedCore(FabricCore, HPUParallelCore):
+    """What Fabric's sharded HPU strategies add to Lightning's: the launch checked while Fabric is built, the process
+    group on HCCL (gloo in emulation), HCCL's reductions, and sharded checkpoints staged and renamed into place
+    (:func:`~lightning_gaudi.strategies._staged.save_staged`)."""
+
+    log = logging.getLogger("lightning.fabric.strategies.hpu")
+
+    def _set_world_ranks(self) -> None:
+        # Fabric calls this while it is built, before any process starts
+        self.check_launch()
+        super()._set_world_ranks()  # type: ignore[misc]
+
+    @override
+    def _set_ranks(self) -> None:
+        self._set_world_ranks()
+
+    def _setup_distributed(self) -> None:
+        self._form_process_group()
+
+    def all_reduce(
+        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
+    ) -> Tensor | Any:
+        """All-reduces ``tensor``; a mean is a sum divided by the world size (HCCL has no mean), in floating point."""
+        return self._all_reduce(tensor, group, reduce_op)
+
+    def save_checkpoint(
+        self, path: _PATH, state: dict[str, Any], storage_options: Any | None = None, **kwargs: Any
+    ) -> None:
+        """Writes ``state``: sharded (a directory staged, then renamed into place), or one full file."""
+        save: Callable[..., None] = super().save_checkpoint  # type: ignore[misc]
+        if not (
+            getattr(self, "_save_distributed_checkpoint", False) or getattr(self, "_state_dict_type", "") == "sharded"
+        ):
+            save(path, state, storage_options, **kwargs)
+            return
+        save_staged(self, path, lambda staging: save(staging, state, storage_options, **kwargs))
+
+
+class HPUFSDPPrecision(FSDPPrecision):
+    """Fabric's FSDP precision, autocasting on the HPU device type (Lightning's autocasts on CUDA whatever the device).
+
+    Raises:
+        ValueError: a precision FSDP does not run in (``"fp8"``...), or one the device cannot run.
+    """
+
+    def __init__(self, precision: str) -> None:
+        check_precision_supported(precision)
+        self._device = hpu.get_backend().autocast_device_type
+        super().__init__(precision, ShardedGradScaler(device=self._device) if precision == "16-mixed" else None)  # type: ignore[arg-type]
+
+    @override
+    def forward_context(self) -> AbstractContextManager[Any]:
+        if "mixed" not in self.precision or self._device is None:
+            return super().forward_context()
+        return torch.autocast(self._device, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
+
+
+class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
+    """Sharded data-parallel Fabric loops on several HPUs with torch's ``FullyShardedDataParallel``:
+    ``Fabric(accelerator="hpu", strategy="hpu_fsdp", devices=8)``.
+
+    The Fabric counterpart of :class:`lightning_gaudi.HPUFSDPStrategy`, with Fabric's ``FSDPStrategy`` arguments:
+    HCCL on a Gaudi, gloo in emulation; eager or compile mode, not lazy; autocast on the HPU. ``fabric.save`` writes a
+    directory of shards by default (``state_dict_type="sharded"``), staged and renamed into place, which
+    ``fabric.load`` reads on the same world size; ``"full"``: one file. The model moves to the card before it is
+    sharded. With ``accelerator="hpu"``, Fabric's ``"fsdp"`` name runs this strategy.
+    """
+
+    strategy_name = "hpu_fsdp"
+    api = "Fabric"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
+    backward_collective = "backward (gradient reduce-scatter)"
+    forward_collective = "forward (parameter all-gather)"
+
+    @override
+    def _check_runnable(self) -> None:
+        refuse_lazy_mode(self.strategy_name)
+
+    def hpu_precision_plugin(self, precision: str) -> HPUFSDPPrecision:
+        """The precision plugin for ``Fabric(precision=...)`` (the connector asks)."""
+        return HPUFSDPPrecision(precision)
+
+    @override
+    def setup_module(self, module: Module) -> Module:
+        if any(isinstance(child, FullyShardedDataParallel) for child in module.modules()):
+            return super().setup_module(module)  # wrapped by the user: Lightning's handling
+        # Lightning passes the device's index: none on the CPU nor on "hpu"; torch's FSDP takes no index-less
+        # accelerator device (one process drives one card, index 0 on a Gaudi)
+        device = self.root_device
+        wrapped = FullyShardedDataParallel(
+            module=module,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=device if device.type == "cpu" or device.index is not None else torch.device(device.type, 0),
+            **self._fsdp_kwargs,
+        )
+        kwargs = self._fsdp_kwargs  # without the auto-wrap policy, applied just now, which Lightning would warn about
+        self._fsdp_kwargs = {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"}
+        try:
+            return super().setup_module(wrapped)
+        finally:
+            self._fsdp_kwargs = kwargs
+
+    @override
+    def _setup_distributed(self) -> None:
+        super()._setup_distributed()
+        mesh = self._fsdp_kwargs.get("device_mesh")
+        if isinstance(mesh, tuple):  # Lightning would build it on CUDA
+            self._fsdp_kwargs["device_mesh"] = init_device_mesh(self.root_device.type, mesh)

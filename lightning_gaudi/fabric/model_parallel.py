@@ -1,0 +1,81 @@
+"""Fabric's ``"hpu_model_parallel"`` strategy: FSDP2 and tensor parallelism over a 2-D device mesh on HPUs."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from lightning.fabric.strategies import ModelParallelStrategy, Strategy
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_gaudi.fabric.fsdp import FabricShardedCore
+from lightning_gaudi.strategies._tied import move_keeping_ties
+from lightning_gaudi.strategies.model_parallel import (
+    LateArguments,
+    clip_grad_norm_,
+    mesh_shape,
+    refuse_lazy_dtensor,
+)
+
+
+class HPUModelParallelStrategy(FabricShardedCore, LateArguments, ModelParallelStrategy):
+    """FSDP2 and tensor parallelism, alone or together, in Fabric loops on HPUs:
+    ``Fabric(accelerator="hpu", strategy=HPUModelParallelStrategy(parallelize, tensor_parallel_size=2), devices=2)``.
+
+    The Fabric counterpart of :class:`lightning_gaudi.HPUModelParallelStrategy`: ``fabric.setup_module`` calls
+    ``parallelize_fn(module, device_mesh)`` with the ``(data_parallel, tensor_parallel)`` mesh on the HPU over HCCL
+    (the CPU over gloo in eager emulation), then places what the plan left on the card. ``fabric.clip_gradients``
+    clips by the global norm over every shard. ``fabric.save`` writes a directory of shards, staged and renamed into
+    place (or, with ``save_distributed_checkpoint=False``, one full file); ``fabric.load`` reads either. Lazy mode is
+    refused (Intel supports DTensor in eager and compile mode only).
+
+    Args:
+        *args, **kwargs: Fabric's ``ModelParallelStrategy`` arguments (``parallelize_fn(module, device_mesh)`` applies
+            the plan and returns the module), with ``accelerator``, ``parallel_devices``, ``cluster_environment``,
+            ``precision``; ``timeout`` defaults to 10 minutes. See :class:`lightning_gaudi.HPUModelParallelStrategy`.
+
+    Raises:
+        ValueError: sizes that are not positive ints or ``"auto"``, or whose product is not the world size (while
+            Fabric is built, before any process starts); lazy mode; a bad ``timeout``; a non-HPU accelerator.
+    """
+
+    strategy_name = "hpu_model_parallel"
+    api = "Fabric"
+    lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (ModelParallelStrategy,)
+    backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
+    forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
+
+    @override
+    def _check_runnable(self) -> None:
+        refuse_lazy_dtensor(self.strategy_name)
+
+    @override
+    def _set_world_ranks(self) -> None:
+        mesh_shape(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
+        super()._set_world_ranks()
+
+    @override
+    def module_to_device(self, module: Module) -> None:
+        pass  # the plan places the parameters it shards (a meta-device model is materialized), setup_module the rest
+
+    @override
+    def setup_module(self, module: Module) -> Module:
+        module = super().setup_module(module)
+        move_keeping_ties(module, self.root_device)
+        return module
+
+    @override
+    def clip_gradients_norm(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        max_norm: float | int,
+        norm_type: float | int = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        """Clips by the global norm over every rank's shards (:func:`~lightning_gaudi.strategies.model_parallel.
+        clip_grad_norm_`), plain and DTensor gradients alike."""
+        self.precision.unscale_gradients(optimizer)
+        return clip_grad_norm_(self.precision.main_params(optimizer), max_norm, norm_type)
