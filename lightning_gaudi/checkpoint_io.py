@@ -39,6 +39,7 @@ __all__ = [
     "HPUCheckpointIO",
     "atomic_torch_save",
     "remove_stale_temporaries",
+    "temporary_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,8 @@ def _writer_id() -> str:
     return hashlib.sha1(f"{socket.gethostname()}|{namespace}".encode()).hexdigest()[:8]
 
 
-def _temporary_name(target_name: str, writer: str | None = None, pid: int | None = None) -> str:
+def temporary_name(target_name: str, writer: str | None = None, pid: int | None = None) -> str:
+    """A temporary's name for ``target_name``: hidden, with this machine's writer id and process id."""
     writer = _writer_id() if writer is None else writer
     pid = os.getpid() if pid is None else pid
     return f".{target_name[:_MAX_NAME_IN_TEMPORARY]}.{writer}-{pid}-{secrets.token_hex(4)}.tmp"
@@ -137,7 +139,10 @@ def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
         if not _is_stale(os.path.basename(path) if fs is None else posixpath.basename(path), mtime, now):
             continue
         try:
-            os.unlink(path) if fs is None else fs.rm_file(path)
+            if fs is None:
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)  # a sharded save's staging folder
+            else:
+                fs.rm(path, recursive=True)
         except FileNotFoundError:
             continue  # another process removed it first
         except OSError as error:
@@ -149,7 +154,8 @@ def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
 
 
 def _temporaries(fs: AbstractFileSystem | None, directory: str) -> list[tuple[str, float]]:
-    """``(path, modification time)`` of the files in ``directory`` named like our temporaries."""
+    """``(path, modification time)`` of the files (and sharded saves' staging folders) in ``directory`` named like our
+    temporaries."""
     found = []
     if fs is None:
         try:
@@ -216,7 +222,7 @@ def _save_local(obj: Any, path: str) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     _remove_stale(None, directory)
-    name = _temporary_name(os.path.basename(path))
+    name = temporary_name(os.path.basename(path))
     tmp = os.path.join(directory, name)
 
     def write() -> None:
@@ -256,7 +262,7 @@ def _save_with_move(obj: Any, fs: AbstractFileSystem, path: str) -> None:
     directory = posixpath.dirname(path)
     fs.makedirs(directory, exist_ok=True)
     _remove_stale(fs, directory)
-    name = _temporary_name(posixpath.basename(path))
+    name = temporary_name(posixpath.basename(path))
     tmp = posixpath.join(directory, name)
 
     def write() -> None:

@@ -40,6 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "bridge: uses the bridge_double fixture (the real bridge with --real-bridge)")
+    config.addinivalue_line("markers", "double_only(reason): a bridge test that skips on the real bridge, saying why")
     if config.getoption("--real-bridge"):
         os.environ[REAL_BRIDGE_ENV] = "1"
 
@@ -48,6 +49,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "bridge_double" in getattr(item, "fixturenames", ()):
             item.add_marker("bridge")
+        only = item.get_closest_marker("double_only")
+        if only is not None and real_bridge():
+            item.add_marker(pytest.mark.skip(reason=f"on the real bridge: {only.args[0]}"))
 
 
 def real_bridge() -> bool:

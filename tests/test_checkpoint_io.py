@@ -200,13 +200,13 @@ def test_stale_temporaries_are_removed_before_a_save(tmp_path: Path) -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         stale = {
-            checkpoint_io._temporary_name("a.ckpt", here, _exited_pid()),  # its process is gone
-            checkpoint_io._temporary_name("a.ckpt", here, os.getpid()),  # ours, and no save of ours is running
-            checkpoint_io._temporary_name("a.ckpt", elsewhere, 7),  # not written to for longer than the limit
+            checkpoint_io.temporary_name("a.ckpt", here, _exited_pid()),  # its process is gone
+            checkpoint_io.temporary_name("a.ckpt", here, os.getpid()),  # ours, and no save of ours is running
+            checkpoint_io.temporary_name("a.ckpt", elsewhere, 7),  # not written to for longer than the limit
         }
         kept = {
-            checkpoint_io._temporary_name("a.ckpt", here, sleeper.pid),  # a live process on this machine
-            checkpoint_io._temporary_name("a.ckpt", elsewhere, 8),  # recently written, on another machine
+            checkpoint_io.temporary_name("a.ckpt", here, sleeper.pid),  # a live process on this machine
+            checkpoint_io.temporary_name("a.ckpt", elsewhere, 8),  # recently written, on another machine
             ".a.ckpt.k3j4l5m6.tmp",  # not ours
             ".notes.tmp",
             "a.ckpt.tmp",

@@ -315,6 +315,6 @@ def test_a_deepspeed_folder_missing_a_ranks_state_is_skipped(tmp_path: Path) -> 
 
 
 def test_staging_folders_are_not_checkpoints(tmp_path: Path) -> None:
-    _sharded(tmp_path / ".epoch=0-step=6.ckpt.tmp-0123", 6)  # hpu_fsdp's staging name
-    _deepspeed(tmp_path / "epoch=0-step=6.ckpt.partial", 6)  # hpu_deepspeed's
+    _sharded(tmp_path / ".epoch=0-step=6.ckpt.0123abcd-42-0123abcd.tmp", 6)  # a sharded save's staging folder
+    _deepspeed(tmp_path / "epoch=0-step=6.ckpt.partial", 6)  # not named .ckpt
     assert resume.resolve_ckpt_path("auto", tmp_path) is None

@@ -29,9 +29,8 @@ from lightning_gaudi.callbacks.inference import HPUCompile
 from lightning_gaudi.callbacks.memory_stats import check_interval
 from lightning_gaudi.hpu import runtime
 
-#: How to see the bridge's own logs of CPU fallbacks (and compilations) on Gaudi.
 BRIDGE_LOG_HINT = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"
-#: Ops torch's Lazy Tensor Core runs on the CPU that Gaudi's bridge runs on the device (seen in lazy emulation).
+#: Ops torch's Lazy Tensor Core runs on the CPU that Gaudi runs on the device.
 EMULATOR_FALLBACKS = ("lerp", "mse_loss", "linalg_vector_norm")
 #: The keys of :attr:`GraphDiagnostics.summary` that are logged, as ``graph_diagnostics/<key>``.
 LOGGED_KEYS = (
@@ -49,14 +48,13 @@ PADDING_ADVICE = (
 )
 
 _NUMBERS = re.compile(r"\d+")
-#: How many host-sync sources the end-of-fit text names.
-TOP_SYNC_SOURCES = 5
+TOP_SYNC_SOURCES = 5  # host-sync sources the end-of-fit text names
 
 Shapes = tuple[tuple[int, ...], ...]
 
 
 def batch_shapes(batch: Any) -> Shapes:
-    """The shapes of the tensors in ``batch`` (host metadata: no device access)."""
+    """The shapes of the tensors in ``batch`` (host metadata only)."""
     if isinstance(batch, Tensor):
         return (tuple(batch.shape),)
     if isinstance(batch, dict):
@@ -70,11 +68,10 @@ def _package_dir(module: Any) -> str:
     return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
 
 
-#: Code whose frames are not "the user's": torch, Lightning, this package, the standard library.
 _TORCH_DIR = _package_dir(torch)
 _LIBRARY_DIRS = (_package_dir(lightning), _package_dir(lightning_gaudi))
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib")})
-#: Lightning's code that marks what a sync belongs to, innermost first: (path fragment or function name, phase).
+#: (path fragment or function name, phase): Lightning's code that says what a sync belongs to.
 _PHASE_MARKERS = (
     (os.sep + "progress" + os.sep, "progress bar"),
     (os.sep + "logger_connector" + os.sep, "logging"),
@@ -94,16 +91,8 @@ _TRAINER_ENTRIES = frozenset({"fit", "validate", "test", "predict"})
 
 @dataclass(frozen=True)
 class SyncSource:
-    """Where a host sync came from: the first frame outside torch, Lightning and lightning_gaudi.
-
-    Attributes:
-        location: ``"path/to/file.py:line"`` (relative to the working directory, or to its package for library code).
-        code: the source line.
-        phase: what the trainer was doing (``"training step"``, ``"logging"``, ``"progress bar"``, ``"scheduler"``,
-            ``"checkpoint"``, ``"optimizer step"``, ``"callback"``, ``"data loader setup"``, ``"validation"``,
-            ``"other"``).
-        user: whether the line is the user's code (``False``: Lightning's or lightning_gaudi's own).
-    """
+    """Where a host sync came from: ``"file.py:line"``, the source line, the trainer's phase (``"training step"``,
+    ``"logging"``, ``"progress bar"``...) and whether the line is the user's (not Lightning's or lightning_gaudi's)."""
 
     location: str
     code: str
@@ -125,12 +114,10 @@ def _where(frame: FrameType) -> tuple[str, str]:
 
 
 def find_sync_source(frame: FrameType | None, default_phase: str) -> SyncSource | None:
-    """The user's line (or, when the sync is the library's own, the library's line) that a host sync came from.
+    """The user's line a host sync came from, walking out from ``frame`` past torch and the standard library.
 
-    Walks from ``frame`` outwards: torch's and the standard library's frames are skipped; the first other frame of
-    user code is the source, unless the walk left the trainer first (reached ``Trainer.fit``), in which case the sync is
-    Lightning's or lightning_gaudi's own and the innermost of their frames is named. The phase is the innermost of
-    Lightning's frames that says what the trainer was doing, ``default_phase`` when none does.
+    When the walk reaches ``Trainer.fit`` first, the sync is the library's own and its innermost frame is named. The
+    phase is the innermost Lightning frame's that says one, else ``default_phase``.
     """
     library: FrameType | None = None
     user: FrameType | None = None
@@ -155,15 +142,10 @@ def find_sync_source(frame: FrameType | None, default_phase: str) -> SyncSource 
 
 
 class SyncSourceMode(TorchFunctionMode):
-    """Attributes each host sync to the line that caused it, while entered (Lightning's hooks enter and leave it).
+    """While entered, attributes each host sync to its source line (:func:`find_sync_source`).
 
-    Every torch function called from Python (``Tensor.item``, ``bool(tensor)``, ``f"{tensor:.2f}"``, indexing a list
-    with a tensor...) is timed against the host-sync counter; one that moved it is traced to its source with
-    :func:`find_sync_source`. Costs two counter reads per torch call, so it is only for opt-in diagnostics.
-
-    Args:
-        read_syncs: the backend's host-sync count.
-        phase: the trainer's coarse phase, for syncs that no Lightning frame explains.
+    Every torch function called from Python is timed against ``read_syncs()`` (two counter reads per call: opt-in
+    diagnostics only); ``phase()`` is the trainer's coarse phase, for syncs no Lightning frame explains.
     """
 
     def __init__(self, read_syncs: Callable[[], int], phase: Callable[[], str]) -> None:
@@ -188,13 +170,11 @@ class SyncSourceMode(TorchFunctionMode):
         return result
 
     def start(self) -> None:
-        """Enters the mode (once)."""
         if not self.entered:
             self.__enter__()
             self.entered = True
 
     def stop(self) -> None:
-        """Leaves the mode (once)."""
         if self.entered:
             self.entered = False
             self.__exit__(None, None, None)
@@ -202,7 +182,7 @@ class SyncSourceMode(TorchFunctionMode):
 
 @dataclass
 class _Batch:
-    """What one training batch compiled, from its start to the next one's (logging, callbacks, checkpoints too)."""
+    """What one training batch compiled, up to the next batch's start."""
 
     index: int
     step: int
@@ -217,34 +197,18 @@ class _Batch:
 class GraphDiagnostics(Callback):
     """Reports every graph compilation after warm-up with its cause, in lazy mode and in compile mode.
 
-    Warm-up is ``warmup_steps`` optimizer steps (with ``accumulate_grad_batches=k``, ``k * warmup_steps`` batches):
-    the graphs of the forward, backward and optimizer step compile then. Each kind of compilation after it is
-    warned about once, with its cause:
+    Warm-up is ``warmup_steps`` optimizer steps. Each kind of later compilation is warned about once, with its cause:
+    in compile mode dynamo's failed guard, a hit recompile limit (warned even in warm-up) and graph breaks with the
+    user's line; in lazy mode new input shapes, the first step after validation, or else a baked-in Python number or
+    data-dependent shapes. Under lazy emulation host syncs are counted over the fit and traced to their source line
+    (:class:`SyncSourceMode`), and CPU fallbacks counted by op (labelled emulator artefacts there, not warned about).
 
-    - compile mode (``torch.compile``, e.g. through :class:`~lightning_gaudi.callbacks.HPUCompile`): the guard dynamo
-      recorded as failing (``"tensor 'input_ids' size mismatch at index 1. expected 16, actual 17"``), a function
-      hitting the recompile limit (after which it silently runs uncompiled for new inputs; warned even during
-      warm-up), and every graph break with its reason and the user's source line;
-    - lazy mode: a batch with new input shapes, the first training step after validation, or, when neither, a
-      Python number baked into the graph or data-dependent shapes.
-
-    Host syncs (lazy emulation) are counted over the whole fit, logging, progress bar, schedulers and checkpoints
-    included, and divided by the optimizer steps; each is traced to the source line that caused it (a
-    :class:`SyncSourceMode` is entered for the fit: two counter reads per torch call, only while this callback is
-    used). CPU fallbacks are counted by op; under lazy emulation they are torch
-    Lazy Tensor Core's (``lerp`` in every AdamW step, ``mse_loss``, ``linalg_vector_norm``), not Gaudi's, and are
-    labelled as such instead of being warned about. The end-of-fit summary is printed, logged through the trainer's
-    loggers (``graph_diagnostics/<key>``, numbers only) and kept in :attr:`summary`, a dict with the keys ``mode``
-    (``"lazy"``, ``"compile"`` or ``"eager"``), ``warmup_steps``, ``optimizer_steps``, ``graph_compilations`` (all,
-    during the fit), ``graph_compilations_after_warmup`` (training, after warm-up), ``validation_graph_compilations``,
-    ``recompile_reasons`` (list of str: dynamo's in compile mode, the inferred cause in lazy mode),
-    ``graph_breaks`` (``"reason (file:line)"`` -> count), ``distinct_input_shapes``, ``compilations_by_shape``,
-    ``host_syncs``, ``host_syncs_per_step``, ``host_syncs_by_phase``, ``host_sync_sources`` (``"file:line"`` -> syncs,
-    most first: the user's line that caused them, or Lightning's own when no user code did) and
-    ``host_sync_source_details`` (list of dicts: ``source``, ``code``, ``phase``, ``user``, ``count``) (``None`` where
-    they cannot be counted: compile mode, the real bridge), ``cpu_fallbacks`` (op -> count), ``cpu_fallbacks_source``,
-    ``recompile_limit_hit`` and ``compiled_graphs`` (the graphs :class:`HPUCompile`'s modules hold at the end, ``None``
-    without it).
+    The end-of-fit summary is printed, logged (``graph_diagnostics/<key>``, numbers only) and kept in :attr:`summary`:
+    ``mode``, ``warmup_steps``, ``optimizer_steps``, ``graph_compilations`` (``_in_warmup``, ``_after_warmup``),
+    ``validation_graph_compilations``, ``recompile_reasons``, ``graph_breaks``, ``distinct_input_shapes``,
+    ``compilations_by_shape``, ``host_syncs`` (``_per_step``, ``_by_phase``), ``host_sync_sources``,
+    ``host_sync_source_details`` (``None`` where syncs are not counted), ``cpu_fallbacks``, ``cpu_fallbacks_source``,
+    ``recompile_limit_hit`` and ``compiled_graphs`` (:class:`HPUCompile`'s, ``None`` without it).
 
     Args:
         warmup_steps: optimizer steps allowed to compile graphs.
@@ -287,12 +251,7 @@ class GraphDiagnostics(Callback):
         self._module: nn.Module | None = None
         self._sync_sources: SyncSourceMode | None = None
 
-    # ------------------------------------------------------------------------------------------------------------
-    # where each count goes
-    # ------------------------------------------------------------------------------------------------------------
-
     def _flush(self, trainer: pl.Trainer) -> None:
-        """Adds what happened since the last flush to the current phase (and the current training batch)."""
         if self._mode == "lazy":
             self._flush_lazy()
         elif self._mode is not None:
@@ -305,9 +264,7 @@ class GraphDiagnostics(Callback):
         if now is None or before is None:
             return
         compiled = now.graph_compilations - before.graph_compilations
-        fallbacks = Counter(now.cpu_fallbacks)
-        fallbacks.subtract(before.cpu_fallbacks)
-        fallbacks = +fallbacks
+        fallbacks = Counter(now.cpu_fallbacks) - Counter(before.cpu_fallbacks)
         self._fallbacks.update(fallbacks)
         if now.host_syncs is not None and before.host_syncs is not None:
             self._syncs[self._phase] += now.host_syncs - before.host_syncs
@@ -365,10 +322,6 @@ class GraphDiagnostics(Callback):
             return False
         self._warned.add(key)
         return True
-
-    # ------------------------------------------------------------------------------------------------------------
-    # causes
-    # ------------------------------------------------------------------------------------------------------------
 
     def _close_batch(self) -> None:
         batch, self._batch = self._batch, None
@@ -464,10 +417,6 @@ class GraphDiagnostics(Callback):
             return ""
         return f" Run with {BRIDGE_LOG_HINT} to see the bridge's own log."
 
-    # ------------------------------------------------------------------------------------------------------------
-    # hooks
-    # ------------------------------------------------------------------------------------------------------------
-
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
@@ -503,7 +452,9 @@ class GraphDiagnostics(Callback):
     def _coarse_phase(self) -> str:
         return {"training": "training step"}.get(self._phase, self._phase)
 
-    def _stop_sync_sources(self) -> None:
+    def _stop(self) -> None:
+        if self._recorder is not None:  # give dynamo's logger back
+            self._recorder.stop()
         if self._sync_sources is not None:
             self._sync_sources.stop()
 
@@ -550,11 +501,10 @@ class GraphDiagnostics(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._mode is None:
-            return
-        self._flush(trainer)
-        self._close_batch()
-        self._phase = "other"
+        if self._mode is not None:
+            self._flush(trainer)
+            self._close_batch()
+            self._phase = "other"
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -562,27 +512,17 @@ class GraphDiagnostics(Callback):
             return
         self._flush(trainer)
         self._close_batch()
-        if self._recorder is not None:
-            self._recorder.stop()
-        self._stop_sync_sources()
+        self._stop()
         self.summary = self._summarize(trainer)
         self._report(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._recorder is not None:
-            self._recorder.stop()
-        self._stop_sync_sources()
+        self._stop()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if self._recorder is not None:  # a failed fit skips teardown: give dynamo's logger back
-            self._recorder.stop()
-        self._stop_sync_sources()
-
-    # ------------------------------------------------------------------------------------------------------------
-    # the summary
-    # ------------------------------------------------------------------------------------------------------------
+        self._stop()  # a failed fit skips teardown
 
     def _summarize(self, trainer: pl.Trainer) -> dict[str, Any]:
         steps = trainer.global_step - self._first_step
@@ -603,12 +543,8 @@ class GraphDiagnostics(Callback):
                 {"source": src.location, "code": src.code, "phase": src.phase, "user": src.user, "count": n}
                 for src, n in found
             ]
-        compiled_graphs = None
-        if self._compile is not None and self._compile.compiled:
-            compiled_graphs = self._compile.graphs()
-        source = None
-        if self._fallbacks:
-            source = "device" if self._fallbacks_are_real() else "emulator"
+        compiled_graphs = self._compile.graphs() if self._compile is not None and self._compile.compiled else None
+        source = ("device" if self._fallbacks_are_real() else "emulator") if self._fallbacks else None
         return {
             "mode": self._mode,
             "warmup_steps": self.warmup_steps,
@@ -680,7 +616,7 @@ def _warn_module_compile_of_torch_modules(pl_module: nn.Module) -> None:
         for name, m in pl_module.named_modules()
         if name and dynamo.compiled_by_module_compile(m) and _torch_only(m)
     ]
-    if found:
+    if found and dynamo.module_compile_skips_torch_modules():
         rank_zero_warn(
             f"{', '.join(found)} went through `nn.Module.compile()`, which compiles nothing for modules made only of"
             " torch's own (nn.Sequential, nn.Linear...): dynamo skips code in torch's files, so they run uncompiled."
@@ -705,5 +641,5 @@ def _advice(reason: str) -> str:
     return "Something the graph's guards check changed (a Python value, a dtype, a device, a module attribute)."
 
 
-#: The earlier name of :class:`GraphDiagnostics`, kept for existing configs and code.
+#: The earlier name of :class:`GraphDiagnostics`.
 LazyModeDiagnostics = GraphDiagnostics

@@ -16,7 +16,8 @@ any graph at all; dynamo keeps these in private places, which this module alone 
 - the log of ``torch._dynamo.backends.distributed`` (DDPOptimizer), whose ``INFO`` record "DDPOptimizer used bucket
   cap N and created M buckets" says into how many sub-graphs it split a compiled graph;
 - ``torch._inductor.cpp_builder.get_cpp_compiler()``: the C++ compiler inductor would use;
-- ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile()``.
+- ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile()``; ``_torchdynamo_orig_callable``: what a
+  ``torch.compile`` result calls (a wrapper with a frame of its own for a torch module, from torch 2.14).
 
 Nothing here is imported before it is needed (``import lightning_gaudi`` does not load dynamo). No version caps the
 readers: on a torch older than :data:`SUPPORTED_TORCH`, or one that lacks a target, :func:`available` is ``False``,
@@ -152,6 +153,20 @@ def ddp_first_bucket_bytes() -> int | None:
 def compiled_by_module_compile(module: Any) -> bool:
     """Whether ``module.compile()`` was called (``nn.Module`` keeps the result in ``_compiled_call_impl``)."""
     return getattr(module, MODULE_COMPILE_ATTRIBUTE, None) is not None
+
+
+@functools.cache
+def module_compile_skips_torch_modules() -> bool:
+    """Whether ``nn.Module.compile()`` compiles nothing for a module made only of torch's own (``nn.Sequential``...).
+
+    Dynamo skips code in torch's files; torch 2.14 and newer give such a module's call a frame of its own. Checked
+    without compiling anything: what ``torch.compile`` keeps of an ``nn.Linear``'s ``_call_impl``.
+    """
+    import torch
+
+    compiled = torch.compile(torch.nn.Linear(1, 1)._call_impl, backend="eager")
+    kept = getattr(compiled, "_torchdynamo_orig_callable", None)
+    return getattr(kept, "__code__", None) in (None, torch.nn.Module._call_impl.__code__)
 
 
 def cpp_compiler() -> str | None:

@@ -1,19 +1,9 @@
 """The Trainer's accelerator connector (``_AcceleratorConnector``), wrapped so that a routing policy answers first.
 
 Lightning 2.6's connector refuses ``accelerator="hpu"`` with ``strategy="auto"``, builds its own CPU/GPU strategies
-for ``"ddp"``, ``"fsdp"``... and turns ``precision="bf16-mixed"`` into CUDA autocast for any accelerator but cpu/mps.
-Five of its methods are wrapped; each wrapper reads the connector's private flags, hands them to the
-:class:`ConnectorPolicy` in ``HOOKS.policy`` (:mod:`lightning_gaudi.routing` sets it), and leaves every choice
-the policy declines to Lightning:
-
-- ``_choose_auto_accelerator``: :meth:`~ConnectorPolicy.auto_accelerator`;
-- ``_set_devices_flag_if_auto_passed``: :meth:`~ConnectorPolicy.devices` (``devices="auto"`` for one device);
-- ``_choose_strategy``: :meth:`~ConnectorPolicy.choose_strategy` (``strategy="auto"``);
-- ``_check_strategy_and_fallback``: :meth:`~ConnectorPolicy.check_strategy` (Lightning's names and instances);
-- ``_check_and_init_precision``: :meth:`~ConnectorPolicy.precision`.
-
-Fabric's connector is wrapped the same way (:mod:`.fabric_connector`). ``tests/patches/test_connector.py`` builds
-Trainers through the wrappers and fails when Lightning changes the methods, their order or the attributes read.
+for ``"ddp"``, ``"fsdp"``... and autocasts ``"bf16-mixed"`` on CUDA. The :data:`WRAPPED` methods hand the connector's
+flags to the :class:`ConnectorPolicy` in ``HOOKS.policy`` (set by :mod:`lightning_gaudi.routing`) and leave every
+choice it declines to Lightning. Fabric's connector is wrapped the same way (:mod:`.fabric_connector`).
 """
 
 from __future__ import annotations
@@ -26,7 +16,6 @@ from lightning_gaudi.patches import registry
 
 _MODULE = "lightning.pytorch.trainer.connectors.accelerator_connector"
 _CLASS = "_AcceleratorConnector"
-#: The connector methods replaced by wrappers.
 WRAPPED = (
     "_choose_auto_accelerator",
     "_set_devices_flag_if_auto_passed",
@@ -34,10 +23,9 @@ WRAPPED = (
     "_check_strategy_and_fallback",
     "_check_and_init_precision",
 )
-#: The connector attributes the wrappers rely on; checked before installing.
 _VALIDATE = "_validate_precision_choice"
 CONNECTOR_ATTRIBUTES = (*WRAPPED, _VALIDATE)
-#: Connector instance attributes the wrappers read (or, for the strategy and devices flags, set).
+#: Connector instance attributes the wrappers read (or set).
 INSTANCE_ATTRIBUTES = (
     "_accelerator_flag",
     "_devices_flag",
@@ -83,13 +71,8 @@ class Hooks:
 def connector_wrappers(
     hooks: Hooks, precision_attributes: tuple[str, str], validate: str | None
 ) -> dict[str, Callable[[Any], Any]]:
-    """The wrappers of the five methods both connectors share, calling ``hooks.policy``.
-
-    Args:
-        hooks: where the policy is found when a wrapper runs.
-        precision_attributes: the connector's (precision flag, precision plugin) attributes.
-        validate: the connector's method validating a precision choice, if it has one.
-    """
+    """The wrappers of the five methods both connectors share, calling ``hooks.policy``; ``precision_attributes``
+    names the connector's precision flag and plugin, ``validate`` its method checking a precision choice."""
 
     def auto_accelerator(original: Any) -> Any:
         @functools.wraps(original)
@@ -161,8 +144,32 @@ HOOKS = Hooks()
 
 def connector_class() -> type | None:
     """Lightning's ``_AcceleratorConnector``, or ``None`` when this Lightning has no such class where expected."""
-    found = registry.lookup(_MODULE, _CLASS)
+    return find_class(_MODULE, _CLASS)
+
+
+def find_class(module: str, name: str) -> type | None:
+    found = registry.lookup(module, name)
     return found if isinstance(found, type) else None
+
+
+def wrap_connector(
+    cls: type | None,
+    where: str,
+    attributes: tuple[str, ...],
+    mark: str,
+    wrappers: Callable[[], dict[str, Callable[[Any], Any]]],
+    fallback: str,
+) -> bool:
+    """Wraps ``cls``'s methods with ``wrappers()`` once, unless this Lightning is unsupported or ``cls`` (at
+    ``where``) lacks one of ``attributes``, which warns with ``fallback``; returns whether the methods are wrapped."""
+    missing = [where] if cls is None else [a for a in attributes if not hasattr(cls, a)]
+    if not registry.supported(missing, fallback):
+        return False
+    assert cls is not None
+    chosen = wrappers()
+    if not registry.wrapped(cls, chosen, mark):
+        registry.wrap_methods(cls, chosen, mark)
+    return True
 
 
 def installed() -> bool:
@@ -171,26 +178,15 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Wraps the connector methods (idempotent); they call ``HOOKS.policy``, which :mod:`lightning_gaudi.routing` sets.
-
-    Returns:
-        Whether the wrappers are installed and have a policy. On a Lightning outside
-        :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or whose connector lacks a method the wrappers
-        rely on, nothing is patched and a warning says what still works.
-    """
-    cls = connector_class()
-    missing = [f"{_MODULE}.{_CLASS}"] if cls is None else [a for a in CONNECTOR_ATTRIBUTES if not hasattr(cls, a)]
+    """Wraps the connector methods (idempotent); returns whether they are wrapped and have a policy. On a Lightning
+    that is unsupported or whose connector changed, nothing is patched and a warning says what still works."""
     fallback = (
         "`strategy='auto'` and precision strings will not pick HPU classes: pass `strategy='hpu_single'`/"
         "'hpu_parallel' and `plugins=[HPUPrecision(...)]`."
     )
-    if not registry.supported(missing, fallback):
-        return False
-    assert cls is not None
-    if not registry.wrapped(cls, WRAPPED, _MARK):
-        wrappers = connector_wrappers(HOOKS, ("_precision_flag", "_precision_plugin_flag"), _VALIDATE)
-        registry.wrap_methods(cls, wrappers, _MARK)
-    return installed()
+    wrappers = functools.partial(connector_wrappers, HOOKS, ("_precision_flag", "_precision_plugin_flag"), _VALIDATE)
+    where = f"{_MODULE}.{_CLASS}"
+    return wrap_connector(connector_class(), where, CONNECTOR_ATTRIBUTES, _MARK, wrappers, fallback) and installed()
 
 
 PATCH = registry.Patch(

@@ -1,24 +1,15 @@
 """Host-sync-free logging: progress-bar values stay on the device until the bar refreshes or a logger writes.
 
-At every batch end Lightning's ``_LoggerConnector.on_batch_end`` calls ``_ResultCollection.metrics``, which turns
-each ``prog_bar=True`` value into a Python number (``convert_tensors_to_scalars``): a host sync per step, which on
-Gaudi flushes the lazy graph and stalls the host whatever the progress bar's refresh rate. For trainers on the HPU
-accelerator only:
-
-- ``_LoggerConnector.metrics`` (read at every batch end and every ``log_every_n_steps``) leaves progress-bar values
-  as device tensors;
-- ``_LoggerConnector.progress_bar_metrics`` (what the progress bar reads when it refreshes) turns them into numbers;
-- ``_CallbackConnector._configure_progress_bar`` makes the Trainer's default bar a ``TQDMProgressBar`` refreshing
-  every :data:`HPU_PROGRESS_BAR_REFRESH_RATE` steps (a bar the user passes, or ``TQDM_MINITERS``, wins).
-
-Loggers still receive numbers when they write (every ``log_every_n_steps``). ``tests/patches/
-test_sync_free_logging.py`` fails when Lightning changes what these wrappers rely on.
+Lightning turns each ``prog_bar=True`` value into a Python number at every batch end (``_ResultCollection.metrics``
+through ``convert_tensors_to_scalars``): a host sync per step, which on Gaudi flushes the lazy graph. For trainers on
+the HPU only, ``_LoggerConnector.metrics`` leaves those values as tensors, ``_LoggerConnector.progress_bar_metrics``
+(read when the bar refreshes) converts them, and the default progress bar becomes a ``TQDMProgressBar`` refreshing
+every :data:`HPU_PROGRESS_BAR_REFRESH_RATE` steps (a bar the user passes, or ``TQDM_MINITERS``, wins).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 from types import ModuleType
 from typing import Any
@@ -36,7 +27,7 @@ _RESULT = "lightning.pytorch.trainer.connectors.logger_connector.result"
 _LOGGER_CONNECTOR = "lightning.pytorch.trainer.connectors.logger_connector.logger_connector"
 _CALLBACK_CONNECTOR = "lightning.pytorch.trainer.connectors.callback_connector"
 
-#: (module, attribute) pairs the wrappers replace or rely on; checked before installing.
+#: (module, attribute) pairs the wrappers replace or rely on.
 TARGETS = (
     (_RESULT, "convert_tensors_to_scalars"),
     (_RESULT, "_ResultCollection"),
@@ -52,16 +43,14 @@ class _Deferral:
 
 def _on_hpu(trainer: Any) -> bool:
     accelerator = getattr(getattr(trainer, "strategy", None), "accelerator", None)
-    entry = dict.get(AcceleratorRegistry, "hpu")  # the HPU accelerator class lightning_gaudi registers
+    entry = dict.get(AcceleratorRegistry, "hpu")
     return entry is not None and isinstance(accelerator, entry["accelerator"])
 
 
 def _deferring_convert(original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(data: Any) -> Any:
-        if _Deferral.active:
-            return data
-        return original(data)
+        return data if _Deferral.active else original(data)
 
     return wrapper
 
@@ -136,35 +125,25 @@ def installed() -> bool:
 
 def missing_targets() -> list[str]:
     """What the wrappers rely on and this Lightning lacks (empty when everything is there)."""
-    missing = []
-    for module_name, attribute in TARGETS:
-        module = _module(module_name)
-        if module is None:
-            missing.append(module_name)
-        elif not hasattr(module, attribute):
-            missing.append(f"{module_name}.{attribute}")
+    missing = [m if _module(m) is None else f"{m}.{a}" for m, a in TARGETS if not hasattr(_module(m), a)]
     if missing:
         return missing
-    connector = importlib.import_module(_LOGGER_CONNECTOR)._LoggerConnector
-    callbacks = importlib.import_module(_CALLBACK_CONNECTOR)._CallbackConnector
-    results = importlib.import_module(_RESULT)._ResultCollection
-    for name in ("metrics", "progress_bar_metrics"):
-        if not isinstance(connector.__dict__.get(name), property):
-            missing.append(f"_LoggerConnector.{name} (a property)")
-    if "_configure_progress_bar" not in callbacks.__dict__:
+    connector = vars(registry.lookup(_LOGGER_CONNECTOR, "_LoggerConnector"))
+    missing = [
+        f"_LoggerConnector.{name} (a property)"
+        for name in ("metrics", "progress_bar_metrics")
+        if not isinstance(connector.get(name), property)
+    ]
+    if "_configure_progress_bar" not in vars(registry.lookup(_CALLBACK_CONNECTOR, "_CallbackConnector")):
         missing.append("_CallbackConnector._configure_progress_bar")
-    if "metrics" not in results.__dict__:
+    if "metrics" not in vars(registry.lookup(_RESULT, "_ResultCollection")):
         missing.append("_ResultCollection.metrics")
     return missing
 
 
 def install() -> bool:
-    """Installs the host-sync-free logging wrappers (idempotent). Returns whether they are installed.
-
-    On a Lightning version outside :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or one that lacks
-    what the wrappers rely on, nothing is patched and a warning says what that costs (a host sync per step for each
-    ``prog_bar`` value).
-    """
+    """Installs the wrappers (idempotent); returns whether they are installed. On an unsupported Lightning nothing
+    is patched and a warning says what that costs."""
     if installed():
         return True
     fallback = (
@@ -173,9 +152,9 @@ def install() -> bool:
     )
     if not registry.supported(missing_targets(), fallback):
         return False
-    result = importlib.import_module(_RESULT)
-    connector = importlib.import_module(_LOGGER_CONNECTOR)._LoggerConnector
-    callbacks = importlib.import_module(_CALLBACK_CONNECTOR)._CallbackConnector
+    result = _module(_RESULT)
+    connector = registry.lookup(_LOGGER_CONNECTOR, "_LoggerConnector")
+    callbacks = registry.lookup(_CALLBACK_CONNECTOR, "_CallbackConnector")
 
     convert = _deferring_convert(result.convert_tensors_to_scalars)
     metrics = _deferring_metrics(connector.__dict__["metrics"])

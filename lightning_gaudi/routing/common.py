@@ -1,24 +1,13 @@
-"""The routing both connectors share: which HPU class or precision plugin answers a Lightning name.
+"""The routing both connectors share: which HPU class or precision plugin answers a Lightning name on HPUs.
 
-With ``accelerator="hpu"`` (chosen, or picked by ``accelerator="auto"`` when an HPU, real or emulated, is available):
-
-- ``strategy="auto"`` is the API's single-HPU strategy for one device and ``"hpu_parallel"`` for more (or several
-  nodes); ``devices="auto"`` is one device for a single-device strategy.
-- **Lightning counterparts.** An HPU strategy class may declare ``lightning_counterparts: ClassVar[tuple[type[Strategy],
-  ...]]``, the Lightning strategy classes it stands in for (``HPUParallelStrategy``: ``(DDPStrategy,)``,
-  ``HPUFSDPStrategy``: ``(FSDPStrategy,)``...). Only a class's own declaration counts, not an inherited one, and the
-  class must be in the strategy registry. A Lightning registry name whose class is such a counterpart becomes the HPU
-  class built with the registry's ``init_params`` (``"ddp_find_unused_parameters_true"``:
-  ``HPUParallelStrategy(start_method='popen', find_unused_parameters=True)``; ``"deepspeed_stage_2"``:
-  ``HPUDeepSpeedStrategy(stage=2)``), with an info line; a name whose ``start_method`` forks is refused (a forked
-  child cannot take over its parent's HPU); ``"single_device"`` gets the selected device. An instance of a counterpart
-  class (or of a user's subclass of one) is refused with an error naming the HPU class; a Lightning name or instance
-  no HPU class claims is refused, naming ``"hpu_parallel"`` and ``"hpu_single"``. A single-HPU strategy given several
-  devices is refused.
-- **Precision.** With no precision plugin given, the precision string is checked against the device, then a strategy
-  with a method ``hpu_precision_plugin(precision: str) -> Precision | None`` chooses (a result other than ``None`` is
-  the plugin: FSDP autocasts on the HPU device type in its own plugin, DeepSpeed needs ``DeepSpeedPrecision``), and
-  otherwise mixed precision is the API's ``HPUPrecision``. ``precision="fp8"`` is the API's FP8 plugin, on HPUs only.
+- ``strategy="auto"``: the single-HPU strategy for one device, ``"hpu_parallel"`` for more; ``devices="auto"`` is one
+  device for a single-device strategy.
+- A Lightning strategy name whose class an HPU strategy declares in its own ``lightning_counterparts`` becomes that
+  HPU class, built with the registry's ``init_params`` (``"deepspeed_stage_2"``: ``HPUDeepSpeedStrategy(stage=2)``);
+  a forking ``start_method`` is refused. Instances of such Lightning classes (or subclasses), and Lightning strategies
+  no HPU class claims, are refused with the fix.
+- Precision: a strategy's ``hpu_precision_plugin(precision)`` chooses first, else mixed precision is ``HPUPrecision``;
+  ``"fp8"`` is the FP8 plugin, on HPUs only.
 
 Every other accelerator is left to Lightning.
 """
@@ -44,8 +33,7 @@ _USE_HPU_STRATEGIES = "strategy='hpu_parallel' (DDP over HCCL, one process per c
 
 
 def claimed_counterparts(cls: type) -> tuple[type, ...]:
-    """The Lightning strategy classes ``cls`` itself declares it stands in for (inherited declarations do not count,
-    so a user's subclass of an HPU strategy never takes over Lightning's names)."""
+    """The Lightning strategy classes ``cls`` itself (not a base) declares it stands in for."""
     declared = vars(cls).get(COUNTERPARTS_ATTRIBUTE, ())
     return tuple(declared) if isinstance(declared, (tuple, list)) else ()
 
@@ -56,8 +44,7 @@ def is_hpu_strategy_class(cls: type) -> bool:
 
 
 def hpu_counterpart(lightning_cls: type, strategy_registry: dict[str, Any]) -> type | None:
-    """The strategy class registered in ``strategy_registry`` (the Trainer's or Fabric's) that declares
-    ``lightning_cls`` exactly among its ``lightning_counterparts``, or ``None``."""
+    """The class in ``strategy_registry`` that declares ``lightning_cls`` a counterpart, or ``None``."""
     for entry in strategy_registry.values():
         found = entry.get("strategy")
         if isinstance(found, type) and lightning_cls in claimed_counterparts(found):
@@ -66,8 +53,7 @@ def hpu_counterpart(lightning_cls: type, strategy_registry: dict[str, Any]) -> t
 
 
 def strategy_precision(strategy: object, precision: str) -> Any:
-    """The precision plugin ``strategy`` chooses for ``precision`` through its ``hpu_precision_plugin`` method, or
-    ``None`` (no such method, or it leaves the choice to the connector)."""
+    """What ``strategy.hpu_precision_plugin(precision)`` chooses; ``None`` without the method."""
     choose = getattr(strategy, PRECISION_HOOK, None)
     return choose(precision) if callable(choose) else None
 
@@ -83,21 +69,8 @@ def _is_lightnings(cls: type) -> bool:
 
 @dataclass(frozen=True)
 class Routing:
-    """The routing policy of one connector, the Trainer's or Fabric's (a
-    :class:`~lightning_gaudi.patches.connector.ConnectorPolicy`).
-
-    Attributes:
-        owner: ``"Trainer"`` or ``"Fabric"``, for messages.
-        package: where the API's HPU classes live, for messages.
-        registry: the API's strategy registry.
-        strategy_base: the API's ``Strategy`` base class.
-        lightning_single: the API's ``SingleDeviceStrategy``.
-        single_hpu: the API's ``SingleHPUStrategy``.
-        parallel_hpu: the API's ``HPUParallelStrategy``.
-        mixed_precision: builds the API's ``HPUPrecision`` for a mixed precision string.
-        check_plugin: checks a given precision plugin against the device.
-        fp8_plugin: builds the API's FP8 plugin for a strategy (or raises).
-    """
+    """The :class:`~lightning_gaudi.patches.connector.ConnectorPolicy` of the Trainer or Fabric (``owner``), over
+    that API's classes: its strategy registry and bases, HPU strategies, and precision plugin builders and check."""
 
     owner: str
     package: str
@@ -111,7 +84,6 @@ class Routing:
     fp8_plugin: Callable[[Any], Any]
 
     def registered_class(self, flag: object) -> type | None:
-        """The class registered under the name ``flag``, or ``None``."""
         if isinstance(flag, str) and flag in self.registry:
             found = self.registry[flag]["strategy"]
             return found if isinstance(found, type) else None
@@ -122,15 +94,12 @@ class Routing:
         return cls is not None and issubclass(cls, (self.single_hpu, self.lightning_single))
 
     def auto_accelerator(self) -> str | None:
-        """``"hpu"`` when an HPU (real or emulated) is available."""
         return "hpu" if hpu.is_available() else None
 
     def devices(self, accelerator: Any, strategy: Any, devices: Any) -> int | None:
-        """One device for a single-device strategy (Lightning would take every card, then narrow it to one later)."""
         return 1 if is_hpu(accelerator) and self._is_single_device(strategy) else None
 
     def choose_strategy(self, accelerator: Any, parallel_devices: list[Any], num_nodes: int) -> Any:
-        """``strategy="auto"`` on HPUs: the single-HPU strategy for one device, ``"hpu_parallel"`` for more."""
         if not is_hpu(accelerator):
             return None
         if num_nodes > 1 or len(parallel_devices) > 1:
@@ -138,12 +107,8 @@ class Routing:
         return self.single_hpu(device=parallel_devices[0] if parallel_devices else None)
 
     def check_strategy(self, accelerator: Any, flag: Any, parallel_devices: list[Any], num_nodes: int) -> Any:
-        """The strategy (name or instance) that runs ``strategy=flag`` on HPUs (see the module's docstring).
-
-        Raises:
-            ValueError: ``flag`` forks its rank processes, is a Lightning strategy without an HPU stand-in, or an
-                instance of one with an HPU stand-in (or of a subclass); or it runs on one HPU given several devices.
-        """
+        """The strategy (name or instance) that runs ``strategy=flag`` on HPUs; raises ``ValueError`` for a flag
+        refused (see the module's docstring) or a single-HPU strategy given several devices."""
         if not is_hpu(accelerator):
             return flag
         strategy = flag
@@ -161,13 +126,8 @@ class Routing:
         return strategy
 
     def check_lightning_instance(self, strategy: object) -> None:
-        """Refuses an instance of a Lightning strategy (or of a user's subclass of one) that has an HPU stand-in, and
-        any other Lightning strategy instance, naming the HPU strategy to use. HPU strategies, and a user's own
-        strategies deriving from no Lightning class with an HPU stand-in, pass.
-
-        Raises:
-            ValueError: see above.
-        """
+        """Raises ``ValueError``, naming the HPU class to use, for a Lightning strategy instance or a user's subclass
+        of one with an HPU stand-in; HPU strategies and a user's own strategies pass."""
         cls = type(strategy)
         if is_hpu_strategy_class(cls):
             return
@@ -195,8 +155,7 @@ class Routing:
         )
 
     def from_lightning_name(self, name: str, parallel_devices: list[Any]) -> Any:
-        """The HPU strategy that stands in for the Lightning strategy registered as ``name``, built with the
-        registry's ``init_params``; other names unchanged.
+        """The HPU strategy standing in for the Lightning strategy registered as ``name``; other names unchanged.
 
         Raises:
             ValueError: ``name`` forks its rank processes, or is a Lightning strategy without an HPU stand-in.
@@ -227,11 +186,8 @@ class Routing:
     def precision(
         self, accelerator: Any, strategy: Any, precision: Any, plugin: Any, validate: Callable[[], None]
     ) -> Any:
-        """The precision plugin on HPUs (see the module's docstring), or ``None`` to leave it to Lightning.
-
-        Raises:
-            ValueError: the precision does not run on this device, or ``"fp8"`` on another accelerator.
-        """
+        """The precision plugin on HPUs, or ``None`` to leave it to Lightning; raises ``ValueError`` for a precision
+        this device cannot run, or ``"fp8"`` on another accelerator."""
         if precision == "fp8" and plugin is None:
             if not isinstance(accelerator, HPUAccelerator):
                 raise ValueError(

@@ -1,6 +1,4 @@
-"""Fabric's routing policy (see :mod:`.common`), for the Fabric connector's wrappers
-(:mod:`lightning_gaudi.patches.fabric_connector`): Fabric's HPU classes, plus a check of the strategy flag and of the
-launch while Fabric is built."""
+"""Fabric's routing policy (:mod:`.common`), plus checks of the strategy flag and of the launch."""
 
 from __future__ import annotations
 
@@ -24,17 +22,11 @@ from lightning_gaudi.routing.common import Routing, is_hpu, is_hpu_strategy_clas
 
 @dataclass(frozen=True)
 class FabricRouting(Routing):
-    """:class:`~.common.Routing` with Fabric's two more questions
-    (:class:`~lightning_gaudi.patches.fabric_connector.FabricConnectorPolicy`)."""
+    """:class:`~.common.Routing` with Fabric's two more questions (``FabricConnectorPolicy``)."""
 
     def check_flags(self, strategy: Any, accelerator: Any, registered: Sequence[str]) -> None:
-        """Refuses, with the fix, a strategy Fabric would refuse with Lightning's generic words (or not at all).
-
-        Raises:
-            ValueError: an unknown name that starts with ``"hpu"``, or any unknown name with ``accelerator="hpu"``
-                (naming the HPU strategies and the closest one); a Trainer strategy of ``lightning_gaudi`` (naming its
-                Fabric counterpart).
-        """
+        """Raises ``ValueError`` with the fix for an unknown ``"hpu..."`` name (any unknown name with
+        ``accelerator="hpu"``) or a Trainer strategy of ``lightning_gaudi``."""
         if isinstance(strategy, str):
             name = strategy.lower()
             if name == "auto" or name in registered or not (name.startswith("hpu") or is_hpu(accelerator)):
@@ -60,7 +52,7 @@ class FabricRouting(Routing):
             )
 
     def strategy_built(self, strategy: Any) -> None:
-        """Checks the launch of an ``HPUParallelStrategy`` while Fabric is built, before any process starts."""
+        """Checks an ``HPUParallelStrategy``'s launch before any process starts."""
         if isinstance(strategy, HPUParallelStrategy):
             strategy.check_launch()
 

@@ -1,5 +1,4 @@
-"""The Trainer's routing policy (see :mod:`.common`), for the accelerator connector's wrappers
-(:mod:`lightning_gaudi.patches.connector`)."""
+"""The Trainer's routing policy (:mod:`.common`)."""
 
 from __future__ import annotations
 
@@ -21,12 +20,7 @@ from lightning_gaudi.strategies import HPUParallelStrategy, SingleHPUStrategy
 
 
 def fp8_plugin(strategy: Any) -> HPUFP8Precision:
-    """The Trainer's plugin for ``precision="fp8"`` under ``strategy``.
-
-    Raises:
-        ValueError: the strategy shards the model (FSDP, DeepSpeed), with which FP8 is not supported; or the HPU
-            cannot train in FP8 (first-generation Gaudi).
-    """
+    """The Trainer's plugin for ``precision="fp8"``; raises ``ValueError`` under a strategy that shards the model."""
     if isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)):
         raise ValueError(
             f"`precision='fp8'` is not supported with {type(strategy).__name__}: the FP8 layers and their scaling"

@@ -1,5 +1,6 @@
 """Sharded checkpoints written as one step for readers: every rank writes into a staging directory beside the target,
-which is renamed into place once all have written (``hpu_fsdp``, ``hpu_model_parallel``, their Fabric counterparts)."""
+which is renamed into place once all have written (``hpu_fsdp``, ``hpu_model_parallel``, ``hpu_deepspeed``, the
+Fabric counterparts)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from lightning.fabric.utilities.types import _PATH
 
+from lightning_gaudi.checkpoint_io import remove_stale_temporaries, temporary_name
+
 #: Written by rank 0 into a sharded checkpoint beside the shards: everything but the model and optimizer states.
 #: Lightning recognises a sharded checkpoint directory by this file.
 METADATA_FILENAME = "meta.pt"
 
 
 def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -> None:
-    """Has every rank ``write(staging)`` its shards into ``.<name>.tmp-<id>`` beside ``filepath``, then renames the
-    complete directory to ``filepath`` (a collective: call it on every rank).
+    """Has every rank ``write(staging)`` its shards into a staging folder beside ``filepath`` (``.<name>.<writer>-<pid>-
+    <id>.tmp``, removed by a later save if this one is killed), then renames the complete folder to ``filepath`` (a
+    collective: call it on every rank).
 
     A failed write removes the staging directory and leaves a previous checkpoint as it was. Overwriting moves the old
     checkpoint aside first: between those two renames (microseconds) it sits under ``.<name>.old-<id>``.
@@ -36,8 +40,10 @@ def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -
             " a full checkpoint (one file, written through the checkpoint IO, which takes URLs)."
         )
     path = Path(strategy.broadcast(location.removeprefix("file://")))
-    staging = path.with_name(f".{path.name}.tmp-{strategy.broadcast(uuid.uuid4().hex)}")
+    # named like the checkpoint IO's temporaries (writer and process), so later saves remove it if this one is killed
+    staging = path.with_name(strategy.broadcast(temporary_name(path.name)))
     if strategy.is_global_zero:
+        remove_stale_temporaries(path.parent)
         staging.mkdir(parents=True)
     strategy.barrier("sharded checkpoint: staging directory")
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +30,7 @@ from lightning_gaudi.hpu.deepspeed_accelerator import (
     select_deepspeed_accelerator,
 )
 from lightning_gaudi.patches import deepspeed_strategy
+from lightning_gaudi.strategies._staged import save_staged
 from lightning_gaudi.strategies.core import TrainerParallelCore
 
 if TYPE_CHECKING:
@@ -44,9 +44,6 @@ ZERO_STAGES = (0, 1, 2, 3)
 DEEPSPEED_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = tuple(
     (f"hpu_deepspeed_stage_{stage}", {"stage": stage}) for stage in (1, 2, 3)
 )
-#: Where a checkpoint directory is written before it is renamed into place, and where the one it replaces waits.
-_STAGING_SUFFIX = ".partial"
-_REPLACED_SUFFIX = ".replaced"
 
 
 def _plain(value: Any) -> Any:
@@ -364,38 +361,9 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
 
     @override
     def save_checkpoint(self, checkpoint: dict, filepath: _PATH, storage_options: Any | None = None) -> None:
-        """Writes the checkpoint directory ``filepath`` (every rank its shards) as one step for readers.
-
-        Every rank writes into ``<name>.partial`` beside it; once all have, rank zero renames it to ``filepath``. A
-        checkpoint that replaces one of the same name (``last.ckpt``) first moves the old one to
-        ``<name>.replaced``, then renames the new one into place and deletes the old: a crash leaves either the
-        complete old or the complete new checkpoint under ``filepath``, except in the instant between the two renames,
-        when the old one is still whole under ``<name>.replaced``. The directory must be on a file system every rank
-        writes to (as DeepSpeed requires); URLs are refused.
-
-        Raises:
-            ValueError: ``filepath`` is a URL (DeepSpeed writes with local file I/O).
-        """
-        path: str = self.broadcast(str(filepath))
-        if "://" in path:
-            raise ValueError(
-                f"DeepSpeed writes its checkpoint directory with local file I/O; {path!r} is a URL. Save to a"
-                " local or mounted path shared by every rank, then copy it."
-            )
-        final = Path(path)
-        staging = final.with_name(final.name + _STAGING_SUFFIX)
-        if self.is_global_zero and staging.exists():
-            shutil.rmtree(staging)  # left by a run that crashed while writing
-        self.barrier("hpu_deepspeed.save_checkpoint.staging")
-        super().save_checkpoint(checkpoint, staging, storage_options)
-        self.barrier("hpu_deepspeed.save_checkpoint.written")
-        if self.is_global_zero:
-            replaced = final.with_name(final.name + _REPLACED_SUFFIX)
-            if final.exists():
-                if replaced.exists():
-                    shutil.rmtree(replaced)
-                final.rename(replaced)
-            staging.rename(final)
-            if replaced.exists():
-                shutil.rmtree(replaced)
-        self.barrier("hpu_deepspeed.save_checkpoint.renamed")
+        """Writes the checkpoint directory ``filepath`` (every rank its shards) as one step for readers: staged beside
+        it and renamed into place once every rank has written (:func:`~lightning_gaudi.strategies._staged.save_staged`).
+        The directory must be on a file system every rank writes to (as DeepSpeed requires); URLs are refused."""
+        save_staged(self, filepath, lambda staging: super(HPUDeepSpeedStrategy, self).save_checkpoint(
+            checkpoint, staging, storage_options
+        ))  # fmt: skip

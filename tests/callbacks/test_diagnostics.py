@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor, nn
 
 from lightning_gaudi import hpu
-from lightning_gaudi.callbacks import GraphDiagnostics, HPUCompile, LazyModeDiagnostics
+from lightning_gaudi.callbacks import GraphDiagnostics, HPUCompile, LazyModeDiagnostics, dynamo
 from lightning_gaudi.callbacks.diagnostics import BRIDGE_LOG_HINT
 
 # A batch size no other test uses: Lazy Tensor Core keeps compiled graphs for the life of the process, so shapes
@@ -370,6 +370,10 @@ class CompiledTheTorchWay(Workload):
         self.net.compile(backend="aot_eager")  # nn.Sequential of torch's modules: compiles nothing
 
 
+@pytest.mark.skipif(
+    not dynamo.module_compile_skips_torch_modules(),
+    reason=f"torch {torch.__version__} compiles torch's own modules under nn.Module.compile() (2.14 and newer)",
+)
 def test_module_compile_of_torch_modules_is_named(eager_hpu: hpu.Backend) -> None:
     diagnostics = GraphDiagnostics(warmup_steps=1)
     with pytest.warns(UserWarning, match=r"net \(Sequential\) went through `nn.Module.compile\(\)`.*HPUCompile"):

@@ -149,6 +149,10 @@ def test_compile_targets() -> None:
     assert [name for name, _ in compile_targets(module, regional=True)] == regional
 
 
+@pytest.mark.skipif(
+    not dynamo.module_compile_skips_torch_modules(),
+    reason=f"torch {torch.__version__} compiles torch's own modules under nn.Module.compile() (2.14 and newer)",
+)
 def test_torch_builtin_modules_compile(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:
     """``nn.Sequential(...).compile()`` compiles nothing (dynamo skips torch's files); HPUCompile's frame does."""
     probe = nn.Sequential(nn.Linear(FEATURES, 2))

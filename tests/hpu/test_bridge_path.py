@@ -26,6 +26,7 @@ from lightning_gaudi.hpu.bridge import HabanaBackend
 GIB = 1024**3
 
 
+@pytest.mark.double_only("needs a bridge not loaded yet (Intel's loads once per process; the double, per test)")
 def test_backend_is_the_bridge(bridge_double: ModuleType) -> None:
     backend = hpu.get_backend()
     assert isinstance(backend, HabanaBackend)

@@ -45,6 +45,7 @@ def test_compile_mode_in_emulation_runs_on_the_eager_emulator(runtime_env: pytes
     assert configure(execution_mode="lazy").execution_mode == "lazy"
 
 
+@pytest.mark.double_only("needs a bridge not loaded yet (Intel's loads once per process; the double, per test)")
 def test_compile_mode_on_a_gaudi_sets_eager_in_the_bridge(
     bridge_double: ModuleType, runtime_env: pytest.MonkeyPatch
 ) -> None:

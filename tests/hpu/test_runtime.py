@@ -30,6 +30,7 @@ def runtime_env(isolated_env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     "recipe_cache",
     ["/tmp/recipes, true ,2048", {"path": "/tmp/recipes", "delete_on_start": True, "max_size_mb": 2048}],
 )
+@pytest.mark.double_only("needs a bridge not loaded yet (Intel's loads once per process; the double, per test)")
 def test_bridge_settings_reach_the_bridge(
     bridge_double: ModuleType, runtime_env: pytest.MonkeyPatch, recipe_cache: Any
 ) -> None:
@@ -41,6 +42,7 @@ def test_bridge_settings_reach_the_bridge(
     assert not hpu.get_backend().is_lazy(), "the bridge reads PT_HPU_LAZY_MODE when it loads"
 
 
+@pytest.mark.double_only("needs a bridge not loaded yet (Intel's loads once per process; the double, per test)")
 def test_settings_after_the_bridge_loaded_are_an_error(
     bridge_double: ModuleType, runtime_env: pytest.MonkeyPatch
 ) -> None:
@@ -55,6 +57,7 @@ def test_settings_after_the_bridge_loaded_are_an_error(
         configure(autocast_fp32_ops=["softmax"])
 
 
+@pytest.mark.double_only("needs a bridge not loaded yet (Intel's loads once per process; the double, per test)")
 def test_autocast_lists_become_the_bridges_list_files(
     bridge_double: ModuleType, runtime_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

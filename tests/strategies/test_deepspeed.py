@@ -178,6 +178,7 @@ def test_deepspeed_imported_with_another_accelerator_is_refused(ds_cpu: pytest.M
         HPUDeepSpeedStrategy()
 
 
+@pytest.mark.double_only("stands in for DeepSpeed's HPU accelerator (which the double lacks)")
 @needs_deepspeed
 def test_the_bridge_wants_deepspeeds_hpu_accelerator(
     bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch
@@ -195,6 +196,7 @@ def test_the_bridge_wants_deepspeeds_hpu_accelerator(
     assert deepspeed_accelerator.os.environ[deepspeed_accelerator.DS_ACCELERATOR_ENV] == "hpu"
 
 
+@pytest.mark.double_only("stands in for DeepSpeed's HPU accelerator (which the double lacks)")
 @needs_deepspeed
 def test_real_path_setup_uses_the_hpu_and_hccl(bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     """With DeepSpeed's HPU accelerator chosen (stood in for: the double lacks what DeepSpeed's HPU accelerator

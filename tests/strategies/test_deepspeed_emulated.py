@@ -118,4 +118,4 @@ def test_a_checkpoint_directory_resumes_to_the_same_weights(tmp_path: Path) -> N
         for name, tensor in final.items():
             # only 2 of the 4 steps ran here: equal weights mean the first 2 came from the checkpoint
             torch.testing.assert_close(again[name], tensor, rtol=0, atol=0)
-    assert not list((straight / "ckpt").glob("*.partial")), "a staging directory was left behind"
+    assert not list((straight / "ckpt").glob(".*.tmp")), "a staging directory was left behind"

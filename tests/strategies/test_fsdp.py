@@ -269,3 +269,38 @@ def test_bridge_path_wraps_on_the_hpu_over_hccl(bridge_double: ModuleType, monke
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _OneRank:
+    """What ``save_staged`` reads of a strategy, for one process."""
+
+    is_global_zero = True
+
+    @staticmethod
+    def broadcast(obj: Any, src: int = 0) -> Any:
+        return obj
+
+    @staticmethod
+    def barrier(name: str | None = None) -> None:
+        return None
+
+
+def test_a_killed_sharded_saves_staging_folder_is_removed_by_the_next_save(tmp_path: Path) -> None:
+    """A staging folder whose writer is gone (a save killed half-way) is removed as the checkpoint IO removes its
+    file temporaries; one a live process is writing stays."""
+    import subprocess
+    import sys
+
+    from lightning_gaudi import checkpoint_io
+    from lightning_gaudi.strategies._staged import save_staged
+
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    killed = tmp_path / checkpoint_io.temporary_name("step=10.ckpt", checkpoint_io._writer_id(), gone)
+    (killed / "sub").mkdir(parents=True)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as sleeper:
+        alive = tmp_path / checkpoint_io.temporary_name("step=10.ckpt", checkpoint_io._writer_id(), sleeper.pid)
+        alive.mkdir()
+        save_staged(_OneRank(), tmp_path / "step=20.ckpt", lambda staging: (staging / "shard").write_text("x"))
+        sleeper.kill()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, "step=20.ckpt"])
+    assert (tmp_path / "step=20.ckpt" / "shard").read_text() == "x"
