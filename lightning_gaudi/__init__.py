@@ -1,10 +1,8 @@
 """Train on Intel Gaudi HPUs with PyTorch Lightning 2.6.
 
-Importing this package registers the ``"hpu"`` accelerator and the ``"hpu_single"`` / ``"hpu_parallel"``
-strategies (and their variants) with Lightning's Trainer and with Fabric, so
-``Trainer(accelerator="hpu", strategy="hpu_parallel")`` and ``Fabric(accelerator="hpu", strategy="hpu_parallel")`` work
-by name. Importing it again, or registering again, is harmless. :func:`configure` applies the HPU runtime
-settings (emulation, execution mode, the bridge's own settings) before the bridge loads.
+Importing it registers the ``"hpu"`` accelerator and the HPU strategies with the Trainer and Fabric, so
+``Trainer(accelerator="hpu", strategy="hpu_parallel")`` works by name. :func:`configure` applies the HPU runtime
+settings before the bridge loads.
 """
 
 from __future__ import annotations

@@ -23,9 +23,10 @@ def _parse_indices(devices: int | str | list[int] | tuple[int, ...], available: 
         if text == "auto":
             devices = -1
         elif "," in text:
-            devices = [int(part) for part in text.split(",") if part.strip()] if _is_int_list(text) else []
-            if not devices:
+            parts = [part.strip() for part in text.split(",") if part.strip()]
+            if not parts or not all(part.isdigit() for part in parts):
                 raise ValueError(f"`devices={original!r}` is not a list of HPU indices; write it like '0,1'.")
+            devices = [int(part) for part in parts]
         elif text.lstrip("-").isdigit():
             devices = int(text)
         else:
@@ -61,16 +62,8 @@ def _parse_indices(devices: int | str | list[int] | tuple[int, ...], available: 
     return indices
 
 
-def _is_int_list(text: str) -> bool:
-    return all(part.strip().isdigit() for part in text.split(",") if part.strip())
-
-
 class HPUAccelerator(Accelerator):
-    """Intel Gaudi HPUs, real or emulated on the CPU (see :mod:`lightning_gaudi.hpu`).
-
-    One process drives one card. On Gaudi, ``HABANA_VISIBLE_MODULES`` selects which physical cards a node uses;
-    ``devices`` says how many of them to train on.
-    """
+    """Intel Gaudi HPUs, real or emulated on the CPU (see :mod:`lightning_gaudi.hpu`); one process drives one card."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,12 +77,7 @@ class HPUAccelerator(Accelerator):
 
     @override
     def get_device_stats(self, device: _DEVICE) -> dict[str, Any]:
-        """The bridge's ``memory_stats``, keyed by its names.
-
-        Sizes are in GiB and say so (``hpu/InUse (GiB)``, ``hpu/MaxInUse (GiB)``, ``hpu/Limit (GiB)``,
-        ``hpu/MaxAllocSize (GiB)``); allocation counters are counts (``hpu/NumAllocs``, ``hpu/ActiveAllocs``, ...).
-        A key this package does not know is passed on as the bridge reports it, without a unit.
-        """
+        """The bridge's ``memory_stats`` as ``hpu/<name>``, sizes in GiB and saying so (``hpu/InUse (GiB)``)."""
         stats = {}
         for key, value in hpu.get_backend().memory_stats().items():
             if key in MEMORY_BYTE_KEYS:
@@ -100,13 +88,7 @@ class HPUAccelerator(Accelerator):
 
     @staticmethod
     def get_device_name() -> str:
-        """The name of the Gaudi this process drives, as the bridge reports it (``"GAUDI"``, ``"GAUDI2"``, ...).
-
-        Under emulation, the emulated generation (``LIGHTNING_GAUDI_DEVICE_NAME``, default ``"GAUDI2"``).
-
-        Raises:
-            HPUUnavailableError: there is no HPU, real or emulated.
-        """
+        """The Gaudi's name as the bridge reports it (``"GAUDI2"``...; the emulated generation under emulation)."""
         return hpu.get_backend().device_name()
 
     @override
@@ -116,9 +98,7 @@ class HPUAccelerator(Accelerator):
     @staticmethod
     @override
     def parse_devices(devices: int | str | list[int]) -> list[int]:
-        """The HPU indices ``devices`` selects.
-
-        Accepts a count, ``"auto"`` or ``-1`` (all), a list of indices or a string like ``"0,1"``.
+        """The HPU indices ``devices`` (a count, ``"auto"`` or ``-1`` for all, indices, or ``"0,1"``) selects.
 
         Raises:
             ValueError: zero devices, more than the node has, or an index out of range.
@@ -142,7 +122,6 @@ class HPUAccelerator(Accelerator):
     @staticmethod
     @override
     def auto_device_count() -> int:
-        """The number of HPUs on this node (real or emulated)."""
         return hpu.get_backend().device_count()
 
     @staticmethod

@@ -228,26 +228,18 @@ def _save_local(obj: Any, path: str) -> None:
     def write() -> None:
         # mode 0o666 less the umask, as open(path, "wb"); tempfile.mkstemp would make it 0o600
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(obj, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as error:
-            full = _disk_full_error(error, path, tmp)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            if full is not None:
-                raise full from error
-            raise
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     try:
         _tracked(name, write)
-    except CheckpointDiskFullError:
-        raise
-    except OSError as error:  # the temporary itself could not be created
+    except BaseException as error:
         full = _disk_full_error(error, path, tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         if full is not None:
             raise full from error
         raise

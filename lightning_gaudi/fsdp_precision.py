@@ -21,13 +21,8 @@ FSDP_PRECISIONS: tuple[str, ...] = get_args(FSDPPrecisionInput)
 
 
 class HPUFSDPPrecision(FSDPPrecision):
-    """Lightning's :class:`~lightning.pytorch.plugins.precision.FSDPPrecision` on the HPU.
-
-    Lightning's plugin autocasts mixed precision on CUDA whatever the device; this one autocasts on the HPU's device
-    type (``"hpu"`` on a Gaudi, the CPU in eager emulation), and its ``16-mixed`` gradient scaler (torch's
-    ``ShardedGradScaler``) works on that device too. FSDP itself casts the parameters for the forward and the
-    gradients for the reduce-scatter (``mixed_precision_config``: bfloat16 for ``bf16-*``, float16 for ``16-*``) and
-    keeps the sharded full-precision weights the optimizer updates.
+    """Lightning's :class:`~lightning.pytorch.plugins.precision.FSDPPrecision` autocasting on the HPU's device type
+    (Lightning's autocasts on CUDA), with its ``16-mixed`` ``ShardedGradScaler`` on that device too.
 
     Args:
         precision: ``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``; ``"16-mixed"``, ``"16-true"`` on Gaudi 2 and later.
@@ -52,8 +47,7 @@ class HPUFSDPPrecision(FSDPPrecision):
         if scaler is None and precision == "16-mixed":
             assert self._autocast_device is not None  # check_precision_supported refuses mixed precision without it
             scaler = ShardedGradScaler(device=self._autocast_device)
-        # Lightning's plugin reads `precision` before setting it, and keeps no scaler it is given (a scaler it makes
-        # itself would be a CUDA one)
+        # Lightning's plugin reads `precision` before setting it, and drops a given scaler (its own is CUDA's)
         self.precision = precision
         super().__init__(precision, scaler)  # type: ignore[arg-type]  # Lightning's private literal is the same set
         self.scaler = scaler
@@ -69,8 +63,7 @@ class HPUFSDPPrecision(FSDPPrecision):
 
     @override
     def clip_grad_by_norm(self, optimizer: Optimizer, clip_val: int | float) -> None:
-        """Clips the gradients by their norm over every rank's shards (``FullyShardedDataParallel.clip_grad_norm_``,
-        a collective), so ``Trainer(gradient_clip_val=...)`` works with the default ``"norm"`` algorithm."""
+        """Clips the gradients by their norm over every rank's shards (a collective)."""
         root = getattr(self, "_root", None)
         if root is None:
             super().clip_grad_by_norm(optimizer, clip_val)  # Lightning's error: no sharded module to clip

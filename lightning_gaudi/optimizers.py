@@ -59,20 +59,14 @@ def fuse_optimizer(optimizer: Optimizer, clip_norm: bool = True) -> Optimizer:
             return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     On Gaudi it is ``hpex.optimizers.FusedAdamW`` / ``FusedSGD``; in eager emulation torch's ``fused=True`` kernels;
-    in lazy emulation torch's single-tensor ones (Lazy Tensor Core has no fused kernels). Every hyperparameter is
-    passed explicitly (FusedAdamW's default eps is 1e-6, torch's 1e-8), empty param groups are dropped (they crash
-    FusedAdamW) and extra group entries (``initial_lr``, names) are kept. Checkpoints resume into it as into any
-    optimizer. Not for ``hpu_fsdp`` or DeepSpeed, whose ranks hold slices of the parameters.
+    in lazy emulation torch's single-tensor ones. Every hyperparameter is passed explicitly (FusedAdamW's default eps
+    is 1e-6, torch's 1e-8), empty param groups are dropped (they crash FusedAdamW) and extra group entries are kept.
+    Not for ``hpu_fsdp`` or DeepSpeed, whose ranks hold slices of the parameters.
 
     Args:
         optimizer: the torch optimizer to replace; it is not used afterwards.
-        clip_norm: with ``Trainer(gradient_clip_val=...)`` (clipping by norm) under
-            :class:`~lightning_gaudi.HPUPrecision` (``bf16-mixed``, ``16-mixed``), clip this optimizer's gradients
-            with the fused clipper (``FusedClipNorm`` on Gaudi). Other precisions clip with torch's
-            ``clip_grad_norm_``, with the same result.
-
-    Returns:
-        The fused optimizer.
+        clip_norm: clip this optimizer's gradients by norm with the fused clipper under
+            :class:`~lightning_gaudi.HPUPrecision` (other precisions clip with torch's ``clip_grad_norm_``).
 
     Raises:
         ValueError: ``optimizer`` is not a torch AdamW, Adam or SGD, or uses an option the fused kernels lack
@@ -93,11 +87,8 @@ def fuse_optimizer(optimizer: Optimizer, clip_norm: bool = True) -> Optimizer:
 
 
 def fused_clip_grad_norm(optimizer: Optimizer, max_norm: float) -> bool:
-    """Clips ``optimizer``'s gradients by their global 2-norm with the fused clipper, when ``optimizer`` came from
-    :func:`fuse_optimizer` with ``clip_norm=True``; returns whether it did.
-
-    The clipper is built once per optimizer and bound, like ``FusedClipNorm``, to its parameters.
-    """
+    """Clips ``optimizer``'s gradients by their global 2-norm with its fused clipper (built once per ``max_norm``),
+    when it came from :func:`fuse_optimizer` with ``clip_norm=True``; returns whether it did."""
     clippers = _FUSED.get(optimizer)
     if clippers is None:
         return False

@@ -21,7 +21,7 @@ from lightning_gaudi.optimizers import fused_clip_grad_norm
 
 _Precision = Literal["bf16-mixed", "16-mixed"]
 _FP16_PRECISIONS = ("16-mixed", "16-true")
-#: Every precision lightning_gaudi trains in, in the order errors list them (see :func:`supported_precisions`).
+#: Every precision lightning_gaudi trains in, in the order errors list them.
 HPU_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "fp8")
 #: Lightning's short precision names, as its Trainer reads them.
 _ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
@@ -49,16 +49,12 @@ def supported_precisions(backend: hpu.Backend | None = None) -> tuple[str, ...]:
 
 
 def check_precision_supported(precision: str | int | Precision, backend: hpu.Backend | None = None) -> None:
-    """Raises a clear error for a precision the HPU (or its emulation) cannot run.
-
-    Args:
-        precision: a ``Trainer(precision=...)`` value (``"bf16-mixed"``, ``"64"``, ``16`` ...) or a precision plugin.
-        backend: the HPU to check against; the current one when ``None``.
+    """Raises a clear error for a precision (a ``Trainer(precision=...)`` value or a plugin) that ``backend`` (the
+    current HPU when ``None``) cannot run.
 
     Raises:
-        ValueError: a precision outside :data:`HPU_PRECISIONS` (``64-true``, ``transformer-engine``, ...), fp16 or fp8
-            on first-generation Gaudi, mixed precision under lazy emulation, or a mixed-precision plugin that autocasts
-            on another device type than the HPU's.
+        ValueError: a precision outside :data:`HPU_PRECISIONS`, fp16 or fp8 on first-generation Gaudi, mixed precision
+            under lazy emulation, or a mixed-precision plugin that autocasts on another device type.
     """
     backend = backend or hpu.get_backend()
     if isinstance(precision, Precision):
@@ -96,11 +92,8 @@ def check_precision_supported(precision: str | int | Precision, backend: hpu.Bac
 
 
 class OpListMode(TorchFunctionMode):
-    """Runs listed ops in a fixed dtype inside autocast: the emulation of Gaudi's autocast list files.
-
-    Floating inputs of an op named in ``fp32_ops`` are cast to float32 and those of one in ``bf16_ops`` to bfloat16,
-    and the op runs with autocast off, so its output has that dtype. Other ops follow the device's autocast policy.
-    """
+    """Inside autocast, runs the ops named in ``bf16_ops`` / ``fp32_ops`` with autocast off on inputs cast to that
+    dtype (the emulation of Gaudi's autocast list files); other ops follow the device's autocast policy."""
 
     def __init__(self, device_type: str, bf16_ops: Iterable[str], fp32_ops: Iterable[str]) -> None:
         super().__init__()
@@ -129,11 +122,8 @@ class OpListMode(TorchFunctionMode):
 
 
 def autocast_device(precision: str, api: str) -> str:
-    """The device type mixed ``precision`` autocasts on here (the HPU's; the CPU's in eager emulation).
-
-    Raises:
-        ValueError: ``precision`` is not a mixed precision, or the HPU cannot run it.
-    """
+    """The device type mixed ``precision`` autocasts on here; raises ``ValueError`` for another precision, or one
+    the HPU cannot run."""
     if precision not in ("bf16-mixed", "16-mixed"):
         raise ValueError(
             f"HPUPrecision got `precision={precision!r}`; it handles 'bf16-mixed' and '16-mixed'. For"
@@ -146,23 +136,20 @@ def autocast_device(precision: str, api: str) -> str:
 
 
 class HPUPrecision(MixedPrecision):
-    """Automatic mixed precision with ``torch.autocast`` on the HPU device type.
-
-    On Gaudi autocast runs on device type ``"hpu"``; in eager emulation it is CPU autocast with the same dtype.
-    Lazy emulation has no autocast and refuses mixed precision (use ``"bf16-true"`` there).
+    """Automatic mixed precision with ``torch.autocast`` on the HPU device type (CPU autocast in eager emulation;
+    lazy emulation has no autocast).
 
     Optimizers from :func:`~lightning_gaudi.fuse_optimizer` are clipped by norm with the fused clipper. Under
-    ``"16-mixed"`` every optimizer's gradients are unscaled after backward, fused ones included (Lightning leaves
-    those scaled and refuses to clip them), so clipping sees true gradients; a step with inf or NaN gradients is
-    still skipped.
+    ``"16-mixed"`` every optimizer's gradients are unscaled after backward (fused ones included), so clipping sees
+    true gradients; a step with inf or NaN gradients is still skipped.
 
     Args:
         precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
         scaler: a ``torch.amp.GradScaler`` for ``"16-mixed"``; one is made when not given.
 
     Attributes:
-        op_lists: ops run in a fixed dtype inside autocast (emulation only), entered with autocast in every
-            training, validation, test and predict step; :class:`~lightning_gaudi.callbacks.BF16Autocast` sets it.
+        op_lists: an :class:`OpListMode` entered with autocast in every step (emulation only; set by
+            :class:`~lightning_gaudi.callbacks.BF16Autocast`).
 
     Raises:
         ValueError: an unsupported precision for this device (see :func:`check_precision_supported`).

@@ -1,5 +1,4 @@
-"""Training-loop callbacks for Gaudi: graph cuts, mixed precision, fused optimizers, statistics, diagnostics,
-preemption."""
+"""Training-loop callbacks for Gaudi."""
 
 from lightning_gaudi.callbacks.autocast import BF16Autocast
 from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics, LazyModeDiagnostics

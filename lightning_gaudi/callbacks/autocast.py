@@ -19,21 +19,13 @@ __all__ = ["BF16Autocast", "OpListMode"]
 class BF16Autocast(Callback):
     """Chooses which ops run in bfloat16 and which stay in float32 under ``precision="bf16-mixed"``.
 
-    The op lists are runtime settings (:class:`~lightning_gaudi.hpu.runtime.Runtime`): on a Gaudi the bridge reads
-    them once, when it loads, so set them with ``lightning_gaudi.configure(autocast_bf16_ops=...,
-    autocast_fp32_ops=...)`` before building the Trainer (the Hydra app's ``runtime`` group and the CLI's
-    ``--runtime.*`` do that). This callback then checks that the bridge got them. Under eager emulation it hands the
-    lists to the Trainer's :class:`~lightning_gaudi.HPUPrecision` (its ``op_lists``, a
-    :class:`~lightning_gaudi.precision.OpListMode` entered with autocast in every step) until the end of the run;
-    lazy emulation has no autocast.
-
-    Defaults: a list left as ``None`` is the runtime's list, and with neither the device keeps its own policy (the
-    bridge's built-in list on Gaudi, torch's CPU autocast policy under emulation). Under emulation ops named in
-    neither list follow torch's CPU autocast policy.
+    On a Gaudi the bridge reads the lists once, when it loads: set them with ``lightning_gaudi.configure(
+    autocast_bf16_ops=..., autocast_fp32_ops=...)`` before building the Trainer, and this callback checks the bridge
+    got them. Under eager emulation it sets the Trainer's :class:`~lightning_gaudi.HPUPrecision` ``op_lists`` for the
+    run. A list left ``None`` is the runtime's; ops in neither list follow the device's own policy.
 
     Args:
-        bf16_ops: op names to run in bfloat16, e.g. ``["linear", "matmul", "gelu"]``. On a Gaudi, lists given here
-            must be the runtime's (one bridge, one list per process); under emulation they apply to this Trainer.
+        bf16_ops: op names to run in bfloat16, e.g. ``["linear", "matmul", "gelu"]`` (on a Gaudi, the runtime's).
         fp32_ops: op names to keep in float32, e.g. ``["softmax", "log_softmax", "nll_loss"]``.
 
     Raises:

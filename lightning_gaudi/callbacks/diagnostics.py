@@ -108,11 +108,6 @@ def _show_path(filename: str) -> str:
     return filename if relative.startswith("..") else relative
 
 
-def _where(frame: FrameType) -> tuple[str, str]:
-    filename, line = frame.f_code.co_filename, frame.f_lineno
-    return f"{_show_path(filename)}:{line}", linecache.getline(filename, line).strip()
-
-
 def find_sync_source(frame: FrameType | None, default_phase: str) -> SyncSource | None:
     """The user's line a host sync came from, walking out from ``frame`` past torch and the standard library.
 
@@ -137,8 +132,9 @@ def find_sync_source(frame: FrameType | None, default_phase: str) -> SyncSource 
     found = user if user is not None else library
     if found is None:
         return None
-    location, code = _where(found)
-    return SyncSource(location, code, phase or default_phase, found is user)
+    filename, line = found.f_code.co_filename, found.f_lineno
+    code = linecache.getline(filename, line).strip()
+    return SyncSource(f"{_show_path(filename)}:{line}", code, phase or default_phase, found is user)
 
 
 class SyncSourceMode(TorchFunctionMode):
@@ -605,16 +601,14 @@ class GraphDiagnostics(Callback):
         rank_zero_info("\n".join(lines) + self._bridge_hint())
 
 
-def _torch_only(module: nn.Module) -> bool:
-    return all(type(m).forward.__module__.startswith("torch.") for m in module.modules())
-
-
 def _warn_module_compile_of_torch_modules(pl_module: nn.Module) -> None:
     """``nn.Module.compile()`` on a module made of torch's own modules only compiles nothing, silently: say so."""
     found = [
         f"{name} ({type(m).__name__})"
         for name, m in pl_module.named_modules()
-        if name and dynamo.compiled_by_module_compile(m) and _torch_only(m)
+        if name
+        and dynamo.compiled_by_module_compile(m)
+        and all(type(child).forward.__module__.startswith("torch.") for child in m.modules())
     ]
     if found and dynamo.module_compile_skips_torch_modules():
         rank_zero_warn(

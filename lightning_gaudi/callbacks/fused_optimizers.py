@@ -20,14 +20,11 @@ class FusedOptimizers(Callback):
     """Deprecated: call :func:`lightning_gaudi.fuse_optimizer` in ``configure_optimizers`` instead.
 
     At fit start it replaces the torch ``AdamW``/``Adam``/``SGD`` that ``configure_optimizers`` returned with
-    :func:`~lightning_gaudi.fuse_optimizer`'s, when no LR scheduler holds them (a scheduler cannot be moved to
-    another optimizer through torch's public API: build the fused optimizer first, with the helper). Fused clipping
-    is :class:`~lightning_gaudi.HPUPrecision`'s.
+    :func:`~lightning_gaudi.fuse_optimizer`'s, when no LR scheduler holds them.
 
     Args:
-        optimizers: which torch optimizer classes to replace (names from ``"AdamW"``, ``"Adam"``, ``"SGD"``);
-            optimizers of other types are left as they are, with a warning.
-        clip_norm: clip the replacements by norm with the fused clipper (see :func:`~lightning_gaudi.fuse_optimizer`).
+        optimizers: names of the torch optimizer classes to replace (``"AdamW"``, ``"Adam"``, ``"SGD"``).
+        clip_norm: clip the replacements by norm with the fused clipper.
 
     Raises:
         ValueError: an optimizer name it cannot replace; at set-up, ``hpu_fsdp`` (ranks hold slices of the

@@ -22,13 +22,9 @@ def check_interval(name: str, value: Any, allow_zero: bool = False) -> None:
 class MemoryStats(DeviceStatsMonitor):
     """Lightning's ``DeviceStatsMonitor`` over :meth:`~lightning_gaudi.HPUAccelerator.get_device_stats`.
 
-    Logs the bridge's ``memory_stats`` (``hpu/InUse (GiB)``, ``hpu/MaxInUse (GiB)``, ``hpu/Limit (GiB)``, the
-    allocation counters...) as ``MemoryStats.on_train_batch_end/hpu/InUse (GiB)`` and so on (also at batch start,
-    and in validation and test), on the steps Lightning writes the module's own logged metrics (every
-    ``Trainer(log_every_n_steps=...)``), so their rows line up; between those steps nothing is read. Under emulation
-    the same names carry what the host can honestly measure: this process's resident memory, its peak, and the
-    machine's physical memory. Unlike ``DeviceStatsMonitor``, a Trainer without a logger is not an error: nothing
-    is logged.
+    Logs the bridge's ``memory_stats`` (``MemoryStats.on_train_batch_end/hpu/InUse (GiB)``...) on the steps
+    Lightning writes the module's metrics (under emulation: this process's resident memory, its peak, and the
+    machine's memory). Unlike ``DeviceStatsMonitor``, a Trainer without a logger is not an error.
 
     Args:
         log_every_n_steps: deprecated and ignored: the interval is the Trainer's ``log_every_n_steps``.

@@ -1,9 +1,5 @@
-"""Emulator-only code that relies on Lightning's or torch's private internals: synchronized batch norm on CPU tensors
-(:mod:`.sync_batchnorm`) and evaluation under ``torch.no_grad`` for Lazy Tensor Core (:mod:`.no_grad_eval`).
-
-Each module describes itself with a :class:`~lightning_gaudi.patches.registry.Patch`; ``import lightning_gaudi``
-runs :func:`install_all`, which checks the installed versions and warns what still works on another one.
-"""
+"""Emulator-only code relying on private internals: synchronized batch norm on CPU tensors (:mod:`.sync_batchnorm`)
+and evaluation under ``torch.no_grad`` for Lazy Tensor Core (:mod:`.no_grad_eval`)."""
 
 from __future__ import annotations
 
@@ -20,5 +16,5 @@ PATCHES: Mapping[str, Patch] = MappingProxyType({p.name: p for p in (no_grad_eva
 
 
 def install_all() -> dict[str, bool]:
-    """Checks every emulator patch against the installed versions (idempotent); returns whether each is enabled."""
+    """Checks every emulator patch (idempotent); returns whether each is enabled."""
     return {name: patch.install() for name, patch in PATCHES.items()}

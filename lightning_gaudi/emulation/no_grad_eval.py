@@ -1,10 +1,5 @@
-"""Evaluation under ``torch.no_grad`` instead of ``torch.inference_mode``, for one trainer.
-
-Lightning's evaluation and prediction loops (``_EvaluationLoop``, ``_PredictionLoop``) read their
-``inference_mode`` flag each time they run (``lightning.pytorch.loops.utilities._no_grad_context``);
-:func:`disable_inference_mode` turns it off on a trainer that was built with the default ``inference_mode=True``.
-Lazy emulation needs it: torch's Lazy Tensor Core cannot trace ``inference_mode``.
-``tests/emulation/test_no_grad_eval.py`` fails when Lightning changes the flag or where it is read.
+"""Evaluation under ``torch.no_grad`` instead of ``torch.inference_mode``, for one trainer (Lazy Tensor Core cannot
+trace ``inference_mode``): the evaluation loops store the flag and ``_no_grad_context`` reads it each time they run.
 """
 
 from __future__ import annotations
@@ -14,15 +9,12 @@ from typing import Any
 
 from lightning_gaudi.patches import registry
 
-#: The trainer's evaluation loops, each with an ``inference_mode`` flag read when the loop runs.
 EVALUATION_LOOPS = ("validate_loop", "test_loop", "predict_loop")
-#: The loop classes whose ``__init__`` takes (and stores) ``inference_mode``, as (module, class).
+#: (module, class) of the loops whose ``__init__`` takes and stores ``inference_mode``.
 LOOP_CLASSES = (
     ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop"),
     ("lightning.pytorch.loops.prediction_loop", "_PredictionLoop"),
 )
-
-#: Where a running loop reads its ``inference_mode`` flag.
 NO_GRAD_CONTEXT = "lightning.pytorch.loops.utilities._no_grad_context"
 
 
@@ -48,8 +40,7 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Checks this Lightning's loops (idempotent). Returns whether :func:`disable_inference_mode` is enabled; if not,
-    a warning says what still works (``Trainer(inference_mode=False)``)."""
+    """Checks this Lightning's loops (idempotent); returns whether :func:`disable_inference_mode` is enabled."""
     fallback = (
         "Under lazy emulation evaluation cannot switch off torch.inference_mode by itself: pass"
         " `Trainer(inference_mode=False)`."
@@ -61,12 +52,8 @@ def install() -> bool:
 def disable_inference_mode(trainer: Any) -> None:
     """Makes ``trainer``'s evaluation loops use ``torch.no_grad`` instead of ``torch.inference_mode``.
 
-    Args:
-        trainer: a ``lightning.pytorch.Trainer``.
-
     Raises:
-        RuntimeError: Lightning's loops no longer carry the ``inference_mode`` flag this relies on, or this
-            Lightning was not checked (:func:`installed` is false) and the trainer still uses inference mode.
+        RuntimeError: the loops lack the ``inference_mode`` flag, or this Lightning was not checked.
     """
     loops = []
     for name in EVALUATION_LOOPS:
@@ -90,7 +77,6 @@ def disable_inference_mode(trainer: Any) -> None:
 
 PATCH = registry.Patch(
     name="no_grad_eval",
-    # the loops take and store `inference_mode`; _no_grad_context reads it when a loop runs
     targets=(*(f"{module}.{cls}.__init__" for module, cls in LOOP_CLASSES), NO_GRAD_CONTEXT),
     requirement=registry.SUPPORTED_LIGHTNING,
     install=install,

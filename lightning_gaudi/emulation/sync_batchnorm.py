@@ -1,21 +1,11 @@
 """Synchronized batch norm under eager emulation, where torch's ``SyncBatchNorm`` cannot run.
 
-On a Gaudi, ``Trainer(sync_batchnorm=True)`` converts the model's batch norms to ``torch.nn.SyncBatchNorm``, which
-Intel's bridge supports. On the CPU (eager emulation) torch refuses that module three times over, in torch 2.13:
-
-- ``DistributedDataParallel.__init__`` (``_passing_sync_batchnorm_handle``) raises "SyncBatchNorm layers only work
-  with GPU modules" for a module whose parameters are on the CPU;
-- ``SyncBatchNorm.forward`` raises "SyncBatchNorm expected input tensor to be on GPU or XPU" for a CPU input;
-- the kernels its autograd function calls (``torch.batch_norm_stats``, ``batch_norm_gather_stats_with_counts``,
-  ``batch_norm_elemt`` and the backward ones) have no CPU implementation.
-
-So emulation converts batch norms to :class:`EmulatedSyncBatchNorm` instead: a ``torch.nn.modules.batchnorm._BatchNorm``
-(torch's private base of every batch norm, so ``isinstance`` checks in user code, such as excluding norms from weight
-decay, see it as they see ``SyncBatchNorm``) that computes the global mean and variance over every rank's batch with
-two all-reduces (sum and count, then the sum of squared deviations), differentiably, with torch's semantics:
-running statistics from the global batch with the unbiased variance, gradients of the sum of every rank's loss.
-``tests/emulation/test_sync_batchnorm.py`` fails when torch changes what this relies on or starts running
-``SyncBatchNorm`` on the CPU.
+On a Gaudi, ``Trainer(sync_batchnorm=True)`` uses ``torch.nn.SyncBatchNorm``. On the CPU torch refuses it (DDP's
+``_passing_sync_batchnorm_handle``, ``SyncBatchNorm.forward``'s device check, and kernels such as
+``torch.batch_norm_stats`` without a CPU implementation), so emulation converts batch norms to
+:class:`EmulatedSyncBatchNorm`: a ``_BatchNorm`` (so user ``isinstance`` checks still see a batch norm) computing the
+global mean and variance with two differentiable all-reduces, with torch's semantics (running statistics from the
+global batch with the unbiased variance; gradients of the sum of every rank's loss).
 """
 
 from __future__ import annotations
@@ -35,10 +25,8 @@ from lightning_gaudi.patches import registry
 
 __all__ = ["PATCH", "EmulatedSyncBatchNorm", "convert", "install", "installed", "revert"]
 
-#: The upstream base class the emulated module derives from, and its constructor arguments the conversion passes.
 BASE = "torch.nn.modules.batchnorm._BatchNorm"
 BASE_ARGUMENTS = ("num_features", "eps", "momentum", "affine", "track_running_stats", "device", "dtype")
-#: The buffers every batch norm keeps (the state dict's keys besides ``weight`` and ``bias``).
 BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
@@ -64,18 +52,8 @@ class _AllReduceSum(Function):
 class EmulatedSyncBatchNorm(_BatchNorm):
     """Batch norm over the whole distributed batch, on CPU tensors (eager emulation of ``torch.nn.SyncBatchNorm``).
 
-    Outside training, or without a process group of two or more ranks, it is plain batch norm. Build it with
-    :func:`convert`; :func:`revert` gives the original classes back.
-
-    Args:
-        num_features: channels (``C`` of an ``(N, C, ...)`` input).
-        eps: added to the variance.
-        momentum: the running statistics' update factor (``None``: a cumulative average).
-        affine: learn a weight and a bias.
-        track_running_stats: keep running statistics.
-        process_group: the ranks to synchronize over; the whole world when ``None``.
-        device: where the parameters live.
-        dtype: their dtype.
+    Takes ``torch.nn.SyncBatchNorm``'s arguments (``process_group``: the whole world when ``None``). Outside training,
+    or without two or more ranks, it is plain batch norm. Build it with :func:`convert`; :func:`revert` undoes it.
     """
 
     def __init__(
@@ -91,7 +69,6 @@ class EmulatedSyncBatchNorm(_BatchNorm):
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_group = process_group
-        #: the class :func:`revert` makes of this module (the converted module's; ``SyncBatchNorm`` when built directly)
         self.reverts_to: type[torch.nn.Module] = torch.nn.SyncBatchNorm
 
     def _check_input_dim(self, input: Tensor) -> None:
@@ -117,8 +94,7 @@ class EmulatedSyncBatchNorm(_BatchNorm):
     def synced(
         self, input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, factor: float, group: Any
     ) -> Tensor:
-        """Batch norm with the mean and variance of ``input`` over every rank of ``group``; updates the running
-        statistics from them."""
+        """Batch norm with the mean and variance over every rank of ``group``; updates the running statistics."""
         channels = input.size(1)
         dims = [0, *range(2, input.dim())]
         shape = [1, channels] + [1] * (input.dim() - 2)
@@ -168,10 +144,7 @@ def _arguments(module: _BatchNorm) -> dict[str, Any]:
 
 
 def convert(module: Module, process_group: Any | None = None) -> Module:
-    """``module`` with every batch norm (``torch.nn.SyncBatchNorm`` included) made an :class:`EmulatedSyncBatchNorm`.
-
-    The parameters and buffers are the same tensors (an optimizer built on them still holds them); the converted
-    module remembers its class for :func:`revert`.
+    """``module`` with every batch norm made an :class:`EmulatedSyncBatchNorm` sharing its parameters and buffers.
 
     Raises:
         RuntimeError: the patch is not in effect (a torch outside the checked range).
@@ -217,8 +190,7 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Checks this torch (idempotent). Returns whether :func:`convert` is enabled; if not, a warning says what still
-    works (synchronized batch norm on a Gaudi; none under emulation)."""
+    """Checks this torch (idempotent); returns whether :func:`convert` is enabled, else warns what still works."""
     fallback = "`Trainer(sync_batchnorm=True)` still works on a Gaudi, but not under emulation."
     _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback, torch=True)
     return _State.enabled

@@ -3,18 +3,21 @@ lazy mode's graph cuts (Fabric has no callbacks that could place them)."""
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.fabric.utilities.types import Optimizable
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.strategies._tied import move_keeping_ties
-from lightning_gaudi.strategies.core import HPUStrategyCore
+from lightning_gaudi.strategies.core import HPUParallelCore, HPUStrategyCore
 
 
 def rebind_parameters(optimizer: Optimizer, moved: dict[int, tuple[weakref.ref[Tensor], Tensor]]) -> None:
@@ -97,3 +100,37 @@ class FabricCore(HPUStrategyCore):
         if self._mark is not None:
             self._mark()
         return output
+
+
+class FabricParallelCore(FabricCore, HPUParallelCore):
+    """Fabric's hooks of every distributed HPU strategy: the launch checked while Fabric is built (Fabric sets the
+    ranks then), the process group on HCCL (gloo in emulation) when the processes start, HCCL's reductions."""
+
+    log = logging.getLogger("lightning.fabric.strategies.hpu")
+
+    def _set_world_ranks(self) -> None:
+        self.check_launch()
+        super()._set_world_ranks()  # type: ignore[misc]
+
+    @override
+    def _set_ranks(self) -> None:
+        self._set_world_ranks()
+
+    def _setup_distributed(self) -> None:
+        self._form_process_group()
+
+    @property
+    def process_group_backend(self) -> str:
+        """The collective backend: the one asked for, else HCCL on a Gaudi and gloo in emulation."""
+        return self._get_process_group_backend()
+
+    def all_reduce(
+        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
+    ) -> Tensor | Any:
+        """All-reduces ``tensor``; a mean is a sum divided by the world size (HCCL has no mean), in floating point.
+
+        Raises:
+            CollectiveMismatchError: the ranks passed tensors of more than one element in different shapes or dtypes.
+            ValueError: ``reduce_op`` is not a reduction HCCL has, also in emulation and in a single process.
+        """
+        return self._all_reduce(tensor, group, reduce_op)

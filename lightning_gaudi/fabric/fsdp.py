@@ -3,7 +3,6 @@ sharded HPU strategies share."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
@@ -11,9 +10,7 @@ from typing import Any, ClassVar
 import torch
 from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
 from lightning.fabric.strategies import FSDPStrategy, Strategy
-from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.fabric.utilities.types import _PATH
-from torch import Tensor
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -21,49 +18,31 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.fabric._base import FabricCore
+from lightning_gaudi.fabric._base import FabricParallelCore
 from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.strategies._staged import save_staged
-from lightning_gaudi.strategies.core import HPUParallelCore
 from lightning_gaudi.strategies.fsdp import refuse_lazy_mode
 
 
-class FabricShardedCore(FabricCore, HPUParallelCore):
-    """What Fabric's sharded HPU strategies add to Lightning's: the launch checked while Fabric is built, the process
-    group on HCCL (gloo in emulation), HCCL's reductions, and sharded checkpoints staged and renamed into place
+class FabricShardedCore(FabricParallelCore):
+    """What Fabric's sharded HPU strategies add: sharded checkpoints staged and renamed into place
     (:func:`~lightning_gaudi.strategies._staged.save_staged`)."""
 
-    log = logging.getLogger("lightning.fabric.strategies.hpu")
-
-    def _set_world_ranks(self) -> None:
-        # Fabric calls this while it is built, before any process starts
-        self.check_launch()
-        super()._set_world_ranks()  # type: ignore[misc]
-
-    @override
-    def _set_ranks(self) -> None:
-        self._set_world_ranks()
-
-    def _setup_distributed(self) -> None:
-        self._form_process_group()
-
-    def all_reduce(
-        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
-    ) -> Tensor | Any:
-        """All-reduces ``tensor``; a mean is a sum divided by the world size (HCCL has no mean), in floating point."""
-        return self._all_reduce(tensor, group, reduce_op)
-
     def save_checkpoint(
-        self, path: _PATH, state: dict[str, Any], storage_options: Any | None = None, **kwargs: Any
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Writes ``state``: sharded (a directory staged, then renamed into place), or one full file."""
         save: Callable[..., None] = super().save_checkpoint  # type: ignore[misc]
         if not (
             getattr(self, "_save_distributed_checkpoint", False) or getattr(self, "_state_dict_type", "") == "sharded"
         ):
-            save(path, state, storage_options, **kwargs)
+            save(path, state, storage_options, filter)
             return
-        save_staged(self, path, lambda staging: save(staging, state, storage_options, **kwargs))
+        save_staged(self, path, lambda staging: save(staging, state, storage_options, filter))
 
 
 class HPUFSDPPrecision(FSDPPrecision):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
 
@@ -11,21 +11,16 @@ import torch
 from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment, Precision
 from lightning.fabric.strategies import DDPStrategy, Strategy
-from lightning.fabric.utilities.distributed import ReduceOp
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
-from torch import Tensor
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT
-from lightning_gaudi.fabric._base import FabricCore
-from lightning_gaudi.strategies.core import HPUParallelCore
+from lightning_gaudi.fabric._base import FabricParallelCore
 from lightning_gaudi.strategies.ddp_settings import PARALLEL_VARIANTS, DDPCore, DDPSettings
 
 
-class HPUParallelStrategy(DDPCore, FabricCore, HPUParallelCore, DDPStrategy):
+class HPUParallelStrategy(DDPCore, FabricParallelCore, DDPStrategy):
     """Data-parallel Fabric loops on several HPUs, one process per card, with ``DistributedDataParallel``:
     ``Fabric(accelerator="hpu", strategy="hpu_parallel", devices=8)``.
 
@@ -52,6 +47,7 @@ class HPUParallelStrategy(DDPCore, FabricCore, HPUParallelCore, DDPStrategy):
             with a :class:`~lightning_gaudi.distributed.CollectiveTimeoutError`; a ``timedelta`` or seconds.
         ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: a DDP communication hook, its state and wrapper
             (``DDPSettings.comm_*``), registered on the HPU.
+        fast_ddp: all-reduce the gradients after ``fabric.backward`` without the DDP wrapper (``DDPSettings.fast_ddp``).
         mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).
         **kwargs: any other ``torch.nn.parallel.DistributedDataParallel`` argument, passed through; checked against
             its signature here, so a misspelled one fails before any process starts.
@@ -65,8 +61,6 @@ class HPUParallelStrategy(DDPCore, FabricCore, HPUParallelCore, DDPStrategy):
     strategy_name = "hpu_parallel"
     registered_variants = PARALLEL_VARIANTS
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (DDPStrategy,)
-    # Fabric's handler and level apply to it, so the start-up lines appear where Fabric's own DDP lines would
-    log = logging.getLogger("lightning.fabric.strategies.hpu_parallel")
 
     def __init__(
         self,
@@ -86,12 +80,13 @@ class HPUParallelStrategy(DDPCore, FabricCore, HPUParallelCore, DDPStrategy):
         ddp_comm_state: object | None = None,
         ddp_comm_hook: Callable[..., Any] | None = None,
         ddp_comm_wrapper: Callable[..., Any] | None = None,
+        fast_ddp: bool = DDPSettings.fast_ddp,
         mark_step: bool = True,
         **kwargs: Any,
     ) -> None:
         settings = DDPSettings(
             bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers,
-            start_method, ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, kwargs,
+            start_method, ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, fast_ddp, kwargs,
         )  # fmt: skip
         settings.check_extra(HPUParallelStrategy, DDPStrategy)
         self.ddp_settings = settings
@@ -102,52 +97,33 @@ class HPUParallelStrategy(DDPCore, FabricCore, HPUParallelCore, DDPStrategy):
             checkpoint_io=checkpoint_io,
             precision=precision,
             process_group_backend=process_group_backend,
-            timeout=timeout,
+            timeout=timeout,  # type: ignore[arg-type]  # coerced by the core
             start_method=start_method,
             mark_step=mark_step,
             **settings.ddp_kwargs,
         )
 
-    @property
     @override
-    def process_group_backend(self) -> str:
-        """The collective backend: the one asked for, else HCCL on a Gaudi and gloo in emulation."""
-        return self._get_process_group_backend()
-
-    @override
-    def setup_environment(self) -> None:
-        # Lightning's DDPStrategy would form its own process group here, without HCCL
-        assert self.accelerator is not None
-        self.accelerator.setup_device(self.root_device)
-        self._form_process_group()
+    def setup_module(self, module: Module) -> Module:  # type: ignore[override]
+        """Wraps ``module`` in ``DistributedDataParallel`` with the strategy's settings and communication hook (under
+        ``fast_ddp``, takes rank 0's weights instead: the gradients are all-reduced after ``fabric.backward``)."""
         self._bind_mark_step()
-
-    @override
-    def _set_ranks(self) -> None:
-        self.check_launch()
-        environment = self.cluster_environment
-        assert environment is not None
-        environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-        environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
-
-    @override
-    def setup_module(self, module: Module) -> DistributedDataParallel:
-        """Wraps ``module`` in ``DistributedDataParallel`` with the strategy's settings and communication hook."""
-        self._bind_mark_step()
+        if self.ddp_settings.fast_ddp:
+            self._fast_ddp_setup(module)
+            self._backward_sync_control = _FastDDPSync(self)  # type: ignore[assignment]  # no_sync: accumulate
+            return module
         # one process drives one card and the bridge binds it: no device_ids
         ddp = DistributedDataParallel(module=module, device_ids=None, **self.ddp_kwargs)
         self._on_ddp_wrapped(ddp)
         return ddp
 
-    @override
-    def all_reduce(
-        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
-    ) -> Tensor | Any:
-        """All-reduces ``tensor``; a mean is a sum divided by the world size (HCCL has no mean), in floating point.
 
-        Raises:
-            CollectiveMismatchError: the ranks passed tensors of more than one element in different shapes or dtypes.
-            ValueError: ``reduce_op`` is not a reduction HCCL has, also in emulation and in a single process.
-        """
-        return self._all_reduce(tensor, group, reduce_op)
+class _FastDDPSync:
+    """``fabric.no_backward_sync`` under fast DDP: gradients accumulate locally, all-reduced at the next backward
+    outside it."""
+
+    def __init__(self, strategy: HPUParallelStrategy) -> None:
+        self._strategy = strategy
+
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[None]:
+        return self._strategy._fast_ddp_accumulating() if enabled else nullcontext()

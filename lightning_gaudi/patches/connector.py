@@ -74,13 +74,17 @@ def connector_wrappers(
     """The wrappers of the five methods both connectors share, calling ``hooks.policy``; ``precision_attributes``
     names the connector's precision flag and plugin, ``validate`` its method checking a precision choice."""
 
-    def auto_accelerator(original: Any) -> Any:
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            chosen = hooks.policy.auto_accelerator() if hooks.policy else None
-            return original(*args, **kwargs) if chosen is None else chosen
+    def answer(ask: Callable[..., Any]) -> Callable[[Any], Any]:
+        # a wrapper returning the policy's answer, `ask(policy, *args)`, else what the original method returns
+        def make(original: Any) -> Any:
+            @functools.wraps(original)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                chosen = ask(hooks.policy, *args) if hooks.policy else None
+                return original(*args, **kwargs) if chosen is None else chosen
 
-        return wrapper
+            return wrapper
+
+        return make
 
     def devices(original: Any) -> Any:
         @functools.wraps(original)
@@ -95,18 +99,6 @@ def connector_wrappers(
 
         return wrapper
 
-    def choose_strategy(original: Any) -> Any:
-        @functools.wraps(original)
-        def wrapper(self: Any) -> Any:
-            chosen = None
-            if hooks.policy:
-                chosen = hooks.policy.choose_strategy(
-                    self._accelerator_flag, self._parallel_devices, self._num_nodes_flag
-                )
-            return original(self) if chosen is None else chosen
-
-        return wrapper
-
     def check_strategy(original: Any) -> Any:
         @functools.wraps(original)
         def wrapper(self: Any) -> None:
@@ -118,24 +110,20 @@ def connector_wrappers(
 
         return wrapper
 
-    def precision(original: Any) -> Any:
-        @functools.wraps(original)
-        def wrapper(self: Any) -> Any:
-            chosen = None
-            if hooks.policy:
-                flag, plugin = (getattr(self, name) for name in precision_attributes)
-                check = getattr(self, validate) if validate else lambda: None
-                chosen = hooks.policy.precision(self.accelerator, self.strategy, flag, plugin, check)
-            return original(self) if chosen is None else chosen
+    def precision(policy: ConnectorPolicy, self: Any) -> Any:
+        flag, plugin = (getattr(self, name) for name in precision_attributes)
+        check = getattr(self, validate) if validate else lambda: None
+        return policy.precision(self.accelerator, self.strategy, flag, plugin, check)
 
-        return wrapper
+    def strategy(policy: ConnectorPolicy, self: Any) -> Any:
+        return policy.choose_strategy(self._accelerator_flag, self._parallel_devices, self._num_nodes_flag)
 
     return {
-        "_choose_auto_accelerator": auto_accelerator,
+        "_choose_auto_accelerator": answer(lambda policy, *_: policy.auto_accelerator()),
         "_set_devices_flag_if_auto_passed": devices,
-        "_choose_strategy": choose_strategy,
+        "_choose_strategy": answer(strategy),
         "_check_strategy_and_fallback": check_strategy,
-        "_check_and_init_precision": precision,
+        "_check_and_init_precision": answer(precision),
     }
 
 

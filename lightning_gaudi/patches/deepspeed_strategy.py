@@ -1,20 +1,11 @@
-"""What :class:`~lightning_gaudi.strategies.HPUDeepSpeedStrategy` relies on inside Lightning's ``DeepSpeedStrategy``.
+"""What :class:`~lightning_gaudi.strategies.HPUDeepSpeedStrategy` relies on inside Lightning's CUDA-only
+``DeepSpeedStrategy``; nothing is patched globally.
 
-Lightning 2.6's ``lightning.pytorch.strategies.DeepSpeedStrategy`` runs on CUDA only. The HPU strategy subclasses it
-and replaces three of its steps; nothing is patched globally:
-
-- ``setup_environment`` refuses every accelerator but CUDA: the HPU strategy runs ``DDPStrategy.setup_environment``
-  (the device, then ``setup_distributed``) in its place;
-- ``setup_distributed`` checks CUDA device indices and lets ``deepspeed.init_distributed`` form the process group:
-  the HPU strategy forms it as ``hpu_parallel`` does (HCCL or gloo, its timeout) and lets DeepSpeed adopt it;
-- ``init_deepspeed`` builds the engine through ``_initialize_deepspeed_train`` (or ``_initialize_deepspeed_inference``)
-  and ``_setup_model_and_optimizer(model, optimizer, lr_scheduler=None)``, which calls ``deepspeed.initialize`` with
-  ``args.device_rank`` set to ``root_device.index``: ``None`` for the HPU (the bridge binds one card per process) and
-  the emulated CPU device, on which DeepSpeed's engine fails comparing ``None >= 0``. The HPU strategy's
-  ``init_deepspeed`` passes the local rank instead, for training and for validate/test/predict alike.
-
-``gradient_clipping`` is set in the config before Lightning's ``_format_batch_size_and_grad_accum_config``, which
-fills it only when absent. ``tests/patches/test_deepspeed_strategy.py`` fails when Lightning changes any of this.
+The HPU strategy replaces ``setup_environment`` (CUDA only) with ``DDPStrategy``'s, forms the process group itself
+in ``setup_distributed`` and lets DeepSpeed adopt it, and wraps ``init_deepspeed`` in :func:`device_rank`:
+``_setup_model_and_optimizer`` calls ``deepspeed.initialize`` with ``args.device_rank=root_device.index``, ``None`` on
+the HPU, which DeepSpeed's engine compares with 0. ``gradient_clipping`` is set before Lightning's
+``_format_batch_size_and_grad_accum_config``, which fills it only when absent.
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning_gaudi.patches import registry
 
 _CLASS = f"{DeepSpeedStrategy.__module__}.{DeepSpeedStrategy.__qualname__}"
-#: The methods of Lightning's DeepSpeedStrategy relied on, with their parameters after ``self``.
+#: The methods relied on, with their parameters after ``self``.
 METHODS: dict[str, tuple[str, ...]] = {
     "init_deepspeed": (),
     "_setup_model_and_optimizer": ("model", "optimizer", "lr_scheduler"),
@@ -63,8 +54,7 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Checks Lightning's DeepSpeedStrategy (idempotent); returns whether the HPU strategy may run. If not, a warning
-    says so, and creating an ``HPUDeepSpeedStrategy`` raises."""
+    """Checks Lightning's DeepSpeedStrategy (idempotent); returns whether the HPU strategy may run, else warns."""
     fallback = "HPUDeepSpeedStrategy is unavailable; every other strategy works."
     _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback)
     return _State.enabled
@@ -91,8 +81,7 @@ PATCH = registry.Patch(
 
 @contextmanager
 def device_rank(local_rank: int) -> Iterator[None]:
-    """Within it, ``deepspeed.initialize`` given ``args.device_rank=None`` gets ``local_rank`` instead (DeepSpeed's
-    engine compares it with 0)."""
+    """Within it, ``deepspeed.initialize`` given ``args.device_rank=None`` gets ``local_rank`` instead."""
     import deepspeed
 
     initialize = deepspeed.initialize

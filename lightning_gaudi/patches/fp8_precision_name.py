@@ -1,13 +1,8 @@
 """``precision="fp8"`` through Lightning's precision-name check, in the Trainer and in Fabric.
 
-Lightning checks precision names in ``lightning.fabric.connector._convert_precision_to_unified_args``, which Fabric's
-connector calls and the Trainer's accelerator connector imports by name; it refuses any name outside its ``Literal``.
-:func:`install` replaces the name in both modules with a function that passes ``"fp8"`` through and leaves every other
-value to Lightning. The connectors' precision wrappers (:mod:`.connector`, :mod:`.fabric_connector`) then hand
-``"fp8"`` to the routing policy, which builds the FP8 plugin or refuses the accelerator with the fix.
-
-Installed after (and only with) the connector patches. ``tests/patches/test_fp8_precision_name.py`` builds a Trainer
-and a Fabric with ``precision="fp8"`` and fails when Lightning stops checking names there or accepts ``"fp8"`` itself.
+Both connectors check names with ``lightning.fabric.connector._convert_precision_to_unified_args``, which refuses
+``"fp8"``; :func:`install` replaces it in both :data:`MODULES` with a function that passes ``"fp8"`` through to the
+connector wrappers' routing policy. Installed after (and only with) the connector patches.
 """
 
 from __future__ import annotations
@@ -18,7 +13,6 @@ from typing import Any
 
 from lightning_gaudi.patches import connector, fabric_connector, registry
 
-#: The modules that look up the name when a Trainer or Fabric is built.
 MODULES = ("lightning.fabric.connector", "lightning.pytorch.trainer.connectors.accelerator_connector")
 _NAME = "_convert_precision_to_unified_args"
 FP8 = "fp8"
@@ -49,11 +43,7 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Lets ``"fp8"`` through Lightning's precision-name check (idempotent). Returns whether it does.
-
-    On a Lightning outside :data:`~lightning_gaudi.patches.registry.SUPPORTED_LIGHTNING`, or whose connectors changed,
-    nothing is patched and a warning says what still works (the plugin instance).
-    """
+    """Lets ``"fp8"`` through Lightning's precision-name check (idempotent); returns whether it does, else warns."""
     if installed():
         return True
     fallback = (

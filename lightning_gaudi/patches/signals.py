@@ -1,17 +1,11 @@
 """SIGTERM during fit, handled by :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` instead of Lightning.
 
-Lightning 2.6's signal connector (``lightning.pytorch.trainer.connectors.signal_connector._SignalConnector``)
-registers its bound ``_sigterm_notifier_fn`` for SIGTERM when a fit starts (after the ``setup`` hooks), chained with
-the handler installed before. That handler forwards the signal to the ranks Lightning's launcher started, runs a
-``broadcast`` inside the signal handler (which pairs with whatever collective the other ranks are in, or with the next
-one, so a rank signalled twice unpairs them) and sets ``received_sigterm``, which each rank's loops read on their own.
-In addition ``_TrainingEpochLoop.advance`` broadcasts a flag from rank 0 before every training batch
-(``_broadcast_sigterm_tensor``): a blocking collective and a device-to-host read per step.
-
-:func:`take_over_sigterm` replaces both for one trainer, on its instances only: the given handler is what Lightning
-registers for SIGTERM (still chained with a handler installed before the fit, and removed by Lightning when the fit
-ends), ``received_sigterm`` stays ``False``, and the per-batch broadcast is skipped. ``tests/patches/test_signals.py``
-fails when Lightning renames or stops using either.
+Lightning's signal connector registers its bound ``_sigterm_notifier_fn`` for SIGTERM when a fit starts; it forwards
+the signal to launched ranks, runs a ``broadcast`` inside the signal handler (which can unpair collectives) and sets
+``received_sigterm``. ``_TrainingEpochLoop.advance`` also broadcasts a flag before every batch
+(``_broadcast_sigterm_tensor``, absent before 2.6): a blocking collective and a host read per step.
+:func:`take_over_sigterm` replaces both on one trainer's instances; Lightning still chains the handler with the one
+installed before and removes it when the fit ends.
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ from lightning_gaudi.patches import registry
 _CONNECTOR = ("lightning.pytorch.trainer.connectors.signal_connector", "_SignalConnector")
 _NOTIFIER = "_sigterm_notifier_fn"
 _EPOCH_LOOP = ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop")
-#: The per-batch broadcast of Lightning 2.6 (older versions have none, and then nothing is skipped).
 _BROADCAST = "_broadcast_sigterm_tensor"
 
 
@@ -56,8 +49,7 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Checks this Lightning's signal connector and training loop (idempotent). Returns whether the patch is enabled;
-    if not, a warning says what still works."""
+    """Checks this Lightning (idempotent); returns whether the patch is enabled, else warns what still works."""
     fallback = (
         "PreemptionCheckpoint handles only the signals other than SIGTERM; SIGTERM is left to Lightning, which may not"
         " save a checkpoint of a multi-rank job."
@@ -71,19 +63,9 @@ def _skip() -> None:
 
 
 def take_over_sigterm(trainer: Any, handler: Callable[[int, Any], None]) -> bool:
-    """Makes ``handler`` what ``trainer`` registers for SIGTERM when its fit starts, instead of Lightning's notifier.
-
-    Call it before the fit's signal handlers are registered (a callback's ``setup`` hook is). Lightning still sets the
-    handler up and restores the previous one when the fit ends; ``trainer.received_sigterm`` stays ``False``; the
-    per-batch broadcast of the SIGTERM flag is skipped.
-
-    Args:
-        trainer: a ``lightning.pytorch.Trainer``.
-        handler: ``handler(signum, frame)``, called in the main thread.
-
-    Returns:
-        Whether SIGTERM was taken over (``False`` on a Lightning this was not checked against).
-    """
+    """Makes ``handler(signum, frame)`` what ``trainer`` registers for SIGTERM when its fit starts (call it before,
+    e.g. in a callback's ``setup``), and skips the per-batch broadcast; returns whether SIGTERM was taken over
+    (``False`` on a Lightning this was not checked against)."""
     if not installed():
         return False
     setattr(trainer._signal_connector, _NOTIFIER, handler)

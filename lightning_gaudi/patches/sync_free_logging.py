@@ -111,7 +111,7 @@ def _module(name: str) -> ModuleType | None:
 
 def installed() -> bool:
     """Whether the host-sync-free logging wrappers are in place."""
-    result = _module(_RESULT)
+    result = registry.lookup(_RESULT)
     connector = vars(getattr(_module(_LOGGER_CONNECTOR), "_LoggerConnector", object))
     callbacks = getattr(_module(_CALLBACK_CONNECTOR), "_CallbackConnector", None)
     targets = (
@@ -152,7 +152,7 @@ def install() -> bool:
     )
     if not registry.supported(missing_targets(), fallback):
         return False
-    result = _module(_RESULT)
+    result = registry.lookup(_RESULT)
     connector = registry.lookup(_LOGGER_CONNECTOR, "_LoggerConnector")
     callbacks = registry.lookup(_CALLBACK_CONNECTOR, "_CallbackConnector")
 

@@ -1,11 +1,8 @@
 """HPU out-of-memory errors in Lightning's batch-size search (``Tuner.scale_batch_size``).
 
-``lightning.pytorch.tuner.batch_size_scaling`` imports ``is_oom_error`` by name from
-``lightning.pytorch.utilities.memory`` and its scaling loops (``_run_power_scaling``, ``_run_binsearch_scaling``)
-call it on every ``RuntimeError`` to decide between backing off and re-raising; it knows CUDA, cuDNN and CPU messages
-only. :func:`install` replaces that module's name with a function that keeps Lightning's answer and adds the HPU
-backend's (:meth:`~lightning_gaudi.hpu.Backend.is_out_of_memory`). ``tests/patches/test_tuner_oom.py`` fails when
-the loops stop reading the name.
+The scaling loops of ``lightning.pytorch.tuner.batch_size_scaling`` call that module's ``is_oom_error`` on every
+``RuntimeError`` to decide between backing off and re-raising; :func:`install` replaces the name with one that also
+asks the HPU backend (:meth:`~lightning_gaudi.hpu.Backend.is_out_of_memory`).
 """
 
 from __future__ import annotations
@@ -49,10 +46,7 @@ def missing_targets() -> list[str]:
 
 
 def is_hpu_out_of_memory(error: BaseException) -> bool:
-    """Whether the HPU backend of this process's settings takes ``error`` for running out of device memory.
-
-    ``False`` when there is no HPU (nor emulation) or its settings are malformed: then only Lightning's cases apply.
-    """
+    """Whether the HPU backend takes ``error`` for running out of device memory (``False`` without an HPU)."""
     try:
         backend = hpu.get_backend()
     except (hpu.HPUUnavailableError, ValueError):
@@ -76,8 +70,7 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Makes the batch-size search recognise HPU out-of-memory errors (idempotent). Returns whether it does; if not,
-    nothing is patched and a warning says what still works."""
+    """Makes the batch-size search recognise HPU out-of-memory errors (idempotent); returns whether it does."""
     if installed():
         return True
     fallback = (

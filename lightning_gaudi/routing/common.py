@@ -25,16 +25,12 @@ from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.strategies.ddp_settings import START_METHODS
 
-#: The attribute an HPU strategy class declares to stand in for Lightning strategy classes.
-COUNTERPARTS_ATTRIBUTE = "lightning_counterparts"
-#: The method a strategy may define to choose the precision plugin for a precision string on HPUs.
-PRECISION_HOOK = "hpu_precision_plugin"
 _USE_HPU_STRATEGIES = "strategy='hpu_parallel' (DDP over HCCL, one process per card) or 'hpu_single'"
 
 
 def claimed_counterparts(cls: type) -> tuple[type, ...]:
     """The Lightning strategy classes ``cls`` itself (not a base) declares it stands in for."""
-    declared = vars(cls).get(COUNTERPARTS_ATTRIBUTE, ())
+    declared = vars(cls).get("lightning_counterparts", ())
     return tuple(declared) if isinstance(declared, (tuple, list)) else ()
 
 
@@ -50,12 +46,6 @@ def hpu_counterpart(lightning_cls: type, strategy_registry: dict[str, Any]) -> t
         if isinstance(found, type) and lightning_cls in claimed_counterparts(found):
             return found
     return None
-
-
-def strategy_precision(strategy: object, precision: str) -> Any:
-    """What ``strategy.hpu_precision_plugin(precision)`` chooses; ``None`` without the method."""
-    choose = getattr(strategy, PRECISION_HOOK, None)
-    return choose(precision) if callable(choose) else None
 
 
 def is_hpu(accelerator: object) -> bool:
@@ -203,7 +193,8 @@ class Routing:
             self.check_plugin(plugin)
             return None
         check_precision_supported(precision)
-        chosen = strategy_precision(strategy, precision)
+        choose = getattr(strategy, "hpu_precision_plugin", None)  # the strategy's own choice first
+        chosen = choose(precision) if callable(choose) else None
         if chosen is None and precision in ("bf16-mixed", "16-mixed"):
             chosen = self.mixed_precision(precision)
         if chosen is not None:

@@ -242,7 +242,12 @@ class HPUParallelCore(HPUStrategyCore):
     def backward(self, *args: Any, **kwargs: Any) -> Any:
         # only transport failures are translated: backward also fails for reasons of its own (shapes, dtypes, NaNs)
         with self._backward_errors:
-            return super().backward(*args, **kwargs)  # type: ignore[misc]
+            output = super().backward(*args, **kwargs)  # type: ignore[misc]
+            self._after_backward()
+            return output
+
+    def _after_backward(self) -> None:
+        """Runs after every backward, inside its collective guard (fast DDP all-reduces the gradients here)."""
 
     def _all_reduce(self, tensor: Tensor | Any, group: Any | None, reduce_op: ReduceOp | str | None) -> Tensor | Any:
         return all_reduce(tensor, group, reduce_op, self.timeout)

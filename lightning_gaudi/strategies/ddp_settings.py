@@ -7,10 +7,15 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 
 #: ``DistributedDataParallel`` arguments the strategies pass themselves.
@@ -23,7 +28,10 @@ PARALLEL_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("hpu_parallel_spawn", {"start_method": "spawn"}),
     ("hpu_parallel_find_unused_parameters_true", {"find_unused_parameters": True}),
     ("hpu_parallel_static_graph", {"static_graph": True}),
+    ("hpu_fast_ddp", {"fast_ddp": True}),
 )
+#: The bucket size of fast DDP's flat gradient buffers when ``bucket_cap_mb`` is not given (MB).
+FAST_DDP_BUCKET_MB = 100.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,12 @@ class DDPSettings:
         comm_state: the state passed to ``comm_hook``.
         comm_hook: a DDP communication hook (``hook(state, bucket) -> Future``), registered on the HPU.
         comm_wrapper: wraps ``comm_hook`` before registration (e.g. a compression wrapper).
+        fast_ddp: no ``DistributedDataParallel`` wrapper: rank 0's parameters and buffers are broadcast once at set-up
+            and the gradients are all-reduced after backward in a few flat buffers of ``bucket_cap_mb`` (100 by
+            default), skipped while gradients accumulate. The same results as DDP; under ``torch.compile`` the forward
+            and backward compile whole, without DDP's split at every bucket (optimum-habana's ``fast_ddp``). Buffers
+            are not broadcast at every forward, unused parameters are not searched for, and communication hooks do
+            not apply.
         extra: any other ``DistributedDataParallel`` argument, passed through.
 
     Raises:
@@ -61,6 +75,7 @@ class DDPSettings:
     comm_state: object | None = None
     comm_hook: Callable[..., Any] | None = None
     comm_wrapper: Callable[..., Any] | None = None
+    fast_ddp: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -74,6 +89,11 @@ class DDPSettings:
             )
         if self.start_method not in START_METHODS:
             raise ValueError(f"`start_method={self.start_method!r}` is not supported on HPU; use 'popen' or 'spawn'.")
+        if self.fast_ddp and (self.comm_hook is not None or self.find_unused_parameters or self.static_graph):
+            raise ValueError(
+                "`fast_ddp=True` all-reduces the gradients itself, without DistributedDataParallel: it takes no"
+                " `ddp_comm_hook`, `find_unused_parameters` or `static_graph`. Remove them, or use fast_ddp=False."
+            )
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -126,12 +146,14 @@ def _parameters(cls: type) -> set[str]:
 
 class DDPCore:
     """What the HPU data-parallel strategies (Trainer's and Fabric's) add to Lightning's DDP: the communication hook
-    registered on the HPU (Lightning registers them on CUDA only), and the release of the first optimizer step's
+    registered on the HPU (Lightning registers them on CUDA only), the release of the first optimizer step's
     gradients under ``gradient_as_bucket_view`` (DDP rebuilds its buckets in the second step; gradients still viewing
-    the first step's buckets would keep a whole extra gradient copy alive at the peak)."""
+    the first step's buckets would keep a whole extra gradient copy alive at the peak), and fast DDP (no wrapper)."""
 
     ddp_settings: DDPSettings
+    _fast_modules: list[Module]
     _release_first_gradients = False
+    _accumulating = False  # fast DDP: gradients accumulate locally until the step's last micro-batch
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -151,3 +173,58 @@ class DDPCore:
             self._release_first_gradients = False
             optimizer.zero_grad(set_to_none=True)
         return output
+
+    def _fast_ddp_setup(self, module: Module) -> None:
+        """Fast DDP's start: every rank takes rank 0's parameters and buffers (what DDP's wrapper does)."""
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+        self._fast_modules = [module]
+        self._fast_buckets = None
+
+    @contextmanager
+    def _fast_ddp_accumulating(self) -> Iterator[None]:
+        self._accumulating = True
+        try:
+            yield
+        finally:
+            self._accumulating = False
+
+    def _after_backward(self) -> None:
+        """Fast DDP: averages the gradients over the ranks in flat buffers of at most ``bucket_cap_mb`` per dtype."""
+        if self._accumulating or not self.ddp_settings.fast_ddp:
+            return
+        if self._fast_buckets is None:
+            self._fast_buckets = self._fast_ddp_buckets()
+        world = dist.get_world_size()
+        for bucket in self._fast_buckets:
+            grads = [parameter.grad for parameter in bucket]
+            if any(grad is None for grad in grads):
+                raise RuntimeError(
+                    "fast_ddp: a parameter got no gradient on this rank in this step; every rank must give every"
+                    " trainable parameter a gradient (as DDP without find_unused_parameters). Use fast_ddp=False"
+                    " with find_unused_parameters=True for such a model."
+                )
+            flat = torch.cat([grad.reshape(-1) for grad in grads])  # type: ignore[union-attr]
+            dist.all_reduce(flat)  # a sum: HCCL has no average
+            flat.div_(world)
+            for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):  # type: ignore[union-attr]
+                grad.copy_(reduced.view_as(grad))  # type: ignore[union-attr]
+
+    _fast_buckets: list[list[Tensor]] | None = None
+
+    def _fast_ddp_buckets(self) -> list[list[Tensor]]:
+        cap = (self.ddp_settings.bucket_cap_mb or FAST_DDP_BUCKET_MB) * 1024 * 1024
+        groups: dict[tuple[torch.dtype, torch.device], tuple[list[list[Tensor]], list[float]]] = {}
+        for module in self._fast_modules:
+            for parameter in module.parameters():
+                if not parameter.requires_grad:
+                    continue
+                buckets, sizes = groups.setdefault((parameter.dtype, parameter.device), ([[]], [0.0]))
+                size = parameter.numel() * parameter.element_size()
+                if buckets[-1] and sizes[-1] + size > cap:
+                    buckets.append([])
+                    sizes.append(0.0)
+                buckets[-1].append(parameter)
+                sizes[-1] += size
+        return [bucket for buckets, _ in groups.values() for bucket in buckets]

@@ -84,7 +84,7 @@ class LateArguments:
         given = {name: kwargs.pop(name) for name in (*names, "precision") if name in kwargs}
         if getattr(self, "api", "") == "Trainer":  # Fabric's takes no checkpoint IO
             given["checkpoint_io"] = given.get("checkpoint_io") or HPUCheckpointIO()
-        super().__init__(*args, timeout=coerce_timeout(timeout), **kwargs)
+        super().__init__(*args, timeout=coerce_timeout(timeout), **kwargs)  # type: ignore[call-arg]
         for name, value in given.items():
             if value is not None:
                 setattr(self, name, value)
@@ -139,7 +139,7 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
         plugin = self.precision_plugin
         # Lightning clips with torch's clip_grad_norm_, which refuses tensor-parallel models (DTensors of several
         # placements beside plain tensors)
-        plugin.clip_grad_by_norm = lambda optimizer, clip_val: clip_grad_norm_(plugin.main_params(optimizer), clip_val)  # type: ignore[method-assign]
+        plugin.clip_grad_by_norm = lambda optimizer, clip_val: clip_grad_norm_(plugin.main_params(optimizer), clip_val)  # type: ignore[method-assign,assignment]
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
 
@@ -46,6 +47,8 @@ class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
             for rank 0 to write a large checkpoint or compile a new graph while the others wait.
         ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: a DDP communication hook, its state and wrapper
             (``DDPSettings.comm_*``), registered on the HPU as on CUDA.
+        fast_ddp: all-reduce the gradients after backward without the DDP wrapper (``DDPSettings.fast_ddp``; the
+            name ``"hpu_fast_ddp"``).
         **kwargs: any other ``torch.nn.parallel.DistributedDataParallel`` argument, passed through; checked against
             its signature here, so a misspelled one fails before any process starts.
 
@@ -77,11 +80,12 @@ class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
         ddp_comm_state: object | None = None,
         ddp_comm_hook: Callable[..., Any] | None = None,
         ddp_comm_wrapper: Callable[..., Any] | None = None,
+        fast_ddp: bool = DDPSettings.fast_ddp,
         **kwargs: Any,
     ) -> None:
         settings = DDPSettings(
             bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers,
-            start_method, ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, kwargs,
+            start_method, ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, fast_ddp, kwargs,
         )  # fmt: skip
         settings.check_extra(HPUParallelStrategy, DDPStrategy)
         self.ddp_settings = settings
@@ -99,9 +103,23 @@ class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
 
     @override
     def configure_ddp(self) -> None:
+        if self.ddp_settings.fast_ddp:
+            assert self.model is not None
+            self._fast_ddp_setup(self.model)  # no wrapper: the gradients are all-reduced after backward
+            return
         super().configure_ddp()
         assert isinstance(self.model, DistributedDataParallel)
         self._on_ddp_wrapped(self.model)
+
+    @contextmanager
+    @override
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        if not self.ddp_settings.fast_ddp:
+            with super().block_backward_sync():
+                yield
+            return
+        with self._fast_ddp_accumulating():
+            yield
 
     @override
     def determine_ddp_device_ids(self) -> list[int] | None:

@@ -185,3 +185,37 @@ def test_a_failed_job_ends_its_hung_rank(tmp_path: Path) -> None:
         time.sleep(0.2)
     os.kill(rank1, 9)
     pytest.fail("rank 1 outlived the failed job")
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_fast_ddp_equals_one_process_on_the_union(tmp_path: Path, accumulate: int) -> None:
+    """``hpu_fast_ddp``: no DDP wrapper; rank 0's weights broadcast at set-up, the gradients averaged after backward
+    in one flat buffer, not while they accumulate: both ranks end with the weights of one process on the union."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    command = [sys.executable, str(HELPERS_DIR / "fast_ddp_fit.py"), str(tmp_path), str(accumulate)]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["initial"] == ranks[1]["initial"], "rank 0's weights were not broadcast"
+    for facts in ranks:
+        assert facts["wrapper"] == "Perturbed"  # the LightningModule itself: no DistributedDataParallel
+        assert facts["steps"] == STEPS
+        assert facts["gradient_all_reduces"] == STEPS  # one flat buffer per optimizer step, none while accumulating
+    net = make_net()
+    net.load_state_dict({name.removeprefix("net."): torch.tensor(v) for name, v in ranks[0]["initial"].items()})
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    micro = list(zip(ranks[0]["batches"], ranks[1]["batches"], strict=True))
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        for (x0, y0), (x1, y1) in micro[step * accumulate : (step + 1) * accumulate]:
+            loss = torch.nn.functional.mse_loss(net(torch.tensor(x0 + x1)), torch.tensor(y0 + y1))
+            (loss / accumulate).backward()
+        optimizer.step()
+    for name, tensor in net.state_dict().items():
+        final0, final1 = (torch.tensor(r["final"][f"net.{name}"]) for r in ranks)
+        assert torch.equal(final0, final1), f"{name} differs between ranks"
+        torch.testing.assert_close(final0, tensor, rtol=1e-5, atol=1e-6)

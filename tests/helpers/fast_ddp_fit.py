@@ -1,0 +1,75 @@
+"""A real 2-process ``hpu_fast_ddp`` fit under eager emulation, for ``tests/strategies/test_parallel_emulated.py``.
+
+Run as ``python fast_ddp_fit.py OUT_DIR ACCUMULATE`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
+launcher re-runs it for rank 1. Rank 1 starts from other weights than rank 0 (the strategy must broadcast rank 0's).
+4 optimizer steps of SGD, ``ACCUMULATE`` micro-batches of 4 samples each. Each rank writes ``OUT_DIR/rank<r>.json``:
+its weights when the fit starts and ends, its micro-batches, and how many gradient all-reduces ran.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback, Trainer, seed_everything
+from models import RegressionModel, regression_loader, trainer_kwargs
+
+import lightning_gaudi  # noqa: F401  (registers the names)
+
+STEPS = 4
+
+
+class Perturbed(RegressionModel):
+    def setup(self, stage: str) -> None:
+        if self.global_rank == 1:  # before the strategy sets up the model
+            with torch.no_grad():
+                for parameter in self.parameters():
+                    parameter.add_(1.0)
+
+
+class Probe(Callback):
+    def __init__(self) -> None:
+        self.facts: dict[str, Any] = {"batches": [], "gradient_all_reduces": 0}
+
+    def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self.facts["initial"] = {k: v.tolist() for k, v in pl_module.state_dict().items()}
+        self.facts["wrapper"] = type(trainer.strategy.model).__name__
+        original = dist.all_reduce
+        gradients = sum(p.numel() for p in pl_module.parameters())
+
+        def counting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.numel() == gradients:  # a flat buffer of every gradient
+                self.facts["gradient_all_reduces"] += 1
+            return original(tensor, *args, **kwargs)
+
+        dist.all_reduce = counting  # type: ignore[assignment]
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.facts["batches"].append([tensor.tolist() for tensor in batch])
+
+    def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self.facts["final"] = {k: v.tolist() for k, v in pl_module.state_dict().items()}
+        self.facts["steps"] = trainer.global_step
+        (Path(sys.argv[1]) / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.facts))
+
+
+def main() -> None:
+    accumulate = int(sys.argv[2])
+    seed_everything(0, verbose=False)
+    trainer = Trainer(
+        accelerator="hpu",
+        strategy="hpu_fast_ddp",
+        devices=2,
+        callbacks=[Probe()],
+        accumulate_grad_batches=accumulate,
+        **trainer_kwargs(max_steps=STEPS),
+    )
+    trainer.fit(Perturbed(), train_dataloaders=regression_loader(samples=64, batch_size=4))
+
+
+if __name__ == "__main__":
+    main()
