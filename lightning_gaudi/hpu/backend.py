@@ -150,15 +150,47 @@ class Backend(abc.ABC):
         dropout_p: float = 0.0,
         is_causal: bool = False,
         scale: float | None = None,
+        recompute: bool | None = None,
     ) -> Tensor:
-        """Scaled dot-product attention with the contract of ``torch.nn.functional.scaled_dot_product_attention``."""
+        """Scaled dot-product attention with the contract of ``torch.nn.functional.scaled_dot_product_attention``;
+        ``recompute`` picks FusedSDPA's mode (recompute in backward: less memory), ``None`` the kernel's default."""
         kernel = self._sdpa_kernel()
         if kernel is None:  # torch's own, which takes ``scale`` by keyword only
             return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
-        return kernel(query, key, value, attn_mask, dropout_p, is_causal, scale)  # type: ignore[no-any-return]
+        args = (query, key, value, attn_mask, dropout_p, is_causal, scale)
+        out: Tensor = kernel(*args) if recompute is None else kernel(*args, "None", recompute)  # softmax_mode "None"
+        return out
 
     def _sdpa_kernel(self) -> Any:
         """A fused kernel taking ``sdpa``'s arguments by position, or ``None`` for torch's."""
+        return None
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """RMSNorm over the last dimension as Hugging Face's LLaMA computes it: normalized in float32, cast back to
+        ``x``'s dtype, times ``weight`` (the result has the promoted dtype of ``x`` and ``weight``)."""
+        kernel = self._rms_norm_kernel()
+        if kernel is not None:  # the kernel takes one dtype
+            out: Tensor = kernel(x.to(weight.dtype), weight, eps)
+            return out.to(torch.promote_types(x.dtype, weight.dtype))
+        h = x.float()
+        return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    def _rms_norm_kernel(self) -> Any:
+        """A fused kernel ``(x, weight, eps)``, or ``None`` for the reference math."""
+        return None
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotary position embedding ``x * cos + rotate_half(x) * sin`` (``cos``/``sin`` broadcast to ``x``; the
+        halves of the last dimension rotate, as in Hugging Face's ``apply_rotary_pos_emb``)."""
+        kernel = self._rope_kernel()
+        if kernel is not None:  # the kernel takes one dtype
+            dtype = torch.promote_types(x.dtype, cos.dtype)
+            return kernel(x.to(dtype), cos.to(dtype), sin.to(dtype), 0)  # type: ignore[no-any-return]
+        half = x.shape[-1] // 2
+        return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+    def _rope_kernel(self) -> Any:
+        """A fused kernel ``(x, cos, sin, offset)``, or ``None`` for the reference math."""
         return None
 
     def wrap_in_hpu_graph(self, module: Module) -> Module:

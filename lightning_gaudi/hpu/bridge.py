@@ -105,6 +105,12 @@ class HabanaBackend(Backend):
     def _sdpa_kernel(self) -> Any:
         return self._import(".hpex.kernels").FusedSDPA.apply
 
+    def _rms_norm_kernel(self) -> Any:
+        return self._import(".hpex.normalization").FusedRMSNorm.apply
+
+    def _rope_kernel(self) -> Any:
+        return self._import(".hpex.kernels").RotaryPosEmbeddingHelperV1.apply
+
     def wrap_in_hpu_graph(self, module: Module) -> Module:
         return self._hpu.wrap_in_hpu_graph(module)  # type: ignore[no-any-return]
 

@@ -61,3 +61,31 @@ def test_two_process_fabric_loop(tmp_path: Path) -> None:
         assert tensor.dtype == torch.float32
         assert tensor.tolist() == ranks[0]["final"][name]
     assert sorted(os.listdir(tmp_path)) == ["fabric.ckpt", "rank0.json", "rank1.json"]  # no temporary left behind
+
+
+@pytest.mark.subprocess
+def test_fast_ddp_fabric_loop_equals_one_process_on_the_union(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in _LAUNCH_VARS:
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    helper = Path(__file__).parent / "fabric_fast_ddp.py"
+    proc = subprocess.run(
+        [sys.executable, str(helper), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["initial"] == ranks[1]["initial"], "rank 0's weights were not broadcast"
+    assert [r["gradient_all_reduces"] for r in ranks] == [4, 4]  # once per optimizer step, not per micro-batch
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    net.load_state_dict({k: torch.tensor(v) for k, v in ranks[0]["initial"].items()})
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    micro = list(zip(ranks[0]["batches"], ranks[1]["batches"], strict=True))
+    for step in range(4):
+        optimizer.zero_grad()
+        for (x0, y0), (x1, y1) in micro[2 * step : 2 * step + 2]:
+            (((net(torch.tensor(x0 + x1)) - torch.tensor(y0 + y1)) ** 2).mean() / 2).backward()
+        optimizer.step()
+    for name, tensor in net.state_dict().items():
+        torch.testing.assert_close(torch.tensor(ranks[0]["final"][name]), tensor, rtol=1e-5, atol=1e-6)
+        assert ranks[0]["final"][name] == ranks[1]["final"][name]
