@@ -7,6 +7,8 @@ lightning-gaudi fit --config run.yaml --ckpt_path auto
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import lightning as L
@@ -48,7 +50,10 @@ class GaudiCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``lightning-gaudi``; ``args`` defaults to ``sys.argv[1:]``."""
+    """Entry point of ``lightning-gaudi``; ``args`` defaults to ``sys.argv[1:]``. Modules in the working directory
+    import by name (``--model mymod.Net``), as under ``python -m``."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, "")
     GaudiCLI(args=args)
 
 

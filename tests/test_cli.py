@@ -255,3 +255,26 @@ def test_fit_resumes_under_the_auto_policy(cli_env: Path) -> None:
     second = GaudiCLI(args=["fit", *common, "--trainer.max_steps=3"], save_config_callback=None)
     assert second.trainer.ckpt_path == str(saved)
     assert second.trainer.global_step == 3
+
+
+@pytest.mark.subprocess
+def test_a_model_in_the_working_directory_imports_by_name(tmp_path: Path) -> None:
+    """``lightning-gaudi fit --model mymod.Net`` in the folder that holds ``mymod.py``, as ``python -m`` finds it."""
+    script = Path(sys.executable).parent / "lightning-gaudi"
+    if not script.exists():
+        pytest.skip(f"the console script is not installed next to {sys.executable}")
+    (tmp_path / "mymod.py").write_text(
+        "from lightning.pytorch.demos.boring_classes import BoringModel\n\nclass Net(BoringModel):\n    pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env["LIGHTNING_GAUDI_EMULATE"] = "eager"
+    done = subprocess.run(
+        [str(script), "fit", "--model", "mymod.Net", "--data", "lightning.pytorch.demos.boring_classes.BoringDataModule"]
+        + ["--trainer.fast_dev_run", "1", "--trainer.logger", "false"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
