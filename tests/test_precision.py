@@ -186,3 +186,21 @@ def test_precision_plugins_gaudi_cannot_run_are_refused_at_trainer(eager_hpu: hp
     )
     with pytest.raises(ValueError, match=r"DoublePrecision \(precision '64-true'\) cannot run on an HPU"):
         Trainer(accelerator="hpu", devices=1, **given)
+
+
+def test_lightnings_mixed_precision_on_the_hpu_device_runs_in_emulation_too(eager_hpu: hpu.Backend) -> None:
+    """``MixedPrecision("bf16-mixed", device="hpu")``, as code written for a Gaudi spells it, autocasts on the HPU's
+    device type: the emulated one here (Trainer and Fabric)."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins import MixedPrecision as FabricMixedPrecision
+
+    from lightning_gaudi import fabric
+
+    trainer = Trainer(accelerator="hpu", devices=1, plugins=[MixedPrecision("bf16-mixed", device="hpu")], logger=False)
+    assert isinstance(trainer.precision_plugin, HPUPrecision)
+    assert trainer.precision_plugin.device == eager_hpu.autocast_device_type == "cpu"
+    runner = Fabric(accelerator="hpu", devices=1, plugins=[FabricMixedPrecision("bf16-mixed", device="hpu")])
+    assert isinstance(runner.strategy.precision, fabric.HPUPrecision)
+    assert runner.strategy.precision.device == "cpu"
+    with pytest.raises(ValueError, match="autocasts on 'cuda', not on the HPU"):
+        Trainer(accelerator="hpu", devices=1, plugins=[MixedPrecision("bf16-mixed", device="cuda")], logger=False)

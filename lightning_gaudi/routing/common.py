@@ -190,6 +190,9 @@ class Routing:
         if not isinstance(accelerator, HPUAccelerator):
             return None
         if plugin is not None:
+            if type(plugin).__name__ == "MixedPrecision" and getattr(plugin, "device", None) == "hpu":
+                # Lightning's plugin as code written for a Gaudi spells it: the HPU's autocast, here too
+                return self.mixed_precision(plugin.precision, scaler=plugin.scaler)
             self.check_plugin(plugin)
             return None
         check_precision_supported(precision)
