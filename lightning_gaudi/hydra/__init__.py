@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -19,11 +20,13 @@ from lightning_gaudi.hydra.prepare import apply_runtime, check_launch, local_wor
 from lightning_gaudi.hydra.ranks import Task, launch_ranks, needs_rank_launch
 from lightning_gaudi.hydra.resolvers import register_resolvers
 from lightning_gaudi.hydra.schemas import SCHEMA_GROUP, check_slurm_launcher, register_schemas
+from lightning_gaudi.strategies.deepspeed import HPUDeepSpeedStrategy, gradient_clipping
 
 __all__ = [
     "SCHEMA_GROUP",
     "Task",
     "apply_runtime",
+    "check_before_launch",
     "check_launch",
     "check_slurm_launcher",
     "instantiate_group",
@@ -59,12 +62,25 @@ def objective(cfg: DictConfig, results: Mapping[str, Any]) -> float | None:
     return float(value) if value is not None and math.isfinite(float(value)) else None
 
 
+def check_before_launch(cfg: DictConfig) -> None:
+    """Builds the strategy and a Trainer of ``cfg`` (no logger, callbacks or data) so that what the ranks would refuse
+    (a bad strategy argument, a precision the strategy does not train in, DeepSpeed's clipping against the Trainer's,
+    a bad launch) fails here, before any rank process starts."""
+    strategy = instantiate(cfg.strategy)
+    try:
+        trainer = instantiate(cfg.trainer, strategy=strategy, logger=False, callbacks=[], enable_checkpointing=False)
+    except InstantiationException as error:
+        raise (error.__cause__ or error) from None  # the Trainer's own message, not Hydra's wrapping of it
+    if isinstance(strategy, HPUDeepSpeedStrategy) and isinstance(strategy.config, dict):
+        gradient_clipping(strategy.config, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+
+
 def run(cfg: DictConfig, task: Task) -> float | None:
     """Runs one Hydra job: :func:`prepare`, then ``task(cfg)`` here or in one process per card; returns the
     :func:`objective`. ``task`` must be a module-level function (rank processes import it by name)."""
     prepare(cfg)
     if needs_rank_launch(cfg):
-        instantiate(cfg.strategy)  # a bad strategy argument fails here, before any rank process starts
+        check_before_launch(cfg)
         results: Mapping[str, Any] = launch_ranks(cfg, Path(cfg.paths.output_dir), task)
     else:
         results = task(cfg) or {}

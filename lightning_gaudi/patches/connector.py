@@ -9,7 +9,7 @@ choice it declines to Lightning. Fabric's connector is wrapped the same way (:mo
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from lightning_gaudi.patches import registry
@@ -17,6 +17,7 @@ from lightning_gaudi.patches import registry
 _MODULE = "lightning.pytorch.trainer.connectors.accelerator_connector"
 _CLASS = "_AcceleratorConnector"
 WRAPPED = (
+    "_check_config_and_set_final_flags",
     "_choose_auto_accelerator",
     "_set_devices_flag_if_auto_passed",
     "_choose_strategy",
@@ -41,6 +42,9 @@ _MARK = "__lightning_gaudi_hook__"
 
 class ConnectorPolicy(Protocol):
     """What the wrappers of a connector (the Trainer's or Fabric's) ask; ``None`` leaves the choice to Lightning."""
+
+    def check_flags(self, strategy: Any, accelerator: Any, registered: Sequence[str]) -> None:
+        """Sees the ``strategy`` and ``accelerator`` flags before Lightning checks them; may raise."""
 
     def auto_accelerator(self) -> str | None:
         """The accelerator ``accelerator="auto"`` picks."""
@@ -71,7 +75,7 @@ class Hooks:
 def connector_wrappers(
     hooks: Hooks, precision_attributes: tuple[str, str], validate: str | None
 ) -> dict[str, Callable[[Any], Any]]:
-    """The wrappers of the five methods both connectors share, calling ``hooks.policy``; ``precision_attributes``
+    """The wrappers of the six methods both connectors share, calling ``hooks.policy``; ``precision_attributes``
     names the connector's precision flag and plugin, ``validate`` its method checking a precision choice."""
 
     def answer(ask: Callable[..., Any]) -> Callable[[Any], Any]:
@@ -99,6 +103,15 @@ def connector_wrappers(
 
         return wrapper
 
+    def check_flags(original: Any) -> Any:
+        @functools.wraps(original)
+        def wrapper(self: Any, strategy: Any, accelerator: Any, *args: Any, **kwargs: Any) -> Any:
+            if hooks.policy:
+                hooks.policy.check_flags(strategy, accelerator, self._registered_strategies)
+            return original(self, strategy, accelerator, *args, **kwargs)
+
+        return wrapper
+
     def check_strategy(original: Any) -> Any:
         @functools.wraps(original)
         def wrapper(self: Any) -> None:
@@ -119,6 +132,7 @@ def connector_wrappers(
         return policy.choose_strategy(self._accelerator_flag, self._parallel_devices, self._num_nodes_flag)
 
     return {
+        "_check_config_and_set_final_flags": check_flags,
         "_choose_auto_accelerator": answer(lambda policy, *_: policy.auto_accelerator()),
         "_set_devices_flag_if_auto_passed": devices,
         "_choose_strategy": answer(strategy),

@@ -7,7 +7,7 @@ first: the five methods of :mod:`.connector`, ``_check_config_and_set_final_flag
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from lightning_gaudi.patches import registry
@@ -44,24 +44,11 @@ MARK = "__lightning_gaudi_fabric_hook__"
 class FabricConnectorPolicy(ConnectorPolicy, Protocol):
     """A :class:`~.connector.ConnectorPolicy` with Fabric's two more questions."""
 
-    def check_flags(self, strategy: Any, accelerator: Any, registered: Sequence[str]) -> None:
-        """Sees ``Fabric(strategy=..., accelerator=...)`` before Lightning checks them; may raise."""
-
     def strategy_built(self, strategy: Any) -> None:
         """Sees the strategy once Fabric completed it; may raise."""
 
 
 HOOKS = Hooks()
-
-
-def _check_flags(original: Any) -> Any:
-    @functools.wraps(original)
-    def wrapper(self: Any, strategy: Any, accelerator: Any, precision: Any, plugins: Any) -> Any:
-        if HOOKS.policy:
-            HOOKS.policy.check_flags(strategy, accelerator, self._registered_strategies)  # type: ignore[attr-defined]
-        return original(self, strategy, accelerator, precision, plugins)
-
-    return wrapper
 
 
 def _strategy_built(original: Any) -> Any:
@@ -93,7 +80,6 @@ def install() -> bool:
 
     def wrappers() -> dict[str, Callable[[Any], Any]]:
         return {
-            "_check_config_and_set_final_flags": _check_flags,
             **connector_wrappers(HOOKS, ("_precision_input", "_precision_instance"), None),
             "_lazy_init_strategy": _strategy_built,
         }

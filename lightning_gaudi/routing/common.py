@@ -14,7 +14,8 @@ Every other accelerator is left to Lightning.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,24 @@ class Routing:
     def _is_single_device(self, flag: object) -> bool:
         cls = type(flag) if isinstance(flag, self.strategy_base) else self.registered_class(flag)
         return cls is not None and issubclass(cls, (self.single_hpu, self.lightning_single))
+
+    def check_flags(self, strategy: Any, accelerator: Any, registered: Sequence[str]) -> None:
+        """Raises ``ValueError`` with the HPU strategies' names (and the closest) for an unknown ``"hpu..."`` name, or
+        any unknown name with ``accelerator="hpu"``."""
+        if not isinstance(strategy, str):
+            return
+        name = strategy.lower()
+        if name == "auto" or name in registered or not (name.startswith("hpu") or is_hpu(accelerator)):
+            return
+        names = [
+            n for n in self.registry.available_strategies() if is_hpu_strategy_class(self.registered_class(n) or object)
+        ]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"`strategy={strategy!r}` is not a strategy the {self.owner} knows. The HPU strategies are"
+            f" {', '.join(repr(n) for n in names)}, or an instance of one of {self.package}'s strategy classes.{hint}"
+        )
 
     def auto_accelerator(self) -> str | None:
         return "hpu" if hpu.is_available() else None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lightning.fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy, Strategy
 from lightning.pytorch.strategies import Strategy as TrainerStrategy
+from typing_extensions import override
 
 from lightning_gaudi.fabric import (
     HPUFP8Precision,
@@ -17,32 +17,17 @@ from lightning_gaudi.fabric import (
     SingleHPUStrategy,
     check_precision_plugin,
 )
-from lightning_gaudi.routing.common import Routing, is_hpu, is_hpu_strategy_class
+from lightning_gaudi.routing.common import Routing
 
 
 @dataclass(frozen=True)
 class FabricRouting(Routing):
     """:class:`~.common.Routing` with Fabric's two more questions (``FabricConnectorPolicy``)."""
 
+    @override
     def check_flags(self, strategy: Any, accelerator: Any, registered: Sequence[str]) -> None:
-        """Raises ``ValueError`` with the fix for an unknown ``"hpu..."`` name (any unknown name with
-        ``accelerator="hpu"``) or a Trainer strategy of ``lightning_gaudi``."""
-        if isinstance(strategy, str):
-            name = strategy.lower()
-            if name == "auto" or name in registered or not (name.startswith("hpu") or is_hpu(accelerator)):
-                return
-            names = [
-                n
-                for n in self.registry.available_strategies()
-                if is_hpu_strategy_class(self.registered_class(n) or object)
-            ]
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"`strategy={strategy!r}` is not a strategy Fabric knows. The HPU strategies are"
-                f" {', '.join(repr(n) for n in names)} (or an instance of lightning_gaudi.fabric.SingleHPUStrategy or"
-                f" HPUParallelStrategy).{hint}"
-            )
+        """:meth:`Routing.check_flags`; a Trainer strategy of ``lightning_gaudi`` is refused naming its Fabric twin."""
+        super().check_flags(strategy, accelerator, registered)
         if isinstance(strategy, TrainerStrategy) and type(strategy).__module__.startswith("lightning_gaudi."):
             cls = type(strategy).__name__
             raise ValueError(

@@ -42,6 +42,9 @@ class Recording:
         self.calls: dict[str, tuple[Any, ...]] = {}
         self.strategy, self.plugin = strategy, precision
 
+    def check_flags(self, strategy: Any, accelerator: Any, registered: Any) -> None:
+        self.calls["check_flags"] = (strategy, accelerator, "ddp" in registered)
+
     def auto_accelerator(self) -> str | None:
         self.calls["auto_accelerator"] = ()
         return "cpu"
@@ -72,6 +75,7 @@ def test_a_trainer_is_built_through_every_hook(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(connector.HOOKS, "policy", policy)
     trainer = Trainer(precision="bf16-mixed", logger=False, enable_checkpointing=False)  # accelerator, devices "auto"
     assert policy.calls == {
+        "check_flags": ("auto", "auto", True),
         "auto_accelerator": (),
         "devices": ("cpu", "auto", "auto"),
         "choose_strategy": ("cpu", 1, 1),

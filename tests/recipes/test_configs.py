@@ -527,3 +527,26 @@ def test_slurm_tasks_per_node_is_checked_inside_the_job(no_launcher: pytest.Monk
     no_launcher.setenv("SLURM_NTASKS_PER_NODE", "2")
     no_launcher.setenv("SLURM_NTASKS", "2")
     lg_hydra.prepare(compose_train(["strategy=hpu_parallel", "trainer.devices=2"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["strategy=hpu_fsdp", "trainer.precision=fp8"], "`precision='fp8'` is not supported with HPUFSDPStrategy"),
+        (
+            ["strategy=hpu_deepspeed", "+strategy.config.gradient_clipping=0.5", "trainer.gradient_clip_val=1.0"],
+            "The DeepSpeed config has gradient_clipping=0.5, but the Trainer has gradient_clip_val=1.0",
+        ),
+    ],
+)
+def test_what_the_ranks_would_refuse_fails_before_any_rank_starts(
+    overrides: list[str], match: str, isolated_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if "strategy=hpu_deepspeed" in overrides:
+        pytest.importorskip("deepspeed", reason="DeepSpeed is not installed")
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    isolated_env.setenv(hpu.DEVICES_ENV, "2")
+    isolated_env.setattr(lg_hydra, "launch_ranks", lambda *args: pytest.fail("a rank process was started"))
+    cfg = compose_train([*TINY, "trainer.devices=2", *overrides], output_dir=tmp_path)
+    with pytest.raises(ValueError, match=match):
+        lg_hydra.run(cfg, lambda cfg: pytest.fail("the task ran"))

@@ -117,3 +117,10 @@ def test_single_hpu_strategy_with_auto_devices_takes_one(eager_hpu: hpu.Backend)
     trainer = Trainer(accelerator="hpu", logger=False)  # strategy and devices "auto": every card, in parallel
     assert type(trainer.strategy) is HPUParallelStrategy
     assert trainer.num_devices == eager_hpu.device_count()
+
+
+def test_an_unknown_hpu_name_is_refused_with_the_names_that_exist(eager_hpu: hpu.Backend) -> None:
+    with pytest.raises(ValueError, match=r"'hpu_deepspeed_stage_4'.*'hpu_deepspeed_stage_3'.*Did you mean 'hpu_deepspeed_stage_"):
+        Trainer(accelerator="hpu", strategy="hpu_deepspeed_stage_4", devices=2)
+    with pytest.raises(ValueError, match=r"Did you mean 'hpu_parallel'\?"):
+        Trainer(accelerator="hpu", strategy="hpu_paralel", devices=2)
