@@ -1,17 +1,13 @@
-"""Lightning Fabric's connector (``lightning.fabric.connector._Connector``), wrapped so that a routing policy answers
-first: the five methods of :mod:`.connector`, ``_check_config_and_set_final_flags`` (the policy's
-:meth:`~FabricConnectorPolicy.check_flags` sees the flags first) and ``_lazy_init_strategy`` (followed by
-:meth:`~FabricConnectorPolicy.strategy_built`, to check the launch before any process starts).
-"""
+"""Lightning Fabric's connector (``lightning.fabric.connector._Connector``), wrapped as the Trainer's is
+(:mod:`.connector`) so that a routing policy answers first. The launch is checked while Fabric is built by the HPU
+strategies' own ``_set_world_ranks``, which Fabric's ``_lazy_init_strategy`` calls."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any, Protocol
 
 from lightning_gaudi.patches import registry
-from lightning_gaudi.patches.connector import ConnectorPolicy, Hooks, connector_wrappers, find_class, wrap_connector
+from lightning_gaudi.patches.connector import Hooks, connector_wrappers, find_class, wrap_connector
 
 _MODULE = "lightning.fabric.connector"
 _CLASS = "_Connector"
@@ -22,9 +18,8 @@ WRAPPED = (
     "_choose_strategy",
     "_check_strategy_and_fallback",
     "_check_and_init_precision",
-    "_lazy_init_strategy",
 )
-CONNECTOR_ATTRIBUTES = (*WRAPPED, "_init_strategy", "_set_parallel_devices_and_init_accelerator")
+CONNECTOR_ATTRIBUTES = (*WRAPPED, "_init_strategy", "_set_parallel_devices_and_init_accelerator", "_lazy_init_strategy")
 #: Connector instance attributes the wrappers read (or set).
 INSTANCE_ATTRIBUTES = (
     "_accelerator_flag",
@@ -41,24 +36,7 @@ INSTANCE_ATTRIBUTES = (
 MARK = "__lightning_gaudi_fabric_hook__"
 
 
-class FabricConnectorPolicy(ConnectorPolicy, Protocol):
-    """A :class:`~.connector.ConnectorPolicy` with Fabric's two more questions."""
-
-    def strategy_built(self, strategy: Any) -> None:
-        """Sees the strategy once Fabric completed it; may raise."""
-
-
 HOOKS = Hooks()
-
-
-def _strategy_built(original: Any) -> Any:
-    @functools.wraps(original)
-    def wrapper(self: Any) -> None:
-        original(self)
-        if HOOKS.policy:
-            HOOKS.policy.strategy_built(self.strategy)  # type: ignore[attr-defined]
-
-    return wrapper
 
 
 def connector_class() -> type | None:
@@ -78,12 +56,7 @@ def install() -> bool:
         "'hpu_parallel' and `plugins=[lightning_gaudi.fabric.HPUPrecision(...)]`."
     )
 
-    def wrappers() -> dict[str, Callable[[Any], Any]]:
-        return {
-            **connector_wrappers(HOOKS, ("_precision_input", "_precision_instance"), None),
-            "_lazy_init_strategy": _strategy_built,
-        }
-
+    wrappers = functools.partial(connector_wrappers, HOOKS, ("_precision_input", "_precision_instance"), None)
     where = f"{_MODULE}.{_CLASS}"
     return wrap_connector(connector_class(), where, CONNECTOR_ATTRIBUTES, MARK, wrappers, fallback) and installed()
 

@@ -22,7 +22,8 @@ from lightning_gaudi.routing.common import Routing
 
 @dataclass(frozen=True)
 class FabricRouting(Routing):
-    """:class:`~.common.Routing` with Fabric's two more questions (``FabricConnectorPolicy``)."""
+    """:class:`~.common.Routing` for Fabric: a Trainer strategy of ``lightning_gaudi`` is refused (its Fabric twin
+    named)."""
 
     @override
     def check_flags(self, strategy: Any, accelerator: Any, registered: Sequence[str]) -> None:
@@ -35,11 +36,6 @@ class FabricRouting(Routing):
                 f" lightning_gaudi.fabric.{cls}(...), which takes the same arguments (`precision` where the Trainer's"
                 f" takes `precision_plugin`), or its name, {type(strategy).strategy_name!r}."  # type: ignore[attr-defined]
             )
-
-    def strategy_built(self, strategy: Any) -> None:
-        """Checks an ``HPUParallelStrategy``'s launch before any process starts."""
-        if isinstance(strategy, HPUParallelStrategy):
-            strategy.check_launch()
 
 
 FABRIC = FabricRouting(

@@ -46,8 +46,6 @@ class Recording(TrainerRecording):
     def check_flags(self, strategy: Any, accelerator: Any, registered: Any) -> None:
         self.calls["check_flags"] = (strategy, accelerator, "ddp" in registered)
 
-    def strategy_built(self, strategy: Any) -> None:
-        self.calls["strategy_built"] = (strategy, strategy.accelerator is not None)
 
 
 def test_a_fabric_is_built_through_every_hook(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,7 +61,6 @@ def test_a_fabric_is_built_through_every_hook(monkeypatch: pytest.MonkeyPatch) -
         "choose_strategy": ("cpu", 1, 1),
         "check_strategy": ("cpu", chosen, 1),
         "precision": ("CPUAccelerator", "SingleDeviceStrategy", "bf16-mixed", None),
-        "strategy_built": (chosen, True),
     }, f"{UPSTREAM} no longer runs the wrapped steps as the shim expects"
     assert fabric.strategy is chosen
     assert fabric.strategy.precision is plugin
@@ -112,7 +109,7 @@ def test_connector_runs_the_hooked_steps_in_the_order_the_hooks_rely_on() -> Non
         f"{UPSTREAM}._set_parallel_devices_and_init_accelerator no longer resolves 'auto' devices before parsing"
     )
     source = inspect.getsource(_Connector._lazy_init_strategy)
-    for step in ("self.strategy.accelerator = self.accelerator", "self.strategy._num_nodes =", "_configure_launcher"):
+    for step in ("self.strategy._set_world_ranks()", "_configure_launcher"):  # the HPU strategies check the launch
         assert step in source, f"{UPSTREAM}._lazy_init_strategy no longer runs {step!r}"
 
 
