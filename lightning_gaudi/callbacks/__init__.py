@@ -2,6 +2,7 @@
 
 from lightning_gaudi.callbacks.autocast import BF16Autocast
 from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics, LazyModeDiagnostics
+from lightning_gaudi.callbacks.fused_kernels import FusedKernels
 from lightning_gaudi.callbacks.fused_optimizers import FusedOptimizers
 from lightning_gaudi.callbacks.inference import HPUCompile, HPUGraphs
 from lightning_gaudi.callbacks.mark_step import MarkStep
@@ -11,6 +12,7 @@ from lightning_gaudi.callbacks.throughput import HPUThroughputMonitor
 
 __all__ = [
     "BF16Autocast",
+    "FusedKernels",
     "FusedOptimizers",
     "GraphDiagnostics",
     "HPUCompile",

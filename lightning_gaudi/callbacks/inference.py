@@ -183,8 +183,14 @@ class HPUCompile(Callback):
     Each ``forward`` is replaced in place until teardown; in compile mode the HPU strategies add a default one.
 
     Args:
-        regional: compile the repeated blocks instead of the whole child modules (faster cold compile).
+        regional: compile the repeated blocks instead of the whole child modules (faster cold compile). The blocks
+            share their graphs, so what differs per block must stay out of the guards (see ``use_cache``).
         dynamic, fullgraph, mode, options: ``torch.compile``'s (``mode`` and ``options`` exclude each other).
+        recompile_limit: graphs one compiled function may hold before further inputs run it uncompiled
+            (``torch._dynamo.config.recompile_limit``, set until teardown); ``None`` keeps torch's (8).
+        use_cache: the ``use_cache`` Hugging Face model configs in the module read outside ``predict`` (until
+            teardown). ``False``: no KV cache, whose per-layer state would put every decoder layer into a graph of
+            its own (training never reads it; ``generate`` passes its own). ``None`` leaves the configs alone.
     """
 
     def __init__(
@@ -194,6 +200,8 @@ class HPUCompile(Callback):
         fullgraph: bool = False,
         mode: str | None = None,
         options: dict[str, Any] | None = None,
+        recompile_limit: int | None = None,
+        use_cache: bool | None = False,
         **compile_kwargs: Any,
     ) -> None:
         if "backend" in compile_kwargs:
@@ -217,7 +225,11 @@ class HPUCompile(Callback):
                 f"HPUCompile got both `mode={mode!r}` and `options`; torch.compile takes one of them. Put the mode's"
                 " settings into `options`, or drop `options`."
             )
+        if recompile_limit is not None and (isinstance(recompile_limit, bool) or not int(recompile_limit) >= 1):
+            raise ValueError(f"HPUCompile `recompile_limit={recompile_limit!r}` must be a positive number or None.")
         self.regional, self.dynamic, self.fullgraph, self.mode = regional, dynamic, fullgraph, mode
+        self.recompile_limit, self.use_cache = recompile_limit, use_cache
+        self._restore: list[tuple[Any, str, Any]] = []
         self.options = dict(options) if options is not None else None
         self.compiled: dict[str, CompiledForward] = {}
         self._saved: dict[str, tuple[nn.Module, Any]] = {}
@@ -266,6 +278,14 @@ class HPUCompile(Callback):
         _check_ddp_buckets(trainer)
         if self.compiled:
             return
+        settings: list[tuple[Any, str, Any]] = [(torch._dynamo.config, "recompile_limit", self.recompile_limit)]
+        settings = settings if self.recompile_limit else []
+        if self.use_cache is not None and stage != "predict":
+            configs = {id(c): c for c in (getattr(m, "config", None) for m in pl_module.modules())}
+            settings += [(c, "use_cache", self.use_cache) for c in configs.values() if hasattr(c, "use_cache")]
+        for target, key, value in settings:
+            self._restore.append((target, key, getattr(target, key)))
+            setattr(target, key, value)
         targets = compile_targets(pl_module, self.regional)
         if not targets:
             rank_zero_warn(
@@ -287,16 +307,36 @@ class HPUCompile(Callback):
         self._log = dynamo.CompilationLog()
         self._check_pending = True
 
-    def _first_batch_done(self, *args: Any, **kwargs: Any) -> None:
-        if not self._check_pending:
+    def _batch_done(self, *args: Any, **kwargs: Any) -> None:
+        if self._log is None or not dynamo.available():
             return
-        self._check_pending = False
-        log, self._log = self._log, None
-        if not dynamo.available() or log is None:
-            return
-        if self.graphs() or any(c.failure is None and c.function for c in log.read()):
-            return
-        rank_zero_warn(self._nothing_compiled_message())
+        compilations = self._log.read()
+        if self._check_pending:
+            self._check_pending = False
+            if not self.graphs() and not any(c.failure is None and c.function for c in compilations):
+                rank_zero_warn(self._nothing_compiled_message())
+        hit = next((c for c in compilations if c.recompile_limit_hit), None)
+        if hit is not None:
+            self._log = None  # said once
+            rank_zero_warn(self._limit_message(hit))
+
+    def _limit_message(self, hit: dynamo.Compilation) -> str:
+        codes = {path: c.code for path, c in self.compiled.items()}
+        shared = [p for p, c in codes.items() if f"{c.co_name} ({c.co_filename}:{c.co_firstlineno})" == hit.function]
+        head = (
+            f"HPUCompile: torch.compile hit its recompile limit ({dynamo.recompile_limit()} graphs,"
+            f" HPUCompile(recompile_limit=...)) for {hit.function}; inputs that match none of its graphs now run it"
+            f" UNCOMPILED. Last reason: {hit.recompile_reason}."
+        )
+        if len(shared) < 2:
+            return f"{head} Keep what changes between calls out of its guards (fixed shapes, dynamic=True)."
+        return (
+            f"{head} Its {len(shared)} blocks ({shared[0]} to {shared[-1]}) share that code and its graphs, but"
+            " something that differs per block is in the guards, so each block compiles a graph of its own and those"
+            " past the limit run uncompiled. In a Hugging Face decoder it is the KV cache (use_cache=True: each"
+            " layer's cache entry). Fix: HPUCompile(use_cache=False), the default, or use_cache=False in the model"
+            f" call; or recompile_limit of at least {len(shared)} graphs per train/eval variant."
+        )
 
     def graphs(self) -> int:
         """The compiled graphs dynamo holds for the compiled modules (modules built alike share theirs)."""
@@ -319,7 +359,7 @@ class HPUCompile(Callback):
             " because dynamo skips code in torch's own files; HPUCompile calls them through a frame of its own."
         )
 
-    on_train_batch_end = on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _first_batch_done
+    on_train_batch_end = on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _batch_done
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -333,6 +373,9 @@ class HPUCompile(Callback):
             else:
                 module.forward = previous  # type: ignore[method-assign]
         self._saved.clear()
+        for target, key, value in reversed(self._restore):
+            setattr(target, key, value)
+        self._restore.clear()
         self.compiled.clear()
         self._log = None
         self._check_pending = False

@@ -311,6 +311,7 @@ def test_compile_refuses_lazy_mode(lazy_hpu: hpu.Backend) -> None:
         ({"mode": "max-autotune", "options": {"epilogue_fusion": True}}, "both `mode='max-autotune'` and `options`"),
         ({"regional": "yes"}, "`regional='yes'` must be true or false"),
         ({"dynamic": "auto"}, "`dynamic='auto'` must be true, false or None"),
+        ({"recompile_limit": 0}, "`recompile_limit=0` must be a positive number or None"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
@@ -322,3 +323,60 @@ def test_compile_kwargs_style_callers_still_work() -> None:
     kwargs: dict[str, Any] = {"dynamic": False, "fullgraph": True, "mode": "reduce-overhead"}
     callback = HPUCompile(**kwargs)
     assert callback.compile_kwargs == {"dynamic": False, "fullgraph": True, "mode": "reduce-overhead", "options": None}
+
+
+class Decoder(LightningModule):
+    """A 12-layer Hugging Face LLaMA from its default config (``use_cache=True``), tiny widths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        config = transformers.LlamaConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=12, num_attention_heads=4, vocab_size=64
+        )
+        self.model = transformers.LlamaForCausalLM(config)
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        return self.model(input_ids=batch, labels=batch).loss  # type: ignore[no-any-return]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit_decoder(callback: HPUCompile) -> tuple[Decoder, list[str]]:
+    seed_everything(0, verbose=False)
+    model = Decoder()
+    data = torch.utils.data.DataLoader(torch.randint(0, 64, (2, 2, 8)), batch_size=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_trainer(max_steps=2, callbacks=[callback]).fit(model, data)
+    return model, [str(w.message) for w in caught if "HPUCompile" in str(w.message)]
+
+
+def test_regional_compile_of_a_default_config_decoder_compiles_every_layer(
+    eager_hpu: hpu.Backend, fresh_dynamo: None
+) -> None:
+    """With the cache on, each layer's cache entry lands in the guards: a graph per layer up to the limit (8), the
+    rest uncompiled; HPUCompile turns the cache off outside predict (and back at teardown): one graph for 12."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    callback = HPUCompile(regional=True)
+    model, messages = _fit_decoder(callback)
+    assert dynamo.cache_entries(LlamaDecoderLayer.forward) == 1, "all 12 layers run one graph"
+    assert not messages
+    assert model.model.config.use_cache is True, "the config is given back"
+    torch.compiler.reset()
+    limit = torch._dynamo.config.recompile_limit
+    callback = HPUCompile(regional=True, use_cache=None, recompile_limit=4)
+    _, messages = _fit_decoder(callback)
+    assert dynamo.cache_entries(LlamaDecoderLayer.forward) == 4
+    assert torch._dynamo.config.recompile_limit == limit, "torch's limit is given back"
+    assert len(messages) == 1
+    for part in ("recompile limit (4 graphs", "12 blocks (model.model.layers.0 to model.model.layers.11)"):
+        assert part in messages[0]
+    assert "KV cache (use_cache=True" in messages[0]
+    assert "HPUCompile(use_cache=False)" in messages[0]
+    torch.compiler.reset()
+    _, messages = _fit_decoder(HPUCompile(regional=True, use_cache=None, recompile_limit=12))
+    assert dynamo.cache_entries(LlamaDecoderLayer.forward) == 12, "a graph per layer, none uncompiled"
+    assert not messages
