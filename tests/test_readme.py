@@ -75,7 +75,7 @@ def test_every_strategy_callback_and_name_in_backticks_exists() -> None:
     for name in names:
         if name.startswith("hpu_"):
             assert name in StrategyRegistry or name.startswith("hpu_deepspeed_stage_1/"), name
-        elif name in {"MarkStep", "BF16Autocast", "MemoryStats", "HPUThroughputMonitor", "GraphDiagnostics"}:
+        elif name in {"FusedKernels", "MarkStep", "BF16Autocast", "MemoryStats", "HPUThroughputMonitor", "GraphDiagnostics"}:
             assert hasattr(callbacks, name), name
         elif name.startswith("lightning_gaudi."):
             module, _, attribute = name.rpartition(".")
