@@ -8,6 +8,7 @@ import inspect
 from typing import Any
 
 from lightning_gaudi.patches import registry
+from lightning_gaudi.patches._checked import Checked
 
 EVALUATION_LOOPS = ("validate_loop", "test_loop", "predict_loop")
 #: (module, class) of the loops whose ``__init__`` takes and stores ``inference_mode``.
@@ -16,10 +17,6 @@ LOOP_CLASSES = (
     ("lightning.pytorch.loops.prediction_loop", "_PredictionLoop"),
 )
 NO_GRAD_CONTEXT = "lightning.pytorch.loops.utilities._no_grad_context"
-
-
-class _State:
-    enabled = False
 
 
 def missing_targets() -> list[str]:
@@ -34,19 +31,13 @@ def missing_targets() -> list[str]:
     return missing
 
 
-def installed() -> bool:
-    """Whether :func:`disable_inference_mode` was checked against this Lightning and may switch the flag."""
-    return _State.enabled
-
-
-def install() -> bool:
-    """Checks this Lightning's loops (idempotent); returns whether :func:`disable_inference_mode` is enabled."""
-    fallback = (
-        "Under lazy emulation evaluation cannot switch off torch.inference_mode by itself: pass"
-        " `Trainer(inference_mode=False)`."
-    )
-    _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback)
-    return _State.enabled
+_State = Checked(
+    missing_targets,
+    "Under lazy emulation evaluation cannot switch off torch.inference_mode by itself: pass"
+    " `Trainer(inference_mode=False)`.",
+)
+#: Whether :func:`disable_inference_mode` was checked against this Lightning; :func:`install` checks it (idempotent).
+installed, install = _State.installed, _State.install
 
 
 def disable_inference_mode(trainer: Any) -> None:
@@ -75,10 +66,4 @@ def disable_inference_mode(trainer: Any) -> None:
         loop.inference_mode = False
 
 
-PATCH = registry.Patch(
-    name="no_grad_eval",
-    targets=(*(f"{module}.{cls}.__init__" for module, cls in LOOP_CLASSES), NO_GRAD_CONTEXT),
-    requirement=registry.SUPPORTED_LIGHTNING,
-    install=install,
-    installed=installed,
-)
+PATCH = _State.patch("no_grad_eval", (*(f"{module}.{cls}.__init__" for module, cls in LOOP_CLASSES), NO_GRAD_CONTEXT))

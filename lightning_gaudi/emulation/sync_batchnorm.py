@@ -22,16 +22,13 @@ from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_gaudi.patches import registry
+from lightning_gaudi.patches._checked import Checked
 
 __all__ = ["PATCH", "EmulatedSyncBatchNorm", "convert", "install", "installed", "revert"]
 
 BASE = "torch.nn.modules.batchnorm._BatchNorm"
 BASE_ARGUMENTS = ("num_features", "eps", "momentum", "affine", "track_running_stats", "device", "dtype")
 BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
-
-
-class _State:
-    enabled = False
 
 
 class _AllReduceSum(Function):
@@ -184,22 +181,9 @@ def missing_targets() -> list[str]:
     return missing + [f"{BASE}.{name}" for name in BUFFERS if name not in probe]
 
 
-def installed() -> bool:
-    """Whether :func:`convert` was checked against this torch and may be used."""
-    return _State.enabled
-
-
-def install() -> bool:
-    """Checks this torch (idempotent); returns whether :func:`convert` is enabled, else warns what still works."""
-    fallback = "`Trainer(sync_batchnorm=True)` still works on a Gaudi, but not under emulation."
-    _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback, torch=True)
-    return _State.enabled
-
-
-PATCH = registry.Patch(
-    name="sync_batchnorm",
-    targets=(BASE,),
-    requirement=registry.SUPPORTED_TORCH,
-    install=install,
-    installed=installed,
+_State = Checked(
+    missing_targets, "`Trainer(sync_batchnorm=True)` still works on a Gaudi, but not under emulation.", torch=True
 )
+#: Whether :func:`convert` was checked against this torch; :func:`install` checks it (idempotent).
+installed, install = _State.installed, _State.install
+PATCH = _State.patch("sync_batchnorm", (BASE,))

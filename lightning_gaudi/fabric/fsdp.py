@@ -21,7 +21,7 @@ from lightning_gaudi import hpu
 from lightning_gaudi.fabric._base import FabricParallelCore
 from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.strategies._staged import save_staged
-from lightning_gaudi.strategies.fsdp import refuse_lazy_mode
+from lightning_gaudi.strategies.fsdp import fsdp_device, refuse_lazy_mode
 
 
 class FabricShardedCore(FabricParallelCore):
@@ -93,15 +93,12 @@ class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
     def setup_module(self, module: Module) -> Module:
         if any(isinstance(child, FullyShardedDataParallel) for child in module.modules()):
             return super().setup_module(module)  # wrapped by the user: Lightning's handling
-        # Lightning passes the device's index: none on the CPU nor on "hpu"; torch's FSDP takes no index-less
-        # accelerator device (one process drives one card, index 0 on a Gaudi)
-        device = self.root_device
         wrapped = FullyShardedDataParallel(
             module=module,
             cpu_offload=self.cpu_offload,
             mixed_precision=self.mixed_precision_config,
             sharding_strategy=self.sharding_strategy,
-            device_id=device if device.type == "cpu" or device.index is not None else torch.device(device.type, 0),
+            device_id=fsdp_device(self.root_device),  # Lightning passes the index: none on the CPU nor on "hpu"
             **self._fsdp_kwargs,
         )
         kwargs = self._fsdp_kwargs  # without the auto-wrap policy, applied just now, which Lightning would warn about

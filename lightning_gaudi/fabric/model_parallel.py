@@ -24,21 +24,12 @@ class HPUModelParallelStrategy(FabricShardedCore, LateArguments, ModelParallelSt
     """FSDP2 and tensor parallelism, alone or together, in Fabric loops on HPUs:
     ``Fabric(accelerator="hpu", strategy=HPUModelParallelStrategy(parallelize, tensor_parallel_size=2), devices=2)``.
 
-    The Fabric counterpart of :class:`lightning_gaudi.HPUModelParallelStrategy`: ``fabric.setup_module`` calls
-    ``parallelize_fn(module, device_mesh)`` with the ``(data_parallel, tensor_parallel)`` mesh on the HPU over HCCL
-    (the CPU over gloo in eager emulation), then places what the plan left on the card. ``fabric.clip_gradients``
-    clips by the global norm over every shard. ``fabric.save`` writes a directory of shards, staged and renamed into
-    place (or, with ``save_distributed_checkpoint=False``, one full file); ``fabric.load`` reads either. Lazy mode is
-    refused (Intel supports DTensor in eager and compile mode only).
-
-    Args:
-        *args, **kwargs: Fabric's ``ModelParallelStrategy`` arguments (``parallelize_fn(module, device_mesh)`` applies
-            the plan and returns the module), with ``accelerator``, ``parallel_devices``, ``cluster_environment``,
-            ``precision``; ``timeout`` defaults to 10 minutes. See :class:`lightning_gaudi.HPUModelParallelStrategy`.
-
-    Raises:
-        ValueError: sizes that are not positive ints or ``"auto"``, or whose product is not the world size (while
-            Fabric is built, before any process starts); lazy mode; a bad ``timeout``; a non-HPU accelerator.
+    The Fabric counterpart of :class:`lightning_gaudi.HPUModelParallelStrategy`, with Fabric's
+    ``ModelParallelStrategy`` arguments (``precision`` for ``precision_plugin``) and the same checks and errors:
+    ``fabric.setup_module`` calls ``parallelize_fn(module, device_mesh)`` with the ``(data_parallel, tensor_parallel)``
+    mesh, then places what the plan left on the card; ``fabric.clip_gradients`` clips by the global norm over every
+    shard. ``fabric.save`` writes a directory of shards, staged and renamed into place (or, with
+    ``save_distributed_checkpoint=False``, one full file); ``fabric.load`` reads either.
     """
 
     strategy_name = "hpu_model_parallel"

@@ -24,38 +24,11 @@ class HPUParallelStrategy(DDPCore, FabricParallelCore, DDPStrategy):
     """Data-parallel Fabric loops on several HPUs, one process per card, with ``DistributedDataParallel``:
     ``Fabric(accelerator="hpu", strategy="hpu_parallel", devices=8)``.
 
-    The Fabric counterpart of :class:`lightning_gaudi.HPUParallelStrategy` (the Trainer's), with the same settings
-    and behaviour: HCCL on a Gaudi (Intel's bridge registers it and ``initialize_distributed_hpu`` maps the launcher's
-    variables), gloo in emulation; the launch checked against ``num_nodes`` x ``devices`` while Fabric is built,
-    before any process starts; collectives that fail with a clear error when a peer hangs or dies; HCCL's reductions
-    only (a mean is a sum divided by the world size). In lazy mode it cuts the graph after each ``fabric.backward``
-    and each optimizer step. With ``accelerator="hpu"``, Fabric's own DDP names (``"ddp"``, ``"ddp_spawn"``,
-    ``"ddp_find_unused_parameters_true"``) run this strategy with the same settings.
-
-    Args:
-        accelerator: normally left to Fabric (``accelerator="hpu"``).
-        parallel_devices: normally left to Fabric (``devices=...``); in emulation ``torch.device("hpu")`` means the
-            emulated device.
-        cluster_environment: how ranks find each other; detected by Lightning when not given.
-        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (CPU tensors, atomic), what
-            ``fabric.save`` writes with.
-        precision: e.g. :class:`~lightning_gaudi.fabric.HPUPrecision`; normally ``Fabric(precision=...)``.
-        bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers, start_method:
-            the DDP settings, see :class:`~lightning_gaudi.strategies.ddp_settings.DDPSettings`.
-        process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
-        timeout: how long a collective, a barrier or the process-group set-up waits for its peers before it fails
-            with a :class:`~lightning_gaudi.distributed.CollectiveTimeoutError`; a ``timedelta`` or seconds.
-        ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: a DDP communication hook, its state and wrapper
-            (``DDPSettings.comm_*``), registered on the HPU.
-        fast_ddp: all-reduce the gradients after ``fabric.backward`` without the DDP wrapper (``DDPSettings.fast_ddp``).
-        mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).
-        **kwargs: any other ``torch.nn.parallel.DistributedDataParallel`` argument, passed through; checked against
-            its signature here, so a misspelled one fails before any process starts.
-
-    Raises:
-        TypeError: a keyword argument neither this class nor ``DistributedDataParallel`` takes (with the closest
-            name), or one the strategy sets itself (``module``, ``device_ids``).
-        ValueError: ``bucket_cap_mb`` or ``timeout`` not a positive finite number, or an unknown ``start_method``.
+    The Fabric counterpart of :class:`lightning_gaudi.HPUParallelStrategy` (the Trainer's), with the same arguments,
+    settings, checks and errors, except ``precision`` (normally ``Fabric(precision=...)``) for ``precision_plugin``,
+    and ``mark_step``: ``False`` turns off lazy mode's graph cuts after each ``fabric.backward`` and optimizer step
+    (like ``MarkStep(enabled=False)`` for the Trainer). ``fast_ddp`` all-reduces after ``fabric.backward``. With
+    ``accelerator="hpu"``, Fabric's own DDP names (``"ddp"``, ``"ddp_spawn"``...) run this strategy.
     """
 
     strategy_name = "hpu_parallel"
@@ -84,12 +57,10 @@ class HPUParallelStrategy(DDPCore, FabricParallelCore, DDPStrategy):
         mark_step: bool = True,
         **kwargs: Any,
     ) -> None:
-        settings = DDPSettings(
+        self.ddp_settings = settings = DDPSettings(
             bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers,
             start_method, ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, fast_ddp, kwargs,
-        )  # fmt: skip
-        settings.check_extra(HPUParallelStrategy, DDPStrategy)
-        self.ddp_settings = settings
+        ).check_extra(HPUParallelStrategy, DDPStrategy)  # fmt: skip
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,

@@ -16,19 +16,10 @@ from lightning_gaudi.fabric._base import FabricCore
 class SingleHPUStrategy(FabricCore, SingleDeviceStrategy):
     """Runs a Fabric loop on one HPU (real or emulated): ``Fabric(accelerator="hpu", strategy="hpu_single")``.
 
-    The Fabric counterpart of :class:`lightning_gaudi.SingleHPUStrategy` (the Trainer's). In lazy mode it cuts the
-    graph after each ``fabric.backward`` and after each optimizer step (2 per step). Tied weights stay tied on the
-    HPU, and an optimizer built before ``fabric.setup`` follows its model there (a move to lazy tensors makes new
-    parameter objects).
-
-    Args:
-        device: the device to run on; by default the card this process drives. In emulation an ``"hpu"`` device means
-            the emulated one.
-        accelerator: normally left to Fabric (``accelerator="hpu"``).
-        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (CPU tensors, atomic), what
-            ``fabric.save`` writes with.
-        precision: e.g. :class:`~lightning_gaudi.fabric.HPUPrecision`; normally ``Fabric(precision=...)``.
-        mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).
+    The Fabric counterpart of :class:`lightning_gaudi.SingleHPUStrategy` (the Trainer's), with its arguments
+    (``precision`` for ``precision_plugin``) and ``mark_step``: ``False`` turns off lazy mode's graph cuts after each
+    ``fabric.backward`` and optimizer step. Tied weights stay tied on the HPU, and an optimizer built before
+    ``fabric.setup`` follows its model there (a move to lazy tensors makes new parameter objects).
     """
 
     strategy_name = "hpu_single"

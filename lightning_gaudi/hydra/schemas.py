@@ -64,6 +64,7 @@ CALLBACK_CONFIG_NAMES: dict[str, str] = {
     "mark_step": "MarkStep",
     "bf16_autocast": "BF16Autocast",
     "fused_optimizers": "FusedOptimizers",
+    "fused_kernels": "FusedKernels",
     "memory_stats": "MemoryStats",
     "throughput": "HPUThroughputMonitor",
     "graph_diagnostics": "GraphDiagnostics",

@@ -18,6 +18,7 @@ from typing import Any
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from lightning_gaudi.patches import registry
+from lightning_gaudi.patches._checked import Checked
 
 _CLASS = f"{DeepSpeedStrategy.__module__}.{DeepSpeedStrategy.__qualname__}"
 #: The methods relied on, with their parameters after ``self``.
@@ -29,10 +30,6 @@ METHODS: dict[str, tuple[str, ...]] = {
     "setup_environment": (),
     "setup_distributed": (),
 }
-
-
-class _State:
-    enabled = False
 
 
 def missing_targets() -> list[str]:
@@ -48,16 +45,9 @@ def missing_targets() -> list[str]:
     return missing
 
 
-def installed() -> bool:
-    """Whether Lightning's DeepSpeedStrategy was checked and the HPU strategy may replace its steps."""
-    return _State.enabled
-
-
-def install() -> bool:
-    """Checks Lightning's DeepSpeedStrategy (idempotent); returns whether the HPU strategy may run, else warns."""
-    fallback = "HPUDeepSpeedStrategy is unavailable; every other strategy works."
-    _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback)
-    return _State.enabled
+_State = Checked(missing_targets, "HPUDeepSpeedStrategy is unavailable; every other strategy works.")
+#: Whether Lightning's DeepSpeedStrategy was checked and the HPU strategy may replace its steps; :func:`install` checks.
+installed, install = _State.installed, _State.install
 
 
 def check_installed() -> None:
@@ -70,13 +60,7 @@ def check_installed() -> None:
         )
 
 
-PATCH = registry.Patch(
-    name="deepspeed_strategy",
-    targets=tuple(f"{_CLASS}.{name}" for name in METHODS),
-    requirement=registry.SUPPORTED_LIGHTNING,
-    install=install,
-    installed=installed,
-)
+PATCH = _State.patch("deepspeed_strategy", tuple(f"{_CLASS}.{name}" for name in METHODS))
 
 
 @contextmanager

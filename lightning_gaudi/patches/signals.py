@@ -15,15 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning_gaudi.patches import registry
+from lightning_gaudi.patches._checked import Checked
 
 _CONNECTOR = ("lightning.pytorch.trainer.connectors.signal_connector", "_SignalConnector")
 _NOTIFIER = "_sigterm_notifier_fn"
 _EPOCH_LOOP = ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop")
 _BROADCAST = "_broadcast_sigterm_tensor"
-
-
-class _State:
-    enabled = False
 
 
 def missing_targets() -> list[str]:
@@ -43,19 +40,13 @@ def missing_targets() -> list[str]:
     return missing
 
 
-def installed() -> bool:
-    """Whether :func:`take_over_sigterm` was checked against this Lightning and may take SIGTERM over."""
-    return _State.enabled
-
-
-def install() -> bool:
-    """Checks this Lightning (idempotent); returns whether the patch is enabled, else warns what still works."""
-    fallback = (
-        "PreemptionCheckpoint handles only the signals other than SIGTERM; SIGTERM is left to Lightning, which may not"
-        " save a checkpoint of a multi-rank job."
-    )
-    _State.enabled = _State.enabled or registry.supported(missing_targets(), fallback)
-    return _State.enabled
+_State = Checked(
+    missing_targets,
+    "PreemptionCheckpoint handles only the signals other than SIGTERM; SIGTERM is left to Lightning, which may not"
+    " save a checkpoint of a multi-rank job.",
+)
+#: Whether :func:`take_over_sigterm` was checked against this Lightning; :func:`install` checks it (idempotent).
+installed, install = _State.installed, _State.install
 
 
 def _skip() -> None:
@@ -85,14 +76,11 @@ def release_sigterm(trainer: Any) -> None:
         delattr(epoch_loop, _BROADCAST)
 
 
-PATCH = registry.Patch(
-    name="signals",
-    targets=(
+PATCH = _State.patch(
+    "signals",
+    (
         f"{'.'.join(_CONNECTOR)}.{_NOTIFIER}",
         f"{'.'.join(_CONNECTOR)}.register_signal_handlers",
         f"{'.'.join(_EPOCH_LOOP)}.{_BROADCAST}",
     ),
-    requirement=registry.SUPPORTED_LIGHTNING,
-    install=install,
-    installed=installed,
 )

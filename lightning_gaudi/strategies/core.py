@@ -16,8 +16,10 @@ Lightning's class in its bases and keeps only what is specific to its parallelis
 
 from __future__ import annotations
 
+import difflib
 import logging
 import signal
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -61,6 +63,20 @@ def check_hpu_accelerator(strategy_name: str, accelerator: object, api: str = "T
             f"The {strategy_name!r} strategy runs on HPUs, but the accelerator is {type(accelerator).__name__}."
             f" Pass `{api}(accelerator='hpu', ...)` (on a machine without Gaudi, set LIGHTNING_GAUDI_EMULATE=eager)."
         )
+
+
+def refuse_unknown_arguments(
+    owner: str, given: Iterable[str], accepted: set[str], whose: str, candidates: set[str] | None = None, hint: str = ""
+) -> None:
+    """Raises ``TypeError`` for the first of ``given`` not in ``accepted``, naming the closest of ``candidates``
+    (default: ``accepted``), else adding ``hint``."""
+    for name in given:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, sorted(candidates or accepted), n=1)
+            raise TypeError(
+                f"{owner} got an unexpected keyword argument {name!r}: it is neither one of its own arguments nor one"
+                f" of {whose}.{f' Did you mean {close[0]!r}?' if close else hint}"
+            )
 
 
 def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.device:

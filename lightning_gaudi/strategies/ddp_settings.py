@@ -4,7 +4,6 @@ release of the first step's gradients)."""
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 from collections.abc import Callable, Iterator
@@ -17,6 +16,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
+
+from lightning_gaudi.strategies.core import refuse_unknown_arguments
 
 #: ``DistributedDataParallel`` arguments the strategies pass themselves.
 SET_BY_STRATEGY = ("module", "device_ids")
@@ -109,16 +110,16 @@ class DDPSettings:
             kwargs["broadcast_buffers"] = self.broadcast_buffers
         return {**kwargs, **self.extra}
 
-    def check_extra(self, owner: type, base: type) -> None:
-        """Refuses an ``extra`` argument that neither ``DistributedDataParallel`` nor Lightning's DDP strategy
-        ``base`` takes, naming the likely intended one.
+    def check_extra(self, owner: type, base: type) -> DDPSettings:
+        """These settings, after refusing an ``extra`` argument that neither ``DistributedDataParallel`` nor
+        Lightning's DDP strategy ``base`` takes, naming the likely intended one.
 
         Raises:
             TypeError: such an argument (with the closest name), or one the strategy sets itself.
         """
         ddp = inspect.signature(DistributedDataParallel.__init__).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ddp.values()):
-            return
+            return self
         accepted = ((set(ddp) - {"self", "kwargs"}) | _parameters(base)) - set(SET_BY_STRATEGY)
         own = _parameters(owner)
         for name in self.extra:
@@ -127,17 +128,11 @@ class DDPSettings:
                     f"`{name}` is set by {owner.__name__} itself when it wraps the model in DistributedDataParallel;"
                     " remove it."
                 )
-            if name not in accepted:
-                close = difflib.get_close_matches(name, sorted(accepted | own), n=1)
-                hint = (
-                    f" Did you mean {close[0]!r}?"
-                    if close
-                    else f" DistributedDataParallel takes: {', '.join(sorted(accepted - own))}."
-                )
-                raise TypeError(
-                    f"{owner.__name__} got an unexpected keyword argument {name!r}: it is neither one of its own"
-                    f" arguments nor one of torch.nn.parallel.DistributedDataParallel's.{hint}"
-                )
+        refuse_unknown_arguments(
+            owner.__name__, self.extra, accepted, "torch.nn.parallel.DistributedDataParallel's", accepted | own,
+            f" DistributedDataParallel takes: {', '.join(sorted(accepted - own))}.",
+        )  # fmt: skip
+        return self
 
 
 def _parameters(cls: type) -> set[str]:

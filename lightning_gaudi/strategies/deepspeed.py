@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from lightning_gaudi.hpu.deepspeed_accelerator import (
 )
 from lightning_gaudi.patches import deepspeed_strategy
 from lightning_gaudi.strategies._staged import save_staged
-from lightning_gaudi.strategies.core import TrainerParallelCore
+from lightning_gaudi.strategies.core import TrainerParallelCore, refuse_unknown_arguments
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -282,19 +283,11 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
 
     @staticmethod
     def _check_kwargs(kwargs: dict[str, Any]) -> None:
-        import difflib
-        import inspect
-
         accepted = set(inspect.signature(DeepSpeedStrategy.__init__).parameters) - {"self"}
         own = set(inspect.signature(HPUDeepSpeedStrategy.__init__).parameters) - {"self", "kwargs"}
-        for name in kwargs:
-            if name not in accepted:
-                close = difflib.get_close_matches(name, sorted(accepted | own), n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise TypeError(
-                    f"HPUDeepSpeedStrategy got an unexpected keyword argument {name!r}: it is neither one of its own"
-                    f" arguments nor one of Lightning's DeepSpeedStrategy's.{hint}"
-                )
+        refuse_unknown_arguments(
+            "HPUDeepSpeedStrategy", kwargs, accepted, "Lightning's DeepSpeedStrategy's", accepted | own
+        )
 
     @staticmethod
     def _warn_unless_intel_fork() -> None:

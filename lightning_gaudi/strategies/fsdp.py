@@ -39,7 +39,7 @@ from lightning_gaudi.distributed import DEFAULT_TIMEOUT
 from lightning_gaudi.fsdp_precision import FSDP_PRECISIONS, HPUFSDPPrecision
 from lightning_gaudi.strategies._staged import METADATA_FILENAME as METADATA_FILENAME  # where readers look
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
-from lightning_gaudi.strategies.core import TrainerParallelCore
+from lightning_gaudi.strategies.core import TrainerParallelCore, refuse_unknown_arguments
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -105,13 +105,10 @@ def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> None:
     for name in kwargs:
         if name in _SET_BY_STRATEGY:
             raise TypeError(f"`{name}` is set by HPUFSDPStrategy itself when it wraps the model; remove it.")
-        if name not in accepted:
-            close = difflib.get_close_matches(name, sorted(accepted), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else f" It takes: {', '.join(sorted(accepted))}."
-            raise TypeError(
-                f"HPUFSDPStrategy got an unexpected keyword argument {name!r}: it is neither one of its own arguments"
-                f" nor one of torch.distributed.fsdp.FullyShardedDataParallel's.{hint}"
-            )
+    refuse_unknown_arguments(
+        "HPUFSDPStrategy", kwargs, accepted, "torch.distributed.fsdp.FullyShardedDataParallel's",
+        hint=f" It takes: {', '.join(sorted(accepted))}.",
+    )  # fmt: skip
 
 
 class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
@@ -125,14 +122,11 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     ``"fsdp"`` name runs this strategy. Launching, multi-node runs and launch checks are those of
     :class:`~lightning_gaudi.HPUParallelStrategy`.
 
-    Checkpoints: with ``state_dict_type="full"`` rank 0 gathers the full weights and optimizer states and writes one
-    file through :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (atomic: a temporary file renamed into place);
-    it loads into any strategy. With ``"sharded"`` every rank writes its shard (torch distributed checkpoint) into a
-    directory; the directory is built under a temporary name beside the target and renamed into place once every rank
-    has written, so a crash never leaves a partial checkpoint under the target name. Overwriting an existing
-    checkpoint moves the old one aside first: between those two renames (microseconds) the target name is absent and
-    the previous checkpoint sits under ``.<name>.old-<id>``. A sharded checkpoint resumes on the same world size; a
-    full one on any. Sharded checkpoints need a file system every rank sees (local paths only).
+    Checkpoints: with ``state_dict_type="full"`` rank 0 gathers the full weights and optimizer states into one file
+    (atomic, through :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO`) that loads into any strategy. With
+    ``"sharded"`` every rank writes its shard (torch distributed checkpoint) into a directory staged beside the target
+    and renamed into place once every rank has written (:func:`~lightning_gaudi.strategies._staged.save_staged`); it
+    resumes on the same world size and needs a file system every rank sees (local paths only).
 
     Args:
         accelerator: normally left to the Trainer (``accelerator="hpu"``).
@@ -236,12 +230,8 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
 
     @property
     def fsdp_device(self) -> torch.device:
-        """The ``device_id`` FSDP is given: the root device, with an index on a Gaudi (one process drives one card,
-        index 0, and torch's FSDP takes no index-less accelerator device); the CPU in eager emulation."""
-        device = self.root_device
-        if device.type == "cpu" or device.index is not None:
-            return device
-        return torch.device(device.type, 0)
+        """The ``device_id`` FSDP is given (:func:`fsdp_device`)."""
+        return fsdp_device(self.root_device)
 
     @property  # type: ignore[override]
     @override
@@ -375,6 +365,12 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
             super().save_checkpoint(checkpoint, filepath, storage_options)
             return
         save_sharded_checkpoint(self, checkpoint, filepath, storage_options, model_key="model")
+
+
+def fsdp_device(device: torch.device) -> torch.device:
+    """``device`` with an index on a Gaudi (one process drives one card, index 0, and torch's FSDP takes no index-less
+    accelerator device); the CPU as it is in eager emulation."""
+    return device if device.type == "cpu" or device.index is not None else torch.device(device.type, 0)
 
 
 def refuse_lazy_mode(strategy_name: str) -> None:

@@ -83,12 +83,10 @@ class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
         fast_ddp: bool = DDPSettings.fast_ddp,
         **kwargs: Any,
     ) -> None:
-        settings = DDPSettings(
+        self.ddp_settings = settings = DDPSettings(
             bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers,
             start_method, ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper, fast_ddp, kwargs,
-        )  # fmt: skip
-        settings.check_extra(HPUParallelStrategy, DDPStrategy)
-        self.ddp_settings = settings
+        ).check_extra(HPUParallelStrategy, DDPStrategy)  # fmt: skip
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
