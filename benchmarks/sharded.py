@@ -1,9 +1,10 @@
 """Per-rank memory and speed of the sharded strategies against DDP, 2 processes on the emulated HPU.
 
 ``python -m benchmarks.sharded`` (from the repository root) fits a 100.7M-parameter MLP (24 x 2048x2048, AdamW) for a
-few steps under each strategy, each in a fresh pair of processes (see :mod:`benchmarks.sharded_worker`), and writes
-``benchmarks/results/sharded.json`` and ``sharded.md``; ``--quick`` runs a small model into ``benchmarks/out/``
-(its numbers mean nothing). ``--only ddp,fsdp`` picks settings.
+few steps under each strategy (``hpu_model_parallel`` twice: FSDP2, and tensor parallelism), each in a fresh pair of
+processes (see :mod:`benchmarks.sharded_worker`), and writes ``benchmarks/results/sharded.json`` and ``sharded.md``;
+``--quick`` runs a small model into ``benchmarks/out/`` (its numbers mean nothing). ``--only ddp,fsdp`` picks
+settings.
 
 What is compared is the parameters and optimizer state a rank holds between steps (fp32 weights, AdamW's two
 moments, the master copies a strategy keeps), counted from the tensors themselves, so the figure is the same on a
@@ -28,16 +29,20 @@ from benchmarks.ddp_knobs import MALLOC_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-#: (setting, strategy name, strategy arguments beyond the name's); ``wrap_linear`` wraps each Linear in FSDP.
+#: (setting, strategy name, strategy arguments beyond the name's); ``wrap_linear`` wraps each Linear in FSDP; ``plan``
+#: is the model's plan under ``hpu_model_parallel`` (``fsdp2``: ``fully_shard`` each Linear, then the root; ``tp``:
+#: the Linears alternately column- and row-wise; see :class:`benchmarks.sharded_worker.WideMLPParallel`).
 SETTINGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("ddp", "hpu_parallel", {}),
     ("fsdp", "hpu_fsdp", {"wrap_linear": True}),
     ("zero1", "hpu_deepspeed_stage_1", {}),
     ("zero2", "hpu_deepspeed_stage_2", {}),
     ("zero3", "hpu_deepspeed_stage_3", {}),
+    ("fsdp2", "hpu_model_parallel", {"data_parallel_size": 2, "tensor_parallel_size": 1, "plan": "fsdp2"}),
+    ("tp", "hpu_model_parallel", {"data_parallel_size": 1, "tensor_parallel_size": 2, "plan": "tp"}),
 )
 #: Settings that shard the parameters as well as the optimizer state, and the target for their state per rank.
-FULLY_SHARDED = ("fsdp", "zero3")
+FULLY_SHARDED = ("fsdp", "zero3", "fsdp2", "tp")
 STATE_TARGET = 0.55
 FULL = {"width": 2048, "layers": 24, "batch": 8, "steps": 6, "warmup": 2}
 QUICK = {"width": 256, "layers": 4, "batch": 8, "steps": 4, "warmup": 1}

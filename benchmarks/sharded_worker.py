@@ -4,7 +4,8 @@
 the steps. Lightning's popen launcher re-runs the command for the other rank. Each rank writes
 ``OUT_DIR/rank<r>.json``: the bytes of parameters and optimizer state the rank holds between steps (each tensor
 storage counted once, at its local size: a shard where the strategy shards), glibc's bytes in use at the same point,
-the process's peak resident memory and the steps/s after warm-up.
+the process's peak resident memory and the steps/s after warm-up. SPEC's ``strategy_kwargs`` may name a ``plan``
+for ``hpu_model_parallel`` (:class:`WideMLPParallel`): ``fsdp2`` or ``tp``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import Tensor, nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from benchmarks.common import StepTimer, quiet, trainer_kwargs
 from benchmarks.ddp_worker import WideMLP, _malloc_in_use, wide_loader
@@ -36,10 +40,40 @@ class WideMLPAdamW(WideMLP):
         return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
 
+class WideMLPParallel(WideMLPAdamW):
+    """:class:`WideMLPAdamW` for ``hpu_model_parallel``: in ``configure_model``, ``plan="fsdp2"`` applies
+    ``fully_shard`` to each Linear, then to the root, over the mesh's data-parallel dimension; ``plan="tp"`` splits the
+    Linears alternately column-wise and row-wise (Megatron pairs: the ReLU between them runs on each card's slice, the
+    row-wise layer's partial outputs are all-reduced) over its tensor-parallel dimension."""
+
+    def __init__(self, width: int, layers: int, plan: str) -> None:
+        super().__init__(width, layers)
+        if plan not in ("fsdp2", "tp"):
+            raise ValueError(f"plan={plan!r}: choose 'fsdp2' or 'tp'")
+        self.plan = plan
+
+    def configure_model(self) -> None:
+        linears = [name for name, module in self.net.named_children() if isinstance(module, nn.Linear)]
+        if isinstance(getattr(self.net, linears[0]).weight, DTensor):
+            return  # already applied
+        mesh = self.device_mesh
+        if self.plan == "tp":
+            styles = (ColwiseParallel, RowwiseParallel)
+            plan = {name: styles[i % 2]() for i, name in enumerate(linears)}
+            parallelize_module(self.net, mesh["tensor_parallel"], plan)
+        else:
+            for name in linears:
+                fully_shard(getattr(self.net, name), mesh=mesh["data_parallel"])
+            fully_shard(self, mesh=mesh["data_parallel"])
+
+
 def _local(tensor: Tensor) -> Tensor:
     # ZeRO-3 keeps a parameter's local partition in ``ds_tensor`` and leaves the parameter itself empty
     partition = getattr(tensor, "ds_tensor", None)
-    return partition if isinstance(partition, Tensor) else tensor
+    if isinstance(partition, Tensor):
+        return partition
+    # FSDP2 and tensor parallelism: a DTensor's local shard (FSDP2's is a view into its padded shard storage)
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def storage_bytes(tensors: Iterable[Any]) -> int:
@@ -89,6 +123,7 @@ class StateProbe(Callback):
 
 def _strategy(spec: dict[str, Any]) -> Any:
     kwargs = dict(spec.get("strategy_kwargs", {}))
+    kwargs.pop("plan", None)  # the model's, not the strategy's
     if kwargs.pop("wrap_linear", False):
         kwargs["auto_wrap_policy"] = {nn.Linear}
     if not kwargs:
@@ -104,7 +139,8 @@ def fit(spec: dict[str, Any]) -> dict[str, Any]:
     figures."""
     seed_everything(0, verbose=False)
     width, layers, batch, steps, warmup = (spec[k] for k in ("width", "layers", "batch", "steps", "warmup"))
-    model = WideMLPAdamW(width, layers)
+    plan = spec.get("strategy_kwargs", {}).get("plan")
+    model = WideMLPAdamW(width, layers) if plan is None else WideMLPParallel(width, layers, plan)
     parameters = sum(p.numel() for p in model.parameters())
     timer = StepTimer(warmup, steps - 1)
     probe = StateProbe(warmup)
