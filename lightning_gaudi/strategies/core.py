@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import signal
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.fabric.utilities.distributed import ReduceOp
 from lightning.fabric.utilities.seed import reset_seed
@@ -46,7 +48,6 @@ from lightning_gaudi.distributed import (
     validate_launch,
 )
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
-from lightning_gaudi.strategies._collectives import all_reduce, form_process_group
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
 from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
 
@@ -108,6 +109,44 @@ def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.dev
     )
 
 
+#: The reductions HCCL has, by name; a mean is a sum divided by the world size.
+HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
+    "sum": ReduceOp.SUM,
+    "min": ReduceOp.MIN,
+    "max": ReduceOp.MAX,
+    "mean": ReduceOp.AVG,
+    "avg": ReduceOp.AVG,
+}
+
+
+def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
+    """The HCCL reduction ``reduce_op`` names (``None`` is the mean).
+
+    Raises:
+        ValueError: ``reduce_op`` is no reduction, or one HCCL lacks (a product, bitwise ones).
+    """
+    if reduce_op is None:
+        return ReduceOp.AVG
+    if isinstance(reduce_op, str):
+        op = HCCL_OPS.get(reduce_op.lower())
+        if op is not None:
+            return op
+        if not isinstance(getattr(ReduceOp, reduce_op.upper(), None), ReduceOp.RedOpType):
+            raise ValueError(
+                f"`reduce_op={reduce_op!r}` is not a reduction; use 'mean', 'sum', 'min', 'max' or a ReduceOp."
+            )
+    else:
+        # a ReduceOp object equals its RedOpType but does not hash like it
+        op = next((known for known in HCCL_OPS.values() if reduce_op == known), None)
+        if op is not None:
+            return op
+    raise ValueError(
+        f"`reduce_op={reduce_op!r}` is not supported on HPU: HCCL reduces with sum, min, max (and mean, as a sum"
+        " divided by the world size), in emulation as on a Gaudi. Use 'sum', 'mean', 'min' or 'max'; for a product,"
+        " all_gather the values and multiply them."
+    )
+
+
 def refuse_lazy_emulation(strategy_name: str) -> None:
     """Raises a clear error when data parallelism is asked for under lazy emulation (gloo cannot carry LTC tensors)."""
     backend = hpu.get_backend()
@@ -122,7 +161,17 @@ def refuse_lazy_emulation(strategy_name: str) -> None:
 class HPUStrategyCore:
     """What every HPU strategy adds to Lightning's, for the Trainer and for Fabric (placed first in the bases).
 
-    Subclasses set :attr:`strategy_name` and may list extra registry names in :attr:`registered_variants`.
+    Subclasses set :attr:`strategy_name` and may list extra registry names in :attr:`registered_variants`. The
+    arguments every HPU strategy takes:
+
+    - ``accelerator``, ``parallel_devices``, ``cluster_environment``: normally left to the Trainer or Fabric
+      (``accelerator="hpu"``, ``devices=N``); in emulation ``torch.device("hpu")`` means the emulated device;
+    - ``checkpoint_io``: :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` by default (CPU tensors, atomic);
+    - ``process_group_backend``: HCCL on a Gaudi, gloo in emulation, unless given;
+    - ``timeout``: how long a collective, a barrier or the process-group set-up waits for its peers before it fails
+      with a :class:`~lightning_gaudi.distributed.CollectiveTimeoutError` (a dead peer fails sooner, with a
+      :class:`~lightning_gaudi.distributed.PeerLostError`); a ``timedelta`` or seconds, 10 minutes by default (a
+      third of PyTorch's 30: enough for rank 0 to write a large checkpoint or compile a graph while the others wait).
     """
 
     strategy_name: str
@@ -228,11 +277,42 @@ class HPUParallelCore(HPUStrategyCore):
         return self._process_group_backend or hpu.get_backend().collective_backend
 
     def _form_process_group(self) -> None:
+        """Sets the ranks, prepares the HPU's collectives (``initialize_distributed_hpu`` on a Gaudi) and forms the
+        process group unless one exists, with Lightning-style start-up lines (each rank's, then rank zero's)."""
         reset_seed()
         self._set_ranks()
-        self._process_group_backend = self._get_process_group_backend()
-        # the module attribute, which tests replace
-        form_process_group(self, self._process_group_backend, self.log, rendezvous.init_process_group)  # type: ignore[arg-type]
+        backend_name = self._process_group_backend = self._get_process_group_backend()
+        strategy: Any = self
+        environment = strategy.cluster_environment
+        rank, world_size, local_rank = strategy.global_rank, strategy.world_size, strategy.local_rank
+        backend = hpu.get_backend()
+        backend.init_distributed(world_size, rank, local_rank)
+        if dist.is_initialized():
+            return
+        # torch's env:// rendezvous reads these (as in Lightning's DDP strategies)
+        os.environ["MASTER_ADDR"] = environment.main_address
+        os.environ["MASTER_PORT"] = str(environment.main_port)
+        emulated = f" emulated on the CPU ({backend.name} mode)" if backend.emulated else ""
+        self.log.info(
+            f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size} on HPU {local_rank} of"
+            f" node {strategy.node_rank} ({backend.device_name()}{emulated}, device {self.root_device})"
+        )
+        rendezvous.init_process_group(  # the module attribute, which tests replace
+            backend_name,
+            rank=rank,
+            world_size=world_size,
+            timeout=self.timeout,
+            master_addr=environment.main_address,
+            master_port=environment.main_port,
+        )
+        if rank == 0:
+            stand_in = f", {backend_name} standing in for HCCL" if backend.emulated else ""
+            self.log.info(
+                f"{'-' * 100}\ndistributed_backend={backend_name}\n"
+                f"All distributed processes registered. Starting with {world_size} processes\n"
+                f"HPUs: {strategy.num_processes} per node x {strategy.num_nodes} node(s), {backend.device_name()}"
+                f"{emulated}{stand_in}\n{'-' * 100}\n"
+            )
 
     def _set_ranks(self) -> None:
         raise NotImplementedError
@@ -266,7 +346,21 @@ class HPUParallelCore(HPUStrategyCore):
         """Runs after every backward, inside its collective guard (fast DDP all-reduces the gradients here)."""
 
     def _all_reduce(self, tensor: Tensor | Any, group: Any | None, reduce_op: ReduceOp | str | None) -> Tensor | Any:
-        return all_reduce(tensor, group, reduce_op, self.timeout)
+        """All-reduces ``tensor`` with what HCCL has (a mean is a sum divided by the world size, in floating point),
+        first checking that a tensor of more than one element has the same layout on every rank (gloo would abort a
+        rank over a mismatch); anything but a tensor, or a tensor outside a process group, is returned as is."""
+        if not isinstance(tensor, Tensor):
+            return tensor
+        op = as_reduce_op(reduce_op)
+        if not dist.is_available() or not dist.is_initialized():
+            return tensor
+        mean = op == ReduceOp.AVG
+        result = tensor if tensor.is_floating_point() else tensor.float()
+        with collective_errors("all_reduce", self.timeout):
+            if result.numel() != 1:  # not for the scalars logging with sync_dist reduces every step
+                check_same_layout(result, "all_reduce", group)
+            dist.all_reduce(result, op=ReduceOp.SUM if mean else op, group=group)
+        return result / dist.get_world_size(group) if mean else result
 
 
 class TrainerCore(HPUStrategyCore):

@@ -168,34 +168,18 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
     ``Trainer.fit(ckpt_path=that_directory)``.
 
     Args:
-        accelerator: normally left to the Trainer (``accelerator="hpu"``).
         zero_optimization: enable ZeRO (``False``: DeepSpeed's data parallelism alone).
         stage: the ZeRO stage, 0 to 3 (ignored when ``config`` is given: its ``zero_optimization.stage`` decides).
         config: a DeepSpeed config (https://www.deepspeed.ai/docs/config-json/): a dict, a Hydra node, or the path
             of a JSON file; replaces every other ZeRO argument. ``gradient_clipping`` and
             ``gradient_accumulation_steps`` come from the Trainer; a config that sets them otherwise is refused.
-        offload_optimizer: keep the optimizer state and its step on the host (ZeRO-Offload; DeepSpeed's CPU Adam).
-        offload_parameters: keep the parameters on the host between uses (ZeRO-3 only).
-        remote_device: where ZeRO-3 creates parameters first (``"cpu"``); the card when ``None``.
-        contiguous_gradients: copy gradients into one buffer as they are produced.
-        overlap_comm: overlap gradient reduction with the backward pass.
-        allgather_bucket_size: elements gathered at once (memory against speed).
-        reduce_bucket_size: elements reduced at once (memory against speed).
-        sub_group_size: ZeRO-3 parameters per optimizer sub-group.
-        zero_allow_untested_optimizer: allow optimizers DeepSpeed has not tested with ZeRO (any torch optimizer).
-        logging_batch_size_per_gpu: the micro-batch size DeepSpeed logs throughput with (``"auto"``: the loader's).
-        logging_level: DeepSpeed's logging level.
-        partition_activations: partition activation checkpoints across ranks (with
-            ``deepspeed.checkpointing.checkpoint``).
-        cpu_checkpointing: keep partitioned activation checkpoints on the host.
-        load_full_weights: resume ZeRO-3 from a single consolidated weights file instead of a checkpoint directory.
-        exclude_frozen_parameters: leave frozen parameters out of checkpoints.
-        parallel_devices: normally left to the Trainer (``devices=...``).
-        cluster_environment: how ranks find each other; detected by Lightning when not given.
+        offload_optimizer, offload_parameters, remote_device, contiguous_gradients, overlap_comm,
+            allgather_bucket_size, reduce_bucket_size, sub_group_size, zero_allow_untested_optimizer,
+            logging_batch_size_per_gpu, logging_level, partition_activations, cpu_checkpointing, load_full_weights,
+            exclude_frozen_parameters: as Lightning's ``DeepSpeedStrategy``.
+        accelerator, parallel_devices, cluster_environment, process_group_backend, timeout: the
+            arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: a ``DeepSpeedPrecision``; normally chosen from ``Trainer(precision=...)``.
-        process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
-        timeout: how long a collective, a barrier or the process-group set-up waits for its peers (a ``timedelta``
-            or seconds); default 10 minutes, as ``"hpu_parallel"``.
         **kwargs: any other argument of Lightning's ``DeepSpeedStrategy`` (NVMe offload, loss scaling...).
 
     Raises:

@@ -129,14 +129,9 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     resumes on the same world size and needs a file system every rank sees (local paths only).
 
     Args:
-        accelerator: normally left to the Trainer (``accelerator="hpu"``).
-        parallel_devices: normally left to the Trainer (``devices=...``).
-        cluster_environment: how ranks find each other; detected by Lightning when not given.
-        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO`; writes full checkpoints.
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
+            arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: an :class:`~lightning_gaudi.HPUFSDPPrecision`; normally ``Trainer(precision=...)``.
-        process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
-        timeout: how long a collective, a barrier or the process-group set-up waits for its peers (a ``timedelta``
-            or seconds; default 10 minutes, as :class:`~lightning_gaudi.HPUParallelStrategy`).
         cpu_offload: must stay ``None``/``False``: CPU offload of parameters is not offered on HPUs (Intel documents
             FSDP on Gaudi without it, and in emulation the parameters already live in host memory).
         mixed_precision: torch's ``MixedPrecision`` config; by default it follows the precision plugin.

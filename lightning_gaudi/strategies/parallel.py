@@ -31,20 +31,11 @@ class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
     strategy with the same settings.
 
     Args:
-        accelerator: normally left to the Trainer (``accelerator="hpu"``).
-        parallel_devices: normally left to the Trainer (``devices=...``); in emulation ``torch.device("hpu")`` means
-            the emulated device.
-        cluster_environment: how ranks find each other; detected by Lightning when not given.
-        checkpoint_io: defaults to :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` (CPU tensors, atomic).
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
+            arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: e.g. :class:`~lightning_gaudi.precision.HPUPrecision`.
         bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers, start_method:
             the DDP settings, see :class:`~lightning_gaudi.strategies.ddp_settings.DDPSettings`.
-        process_group_backend: override the collective backend ("hccl" on Gaudi, "gloo" in emulation).
-        timeout: how long a collective, a barrier or the process-group set-up waits for its peers before it fails
-            with a :class:`~lightning_gaudi.distributed.CollectiveTimeoutError` (so the launcher can restart the
-            job; a peer that died fails sooner, with a :class:`~lightning_gaudi.distributed.PeerLostError`); a
-            ``timedelta`` or seconds. Default 10 minutes, a third of PyTorch's 30: long enough
-            for rank 0 to write a large checkpoint or compile a new graph while the others wait.
         ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: a DDP communication hook, its state and wrapper
             (``DDPSettings.comm_*``), registered on the HPU as on CUDA.
         fast_ddp: all-reduce the gradients after backward without the DDP wrapper (``DDPSettings.fast_ddp``; the
