@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def stack() -> tuple[list[tuple[str, str]], bool]:
 def _section(title: str, command: list[str], result: tuple[int | str, str]) -> str:
     code, out = result
     tail = "\n".join(out.rstrip().splitlines()[-TAIL:])
-    return f"## {title}\n\n`{' '.join(command)}`: exit status {code}\n\n```\n{tail}\n```\n"
+    return f"## {title}\n\n`{shlex.join(command)}`: exit status {code}\n\n```\n{tail}\n```\n"
 
 
 def main(argv: list[str] | None = None) -> int:

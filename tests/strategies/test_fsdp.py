@@ -13,6 +13,7 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import FSDPStrategy
+from lightning_utilities.core.imports import RequirementCache
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -116,6 +117,8 @@ def test_wrap_policies_take_classes_or_their_dotted_paths(eager_hpu: hpu.Backend
 def test_precision_autocasts_on_the_hpu_device_type(
     eager_hpu: hpu.Backend, precision: str, param_dtype: torch.dtype, autocast: bool
 ) -> None:
+    if precision == "bf16-mixed" and not RequirementCache("lightning>=2.6"):
+        pytest.skip("Lightning 2.5's FSDP bf16-mixed keeps float32 parameters (2.6: bfloat16); the plugin follows it")
     trainer = _trainer(strategy="hpu_fsdp", precision=precision)
     plugin = trainer.precision_plugin
     assert type(plugin) is HPUFSDPPrecision
