@@ -251,6 +251,7 @@ class PreemptionCheckpoint(Callback):
                     trainer.global_step,
                     preempted_exit_code(signum),
                 )
+        signal_patch.exit_on_repeat(trainer, self.signals, preempted_exit_code(signum))
         raise Preempted(signum, path)
 
     def _release(self, trainer: pl.Trainer) -> None:

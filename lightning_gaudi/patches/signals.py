@@ -11,7 +11,8 @@ installed before and removes it when the fit ends.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lightning_gaudi.patches import registry
@@ -64,6 +65,19 @@ def take_over_sigterm(trainer: Any, handler: Callable[[int, Any], None]) -> bool
     if hasattr(epoch_loop, _BROADCAST):
         setattr(epoch_loop, _BROADCAST, _skip)
     return True
+
+
+def exit_on_repeat(trainer: Any, signals: Iterable[int], code: int) -> None:
+    """After a preemption: makes what Lightning restores when ``trainer``'s fit ends, for ``signals``, a handler that
+    ends the process at once with ``code``, so a repeated signal during the exit still gives the preemption's exit code
+    (the handler from before the fit, often the default, would kill the process by the signal)."""
+
+    def end(signum: int, frame: Any) -> None:
+        os._exit(code)
+
+    handlers = trainer._signal_connector._original_handlers
+    for sig in signals:
+        handlers[sig] = end
 
 
 def release_sigterm(trainer: Any) -> None:

@@ -186,6 +186,19 @@ def test_sigterm_with_preemption_off_ends_every_rank_at_once(tmp_path: Path) -> 
 
 
 @pytest.mark.subprocess
+def test_a_second_sigterm_during_the_exit_keeps_the_preemption_exit_code(tmp_path: Path) -> None:
+    job = Job(tmp_path / "job", "--devices", "1", "--linger", "20", ranks=1)
+    job.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while not (job.out / "rank0.ended").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.proc.send_signal(signal.SIGTERM)  # a scheduler's second signal, while the process is exiting
+    job.wait_gone(within=5)
+    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
+    assert resume.verify_checkpoint(job.checkpoint).global_step
+
+
+@pytest.mark.subprocess
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
     grace = 20.0
     job = Job(tmp_path / "job", "--grace", str(grace))
@@ -257,14 +270,18 @@ def _fit_until_preempted(tmp_path: Path, callback: PreemptionCheckpoint, signum:
         callbacks=[callback, ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=0)],
         **trainer_kwargs(max_steps=20, enable_checkpointing=True),
     )
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in callback.signals}
     try:
         with pytest.raises(Preempted) as raised:
             trainer.fit(SignalsItself(signum), regression_loader())
+        # the process is exiting now: a repeated signal ends it at once with the same exit code, not by the signal
+        for sig in callback.signals:
+            assert getattr(signal.getsignal(sig), "__qualname__", "") == "exit_on_repeat.<locals>.end", sig
     finally:
         if callback._timer is not None:
             callback._timer.cancel()  # this process goes on: the grace period's exit must not end pytest
-    assert signal.getsignal(signal.SIGTERM) == previous, "the fit left its handler installed"
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return trainer, raised.value
 
 

@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--torchrun", action="store_true")
     parser.add_argument("--strategy", default=None, help="a registered strategy name (default: hpu_parallel)")
     parser.add_argument("--disabled", action="store_true", help="PreemptionCheckpoint(enabled=False)")
+    parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay after fit ends (the exit's work)")
     args = parser.parse_args()
     seed_everything(0)
     strategy: Any = HPUParallelStrategy(timeout=60) if args.devices > 1 or args.torchrun else SingleHPUStrategy()
@@ -91,6 +92,7 @@ def main() -> None:
         trainer.fit(Preemptible(args.out, args.step_sleep, args.slow_save), regression_loader())
     finally:
         (args.out / f"rank{trainer.global_rank}.ended").write_text(f"{time.time()}")
+        time.sleep(args.linger)
 
 
 if __name__ == "__main__":
