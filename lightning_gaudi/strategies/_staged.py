@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 from lightning.fabric.utilities.types import _PATH
 
 from lightning_gaudi.checkpoint_io import remove_stale_temporaries, temporary_name
+from lightning_gaudi.distributed import collective_errors
 
 #: Written by rank 0 into a sharded checkpoint beside the shards: everything but the model and optimizer states.
 #: Lightning recognises a sharded checkpoint directory by this file.
@@ -47,7 +48,8 @@ def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -
         staging.mkdir(parents=True)
     strategy.barrier("sharded checkpoint: staging directory")
     try:
-        write(staging)  # every rank writes its shard; collective
+        with collective_errors("sharded checkpoint save", strategy.timeout):  # a peer lost mid-save: PeerLostError
+            write(staging)  # every rank writes its shard; collective
         strategy.barrier("sharded checkpoint: shards written")
     except BaseException:
         if strategy.is_global_zero:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
@@ -278,6 +279,7 @@ class _OneRank:
     """What ``save_staged`` reads of a strategy, for one process."""
 
     is_global_zero = True
+    timeout = timedelta(seconds=30)
 
     @staticmethod
     def broadcast(obj: Any, src: int = 0) -> Any:
@@ -307,3 +309,18 @@ def test_a_killed_sharded_saves_staging_folder_is_removed_by_the_next_save(tmp_p
         sleeper.kill()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, "step=20.ckpt"])
     assert (tmp_path / "step=20.ckpt" / "shard").read_text() == "x"
+
+
+def test_a_peer_lost_during_a_sharded_save_is_a_peer_lost_error_and_leaves_nothing(tmp_path: Path) -> None:
+    """A rank dying while the others write their shards (DeepSpeed's and torch's checkpoint collectives fail with
+    gloo's words) is a PeerLostError naming the save, and the staging folder goes."""
+    from lightning_gaudi.distributed import PeerLostError
+    from lightning_gaudi.strategies._staged import save_staged
+
+    def write(staging: Path) -> None:
+        (staging / "shard").write_text("x")
+        raise RuntimeError("[/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500")
+
+    with pytest.raises(PeerLostError, match="sharded checkpoint save"):
+        save_staged(_OneRank(), tmp_path / "step=20.ckpt", write)
+    assert list(tmp_path.iterdir()) == []
