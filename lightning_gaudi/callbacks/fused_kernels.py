@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dis
 import functools
 import sys
 from collections.abc import Callable, Iterator
@@ -25,31 +24,23 @@ from lightning_gaudi.callbacks.inference import _plain_forward
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _rotate_half(x):  # type: ignore[no-untyped-def]  # Hugging Face's, compared by bytecode (see _standard_rope)
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # type: ignore[no-untyped-def]  # likewise
-    cos = cos.unsqueeze(unsqueeze_dim)
-    sin = sin.unsqueeze(unsqueeze_dim)
-    q_embed = (q * cos) + (rotate_half(q) * sin)  # type: ignore[name-defined]  # noqa: F821
-    k_embed = (k * cos) + (rotate_half(k) * sin)  # type: ignore[name-defined]  # noqa: F821
-    return q_embed, k_embed
-
-
-def _same_code(fn: Any, reference: Callable[..., Any]) -> bool:
-    def ops(f: Any) -> list[tuple[str, Any]]:
-        return [(i.opname, i.argval) for i in dis.get_instructions(f) if i.opname != "RESUME"]
-
-    return hasattr(fn, "__code__") and ops(fn) == ops(reference)
-
-
 def _standard_rope(module: Any) -> bool:
-    """Whether a ``modeling_*`` module's ``apply_rotary_pos_emb`` is LLaMA's (rotate-half RoPE), by bytecode."""
-    return _same_code(getattr(module, "apply_rotary_pos_emb", None), _apply_rotary_pos_emb) and _same_code(
-        getattr(module, "rotate_half", None), _rotate_half
+    """Whether a ``modeling_*`` module's ``apply_rotary_pos_emb(q, k, cos, sin)`` is the rotate-half RoPE (LLaMA's),
+    checked by what it computes on small random inputs against the seam's reference math."""
+    apply = getattr(module, "apply_rotary_pos_emb", None)
+    if not callable(apply):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 3, 4, generator=generator) for _ in range(2))
+    cos, sin = (torch.randn(1, 3, 4, generator=generator) for _ in range(2))
+    try:
+        got = apply(q, k, cos, sin)
+    except Exception:  # another signature or contract: not this RoPE
+        return False
+    half = q.shape[-1] // 2
+    expected = [x * cos[:, None] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None] for x in (q, k)]
+    return isinstance(got, tuple) and len(got) == 2 and all(
+        isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a, b) for a, b in zip(got, expected, strict=True)
     )
 
 
