@@ -39,9 +39,10 @@ def _standard_rope(module: Any) -> bool:
         return False
     half = q.shape[-1] // 2
     expected = [x * cos[:, None] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None] for x in (q, k)]
-    return isinstance(got, tuple) and len(got) == 2 and all(
-        isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a, b) for a, b in zip(got, expected, strict=True)
-    )
+    if not (isinstance(got, tuple) and len(got) == 2):
+        return False
+    pairs = zip(got, expected, strict=True)
+    return all(isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a, b) for a, b in pairs)
 
 
 def _hf_rms_norm(module: nn.Module) -> bool:
