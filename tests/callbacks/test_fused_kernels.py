@@ -87,8 +87,9 @@ def test_llama_trains_to_the_same_losses_through_the_seam(
     plain = _fit([])
     assert not counts
     fused = _fit([FusedKernels()])
-    torch.testing.assert_close(torch.stack(fused.losses), torch.stack(plain.losses))
-    torch.testing.assert_close(fused.state_dict(), plain.state_dict())
+    # the same math in another order of float operations (torch 2.7's kernels round one weight differently)
+    torch.testing.assert_close(torch.stack(fused.losses), torch.stack(plain.losses), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fused.state_dict(), plain.state_dict(), rtol=1e-3, atol=1e-4)
     # every call: per step, one attention and two RoPE (q, k) per layer, two RMSNorms per layer and the final one
     assert counts == {"sdpa": 3 * LAYERS, "rope": 3 * 2 * LAYERS, "rms_norm": 3 * (2 * LAYERS + 1)}
     assert not any("forward" in vars(m) for m in fused.modules()), "the modules' own forwards are back"
@@ -106,11 +107,16 @@ def test_bf16_mixed(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> 
     fused = _fit([FusedKernels()], precision="bf16-mixed")
     # the first forward is the same; then the backward of the repeated kv heads (FusedSDPA has no grouped-query
     # flag) sums the groups' gradients in another order than torch's enable_gqa, within bfloat16's precision
-    assert fused.losses[0] == plain.losses[0]
+    torch.testing.assert_close(fused.losses[0], plain.losses[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(torch.stack(fused.losses), torch.stack(plain.losses), rtol=1.6e-2, atol=1e-5)
     assert (counts["sdpa"], counts["rms_norm"]) == (3 * LAYERS, 3 * (2 * LAYERS + 1))
 
 
+@pytest.mark.skipif(
+    tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 8),
+    reason="needs torch 2.8 or newer: torch 2.7's dynamo cannot trace transformers' deprecate_kwarg wrapper (a graph"
+    " break without FusedKernels too)",
+)
 def test_compiled_without_graph_breaks(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """``fullgraph=True`` raises at any graph break; the seam is traced into the graphs."""
     torch.compiler.reset()
