@@ -77,5 +77,5 @@ def test_a_changed_lightning_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_refuses_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deepspeed_strategy._State, "enabled", False)
-    with pytest.raises(RuntimeError, match=r"HPUDeepSpeedStrategy was checked against lightning>=2.5,<2.7"):
+    with pytest.raises(RuntimeError, match=r"HPUDeepSpeedStrategy was checked against lightning>=2.5.6"):
         deepspeed_strategy.check_installed()
