@@ -1,21 +1,13 @@
-"""The HPU strategy core: what every HPU strategy does, written once for the Trainer's and for Fabric's classes.
-
-Lightning has one strategy class per parallelism and per API (``lightning.pytorch.strategies.DDPStrategy`` for the
-Trainer, ``lightning.fabric.strategies.DDPStrategy`` for Fabric). Each HPU strategy puts these mixins before
-Lightning's class in its bases and keeps only what is specific to its parallelism:
-
-- :class:`HPUStrategyCore` (every strategy, both APIs): the accelerator must be the HPU's, devices resolve through
-  the seam (an ``"hpu"`` device is the emulated one in emulation), registration under the strategy's names;
-- :class:`HPUParallelCore` (distributed strategies, both APIs): the launch checked before any process starts, the
-  process group on HCCL (gloo in emulation), collectives guarded so a lost or hung peer fails with a clear error,
-  HCCL's reductions, the timeout;
-- :class:`TrainerCore` and :class:`TrainerParallelCore` (the Trainer's hooks): the start-up line, the default
-  callbacks, tied weights kept across the moves, emulator limits explained on failure, launched ranks ended when
-  the job fails (but not after a preemption), synchronized batch norm.
+"""The HPU strategy core: what every HPU strategy does, written once for the Trainer's and Fabric's classes, which
+put these mixins before Lightning's class and keep only what is specific to their parallelism: :class:`HPUStrategyCore`
+(every strategy), :class:`HPUParallelCore` (distributed ones), :class:`TrainerCore` and :class:`TrainerParallelCore`
+(the Trainer's hooks; Fabric's are in ``lightning_gaudi/fabric/_base.py``). ``docs/development.md`` describes them.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import difflib
 import logging
 import os
@@ -158,6 +150,12 @@ def refuse_lazy_emulation(strategy_name: str) -> None:
         )
 
 
+def _destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):  # peers may be gone: nothing to do about it at exit
+            dist.destroy_process_group()
+
+
 class HPUStrategyCore:
     """What every HPU strategy adds to Lightning's, for the Trainer and for Fabric (placed first in the bases).
 
@@ -297,6 +295,7 @@ class HPUParallelCore(HPUStrategyCore):
             f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size} on HPU {local_rank} of"
             f" node {strategy.node_rank} ({backend.device_name()}{emulated}, device {self.root_device})"
         )
+        atexit.register(_destroy_process_group)  # before the interpreter's teardown, which can abort on a live one
         rendezvous.init_process_group(  # the module attribute, which tests replace
             backend_name,
             rank=rank,

@@ -131,10 +131,6 @@ def _bn_reference(initial: dict[str, list], batches: list[tuple[list, list]]) ->
 
 
 @pytest.mark.subprocess
-@pytest.mark.skipif(
-    "forward_sync_buffers" not in torch.nn.parallel.DistributedDataParallel.__init__.__code__.co_varnames,
-    reason=f"needs torch>=2.13: helpers/syncbn_fit.py passes DDP's `forward_sync_buffers` (torch {torch.__version__})",
-)
 def test_sync_batchnorm_in_eager_emulation(tmp_path: Path) -> None:
     """Trainer(sync_batchnorm=True) with hpu_parallel: the running statistics of 2 ranks equal one process's over the
     union of their batches (buffers are not broadcast, so only the synchronization can make them agree)."""
