@@ -83,7 +83,9 @@ def run(rounds: int, steps: int, out_dir: Path) -> dict[str, Any]:
         for variant in order:
             result = out_dir / f"{variant}.json"
             command = [sys.executable, "-m", "benchmarks.ddp_overhead", "--worker", variant, str(steps), str(result)]
-            subprocess.run(command, env=env, check=True, capture_output=True, timeout=600)
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+            if not result.exists():  # (a process that aborts at exit after writing its result still counts)
+                raise RuntimeError(f"{variant} failed ({done.returncode}):\n{done.stderr[-3000:]}")
             measured[variant].append(json.loads(result.read_text())["steps_per_second"])
             result.unlink()
             print(f"round {index + 1} {variant}: {measured[variant][-1]:.1f} steps/s", file=sys.stderr, flush=True)
