@@ -268,9 +268,10 @@ def test_a_model_in_the_working_directory_imports_by_name(tmp_path: Path) -> Non
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["LIGHTNING_GAUDI_EMULATE"] = "eager"
+    data = "lightning.pytorch.demos.boring_classes.BoringDataModule"
+    flags = ["--trainer.fast_dev_run", "1", "--trainer.logger", "false"]
     done = subprocess.run(
-        [str(script), "fit", "--model", "mymod.Net", "--data", "lightning.pytorch.demos.boring_classes.BoringDataModule"]
-        + ["--trainer.fast_dev_run", "1", "--trainer.logger", "false"],
+        [str(script), "fit", "--model", "mymod.Net", "--data", data, *flags],
         cwd=tmp_path,
         env=env,
         capture_output=True,

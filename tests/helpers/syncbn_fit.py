@@ -2,9 +2,10 @@
 ``tests/strategies/test_parallel_emulated.py``.
 
 Run as ``python syncbn_fit.py OUT_DIR STEPS`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher
-re-runs it for rank 1. Buffers are not broadcast from rank 0 (``forward_sync_buffers=False``; ``broadcast_buffers`` before torch 2.13), so the ranks' running
-statistics agree only if the batch norm itself synchronizes them. Each rank writes ``OUT_DIR/rank<r>.json``: its
-batches, the batch norm's class during and after the fit, and the weights and buffers before and after.
+re-runs it for rank 1. Buffers are not broadcast from rank 0 (``forward_sync_buffers=False``; ``broadcast_buffers``
+before torch 2.13), so the ranks' running statistics agree only if the batch norm itself synchronizes them. Each rank
+writes ``OUT_DIR/rank<r>.json``: its batches, the batch norm's class during and after the fit, and the weights and
+buffers before and after.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer, seed_everythin
 from torch import Tensor, nn
 
 from lightning_gaudi import HPUParallelStrategy
-
 
 #: DDP's switch for the buffer broadcast: ``forward_sync_buffers`` from torch 2.13 (which deprecates the old name),
 #: ``broadcast_buffers`` before.

@@ -120,7 +120,8 @@ def test_single_hpu_strategy_with_auto_devices_takes_one(eager_hpu: hpu.Backend)
 
 
 def test_an_unknown_hpu_name_is_refused_with_the_names_that_exist(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"'hpu_deepspeed_stage_4'.*'hpu_deepspeed_stage_3'.*Did you mean 'hpu_deepspeed_stage_"):
+    names = r"'hpu_deepspeed_stage_4'.*'hpu_deepspeed_stage_3'.*Did you mean 'hpu_deepspeed_stage_"
+    with pytest.raises(ValueError, match=names):
         Trainer(accelerator="hpu", strategy="hpu_deepspeed_stage_4", devices=2)
     with pytest.raises(ValueError, match=r"Did you mean 'hpu_parallel'\?"):
         Trainer(accelerator="hpu", strategy="hpu_paralel", devices=2)
