@@ -314,7 +314,7 @@ class HPUParallelCore(HPUStrategyCore):
             )
 
     def _set_ranks(self) -> None:
-        raise NotImplementedError
+        raise NotImplementedError  # the Trainer's and Fabric's cores check the launch and set the ranks their own way
 
     def barrier(self, name: str | None = None, *args: Any, **kwargs: Any) -> None:
         with collective_errors(f"barrier {name!r}" if name else "barrier", self.timeout):
