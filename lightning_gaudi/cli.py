@@ -46,7 +46,9 @@ class GaudiCLI(LightningCLI):
         config = self.config_init["fit"]
         policy = config.get("ckpt_path")
         if policy in resume.POLICIES:
-            config["ckpt_path"] = resume.resolve_in_checkpoint_dir(policy, self.trainer.checkpoint_callback)
+            config["ckpt_path"] = resume.resolve_in_checkpoint_dir(
+                policy, self.trainer.checkpoint_callback, self.trainer.default_root_dir
+            )
 
 
 def main(args: list[str] | None = None) -> None:

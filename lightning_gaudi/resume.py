@@ -1,9 +1,14 @@
 """Resume policy: which checkpoint a (re)started run continues from (:func:`resolve_ckpt_path`): a file, or a folder
 of per-rank shards (sharded FSDP, model-parallel and DeepSpeed checkpoints).
 
-- ``"auto"``: the newest checkpoint in the directory that verifies, or ``None`` (start fresh);
+- ``"auto"``: the newest checkpoint in the directory that verifies, or ``None`` (start fresh); given a ``requeue_dir``
+  (the Trainer's ``default_root_dir``), the ``hpc_ckpt_<N>.ckpt`` files Lightning's SLURM auto-requeue writes there
+  compete too, so a requeued job continues from whichever is newer;
 - ``"last"``: the newest of ``last.ckpt``, ``last-v<N>.ckpt`` and ``last-preempted.ckpt``; it must verify;
 - a path (or fsspec URL): that checkpoint; it must verify; ``None``: start fresh.
+
+A named policy or path always wins over Lightning's own SLURM rule (resume ``hpc_ckpt_<N>.ckpt`` when ``ckpt_path`` is
+``None``), which sees only those files.
 
 "Newest": the highest ``global_step``, then ``epoch``, then mtime. A checkpoint verifies when its members match their
 CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor storages are present.
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Any, TypeAlias
 
 from fsspec import AbstractFileSystem
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 
 from lightning_gaudi.checkpoint_io import _filesystem
@@ -29,6 +35,7 @@ from lightning_gaudi.checkpoint_io import _filesystem
 __all__ = [
     "CHECKPOINT_SUFFIX",
     "POLICIES",
+    "REQUEUE_PREFIX",
     "CheckpointDamagedError",
     "CheckpointInfo",
     "is_complete_checkpoint",
@@ -48,6 +55,8 @@ CHECKPOINT_SUFFIX = ".ckpt"
 #: The named policies :func:`resolve_ckpt_path` accepts besides a path and ``None``.
 POLICIES = ("auto", "last")
 _LAST_NAME = "last"
+#: What Lightning's SLURM auto-requeue (SIGUSR1) names the checkpoints it writes into ``default_root_dir``.
+REQUEUE_PREFIX = "hpc_ckpt_"
 _TRY_INSTEAD = " Resume from an earlier checkpoint, or use ckpt_path='auto' to pick the newest one that verifies."
 
 
@@ -92,18 +101,16 @@ def is_complete_checkpoint(path: _PATH) -> bool:
     return True
 
 
-def latest(dirpath: _PATH) -> str | None:
-    """The newest checkpoint (``*.ckpt``) in ``dirpath`` that verifies, or ``None`` (also when ``dirpath`` does not
-    exist yet); one warning names the checkpoints skipped."""
-    text = os.fspath(dirpath)
-    fs, directory = _filesystem(text)
-    names = _checkpoint_names(fs, directory, text)
-    if names is None:
-        return None
+def latest(dirpath: _PATH | None, requeue_dir: _PATH | None = None) -> str | None:
+    """The newest checkpoint (``*.ckpt``) in ``dirpath``, or ``hpc_ckpt_<N>.ckpt`` in ``requeue_dir``, that verifies,
+    or ``None`` (also when the folders do not exist yet); one warning names the checkpoints skipped."""
+    paths = [] if dirpath is None else _checkpoint_paths(os.fspath(dirpath))
+    if requeue_dir is not None:
+        paths += [p for p in _checkpoint_paths(os.fspath(requeue_dir), REQUEUE_PREFIX) if p not in paths]
     infos, skipped = [], []
-    for name in names:
+    for path in paths:
         try:
-            infos.append(read_checkpoint_info(_join(text, name)))
+            infos.append(read_checkpoint_info(path))
         except CheckpointDamagedError as error:
             skipped.append(error)
     chosen = None
@@ -123,11 +130,15 @@ def latest(dirpath: _PATH) -> str | None:
     return chosen.path if chosen else None
 
 
-def resolve_ckpt_path(ckpt_path: _PATH | None, dirpath: _PATH | None = None) -> str | None:
-    """The checkpoint to resume from under ``ckpt_path`` (``"auto"``, ``"last"``, a path or ``None``) in ``dirpath``.
+def resolve_ckpt_path(
+    ckpt_path: _PATH | None, dirpath: _PATH | None = None, requeue_dir: _PATH | None = None
+) -> str | None:
+    """The checkpoint to resume from under ``ckpt_path`` (``"auto"``, ``"last"``, a path or ``None``) in ``dirpath``
+    (and, for ``"auto"``, SLURM requeue checkpoints in ``requeue_dir``).
 
     Raises:
-        ValueError: a policy without ``dirpath``, or a damaged checkpoint (:class:`CheckpointDamagedError`).
+        ValueError: a policy without ``dirpath``, a damaged checkpoint (:class:`CheckpointDamagedError`), or, on SLURM,
+            ``"auto"`` finding nothing to resume while a damaged requeue checkpoint is there (Lightning would load it).
         FileNotFoundError: the named checkpoint (or ``last.ckpt``) does not exist.
     """
     if ckpt_path is None:
@@ -140,7 +151,10 @@ def resolve_ckpt_path(ckpt_path: _PATH | None, dirpath: _PATH | None = None) -> 
                 " Pass the ModelCheckpoint directory, e.g. resolve_ckpt_path('auto', 'checkpoints/')."
             )
         if text == "auto":
-            return latest(dirpath)
+            chosen = latest(dirpath, requeue_dir)
+            if chosen is None and requeue_dir is not None and SLURMEnvironment.detect():
+                _refuse_damaged_requeue(os.fspath(requeue_dir))
+            return chosen
         text = _last(os.fspath(dirpath))
     fs, path = _filesystem(text)
     if not (os.path.exists(path) if fs is None else fs.exists(path)):
@@ -155,12 +169,30 @@ def resolve_ckpt_path(ckpt_path: _PATH | None, dirpath: _PATH | None = None) -> 
     return text
 
 
-def resolve_in_checkpoint_dir(ckpt_path: _PATH | None, checkpoint: Checkpoint | None) -> str | None:
-    """:func:`resolve_ckpt_path` in ``checkpoint``'s folder; ``"auto"`` starts fresh when it has none yet."""
+def resolve_in_checkpoint_dir(
+    ckpt_path: _PATH | None, checkpoint: Checkpoint | None, requeue_dir: _PATH | None = None
+) -> str | None:
+    """:func:`resolve_ckpt_path` in ``checkpoint``'s folder; ``"auto"`` looks only in ``requeue_dir`` when the callback
+    has no folder yet."""
     dirpath = getattr(checkpoint, "dirpath", None)
     if dirpath is None and ckpt_path is not None and os.fspath(ckpt_path) == "auto":
-        return None
-    return resolve_ckpt_path(ckpt_path, dirpath)
+        return None if requeue_dir is None else latest(None, requeue_dir)
+    return resolve_ckpt_path(ckpt_path, dirpath, requeue_dir)
+
+
+def _checkpoint_paths(text: str, prefix: str = "") -> list[str]:
+    fs, directory = _filesystem(text)
+    return [_join(text, name) for name in _checkpoint_names(fs, directory, text) or [] if name.startswith(prefix)]
+
+
+def _refuse_damaged_requeue(requeue_dir: str) -> None:
+    damaged = _checkpoint_paths(requeue_dir, REQUEUE_PREFIX)  # none verified, or latest() would have chosen one
+    if damaged:
+        raise CheckpointDamagedError(
+            ", ".join(damaged),
+            "damaged, and Lightning resumes SLURM requeue checkpoints when ckpt_path is None",
+            " Remove them to start fresh, or pass the checkpoint to resume from.",
+        )
 
 
 def _join(dirpath: str, name: str) -> str:

@@ -318,3 +318,28 @@ def test_staging_folders_are_not_checkpoints(tmp_path: Path) -> None:
     _sharded(tmp_path / ".epoch=0-step=6.ckpt.0123abcd-42-0123abcd.tmp", 6)  # a sharded save's staging folder
     _deepspeed(tmp_path / "epoch=0-step=6.ckpt.partial", 6)  # not named .ckpt
     assert resume.resolve_ckpt_path("auto", tmp_path) is None
+
+
+def test_auto_weighs_slurm_requeue_checkpoints(tmp_path: Path) -> None:
+    """Lightning's SIGUSR1 handler writes ``hpc_ckpt_<N>.ckpt`` into ``default_root_dir``; "auto" sees them."""
+    ckpts, root = tmp_path / "checkpoints", tmp_path
+    ckpts.mkdir()
+    folder = _save(ckpts / "step=4.ckpt", 4, 1000)
+    requeued = _save(root / "hpc_ckpt_1.ckpt", 6, 2000)
+    _save(root / "other.ckpt", 99, 3000)  # not a requeue checkpoint: not a candidate
+    assert resume.resolve_ckpt_path("auto", ckpts) == str(folder)
+    assert resume.resolve_ckpt_path("auto", ckpts, requeue_dir=root) == str(requeued)
+    newer = _save(ckpts / "step=8.ckpt", 8, 4000)
+    assert resume.resolve_ckpt_path("auto", ckpts, requeue_dir=root) == str(newer)
+    assert resume.resolve_in_checkpoint_dir("auto", None, requeue_dir=root) == str(requeued)
+
+
+def test_a_damaged_requeue_checkpoint_is_refused_on_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing else to resume, "auto" gives None, and Lightning on SLURM would then load the damaged file."""
+    _truncate(_save(tmp_path / "src.ckpt", 6, 1), tmp_path / "hpc_ckpt_1.ckpt", 2000)
+    (tmp_path / "src.ckpt").unlink()
+    assert resume.resolve_ckpt_path("auto", tmp_path / "ckpts", requeue_dir=tmp_path) is None  # not on SLURM
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    with pytest.raises(resume.CheckpointDamagedError, match=r"hpc_ckpt_1.ckpt.*Remove them to start fresh"):
+        resume.resolve_ckpt_path("auto", tmp_path / "ckpts", requeue_dir=tmp_path)

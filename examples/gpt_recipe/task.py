@@ -152,7 +152,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False, **extra
     )
     checkpoint = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
-    ckpt_path = resume.resolve_in_checkpoint_dir(cfg.get("ckpt_path"), checkpoint)
+    ckpt_path = resume.resolve_in_checkpoint_dir(cfg.get("ckpt_path"), checkpoint, trainer.default_root_dir)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     profile = _profile(profiler)  # the fit's, before a test run reports on its own steps
     if cfg.get("test"):

@@ -22,9 +22,11 @@ def check_interval(name: str, value: Any, allow_zero: bool = False) -> None:
 class MemoryStats(DeviceStatsMonitor):
     """Lightning's ``DeviceStatsMonitor`` over :meth:`~lightning_gaudi.HPUAccelerator.get_device_stats`.
 
-    Logs the bridge's ``memory_stats`` (``MemoryStats.on_train_batch_end/hpu/InUse (GiB)``...) on the steps
-    Lightning writes the module's metrics (under emulation: this process's resident memory, its peak, and the
-    machine's memory). Unlike ``DeviceStatsMonitor``, a Trainer without a logger is not an error.
+    Logs the bridge's ``memory_stats`` (``MemoryStats.on_train_batch_end/hpu/InUse (GiB)``...) at the end of the
+    training batches on which Lightning writes the module's metrics (under emulation: this process's resident memory,
+    its peak, and the machine's memory). Unlike ``DeviceStatsMonitor``, it reads nothing at batch start or during
+    evaluation, where every batch of a logging step gave one more row at the same step (``MaxInUse`` holds the peak
+    since), and a Trainer without a logger is not an error.
 
     Args:
         log_every_n_steps: deprecated and ignored: the interval is the Trainer's ``log_every_n_steps``.
@@ -52,3 +54,9 @@ class MemoryStats(DeviceStatsMonitor):
             rank_zero_warn("MemoryStats logs nothing: the Trainer has no logger.")
             return
         super().setup(trainer, pl_module, stage)
+
+    def _skip(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    on_train_batch_start = on_validation_batch_start = on_validation_batch_end = _skip  # type: ignore[assignment]
+    on_test_batch_start = on_test_batch_end = _skip  # type: ignore[assignment]

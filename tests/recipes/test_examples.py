@@ -3,6 +3,7 @@ runs with fast_dev_run (multi-card experiments as real rank processes started by
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import logging
@@ -92,7 +93,13 @@ def test_main_command_example_learns(
     assert results["peak_memory_gib"] > 0
     assert (results["backend"], results["emulated"], results["strategy"]) == ("eager", True, "SingleHPUStrategy")
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
-    assert (tmp_path / "csv" / "version_0" / "metrics.csv").is_file()
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len({row["step"] for row in rows}) == len(rows), "one row per logged step"
+    assert any(row["train/loss"] and row["lr-AdamW/pg1"] and row[f"{MEMORY}InUse (GiB)"] for row in rows), rows[0]
+
+
+MEMORY = "MemoryStats.on_train_batch_end/hpu/"
 
 
 def _needs_deepspeed(name: str) -> list[pytest.MarkDecorator]:
