@@ -2,6 +2,7 @@
 
 from lightning_gaudi.callbacks.autocast import BF16Autocast
 from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics, LazyModeDiagnostics
+from lightning_gaudi.callbacks.fp8_inference import FP8Inference
 from lightning_gaudi.callbacks.fused_kernels import FusedKernels
 from lightning_gaudi.callbacks.fused_optimizers import FusedOptimizers
 from lightning_gaudi.callbacks.inference import HPUCompile, HPUGraphs
@@ -12,6 +13,7 @@ from lightning_gaudi.callbacks.throughput import HPUThroughputMonitor
 
 __all__ = [
     "BF16Autocast",
+    "FP8Inference",
     "FusedKernels",
     "FusedOptimizers",
     "GraphDiagnostics",

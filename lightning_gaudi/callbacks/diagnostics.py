@@ -8,7 +8,7 @@ import os
 import re
 import sysconfig
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -27,6 +27,7 @@ from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import dynamo
 from lightning_gaudi.callbacks.inference import HPUCompile
 from lightning_gaudi.callbacks.memory_stats import check_interval
+from lightning_gaudi.data import BucketedPadCollate
 from lightning_gaudi.hpu import runtime
 
 BRIDGE_LOG_HINT = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"
@@ -185,6 +186,8 @@ class _Batch:
     shapes: Shapes
     new_shapes: bool
     after_validation: bool
+    epoch_start: bool
+    reads_logged: str | None  # who reads the values logged with ``self.log`` at the end of this batch
     compilations: int = 0
     compiled: list[dynamo.Compilation] = field(default_factory=list)
     fallbacks: Counter[str] = field(default_factory=Counter)
@@ -194,14 +197,16 @@ class GraphDiagnostics(Callback):
     """Reports every graph compilation after warm-up with its cause, in lazy mode and in compile mode.
 
     Warm-up is ``warmup_steps`` optimizer steps. Each kind of later compilation is warned about once, with its cause:
-    in compile mode dynamo's failed guard, a hit recompile limit (warned even in warm-up) and graph breaks with the
-    user's line; in lazy mode new input shapes, the first step after validation, or else a baked-in Python number or
-    data-dependent shapes. Under lazy emulation host syncs are counted over the fit and traced to their source line
-    (:class:`SyncSourceMode`), and CPU fallbacks counted by op (labelled emulator artefacts there, not warned about).
+    in compile mode dynamo's most relevant failed guard, a hit recompile limit (warned even in warm-up) and graph breaks
+    with the user's line; in lazy mode new input shapes, the first step after validation, of an epoch, or on which
+    logged values are read, or else a baked-in Python number or data-dependent shapes. Under lazy emulation host syncs
+    are counted over the fit and traced to their source line (:class:`SyncSourceMode`), and CPU fallbacks counted by op
+    (labelled emulator artefacts there, not warned about).
 
     The end-of-fit summary is printed, logged (``graph_diagnostics/<key>``, numbers only) and kept in :attr:`summary`:
-    ``mode``, ``warmup_steps``, ``optimizer_steps``, ``graph_compilations`` (``_in_warmup``, ``_after_warmup``),
-    ``validation_graph_compilations``, ``recompile_reasons``, ``graph_breaks``, ``distinct_input_shapes``,
+    ``mode``, ``warmup_steps``, ``optimizer_steps``, ``graph_compilations`` (dynamo's graphs in compile mode;
+    ``_in_warmup``, ``_after_warmup``), ``validation_graph_compilations``, ``frames_compiled`` and ``recompiles``
+    (compile mode, else ``None``), ``recompile_reasons``, ``graph_breaks``, ``distinct_input_shapes``,
     ``compilations_by_shape``, ``host_syncs`` (``_per_step``, ``_by_phase``), ``host_sync_sources``,
     ``host_sync_source_details`` (``None`` where syncs are not counted), ``cpu_fallbacks``, ``cpu_fallbacks_source``,
     ``recompile_limit_hit`` and ``compiled_graphs`` (:class:`HPUCompile`'s, ``None`` without it).
@@ -246,6 +251,9 @@ class GraphDiagnostics(Callback):
         self._compile: HPUCompile | None = None
         self._module: nn.Module | None = None
         self._sync_sources: SyncSourceMode | None = None
+        self._buckets: list[int] | None = None  # BucketedPadCollate's, when the training loader pads with it
+        self._graphs = 0
+        self._frames_compiled = self._recompiles = 0
 
     def _flush(self, trainer: pl.Trainer) -> None:
         if self._mode == "lazy":
@@ -275,7 +283,10 @@ class GraphDiagnostics(Callback):
             return
         self._frames = frames
         found = self._log.read()
-        self._count(len(found))
+        graphs, self._graphs = dynamo.graphs_compiled() - self._graphs, dynamo.graphs_compiled()
+        self._count(graphs)
+        self._frames_compiled += len(found)
+        self._recompiles += sum(1 for compilation in found if compilation.recompile_reason)
         for compilation in found:
             if compilation.recompile_reason and compilation.recompile_reason not in self._reasons:
                 self._reasons.append(compilation.recompile_reason)
@@ -345,31 +356,49 @@ class GraphDiagnostics(Callback):
     def _explain_lazy(self, batch: _Batch) -> None:
         if not batch.compilations:
             return
-        what = f"compiled {batch.compilations} new graph(s)"
         if batch.new_shapes:
-            cause = f"new input shapes {list(batch.shapes)}"
-            message = f"Cause: this batch has {cause}. Every new shape compiles new graphs. {PADDING_ADVICE}."
-            kind = "shapes"
+            kind, cause = "shapes", f"new input shapes {list(batch.shapes)}"
+            message = f"Cause: this batch has {cause}. Every new shape compiles new graphs. {self._padding_advice()}."
         elif batch.after_validation:
-            cause = "the first training step after validation"
+            kind, cause = "after_validation", "the first training step after validation"
             message = (
                 "Cause: it is the first training step after validation, which ran other graphs (eval mode, no"
                 " gradients); this happens once, when the training graphs are rebuilt around the evaluation state."
                 " If it repeats after every validation, something the step reads changed during validation."
             )
-            kind = "after_validation"
+        elif batch.epoch_start:
+            kind, cause = "epoch_start", "the first training step of an epoch"
+            message = (
+                f"Cause: it is {cause}: Lightning's end-of-epoch bookkeeping of the values logged with `self.log`"
+                " adds its ops to this step's graph, compiled once (its input shapes were seen before)."
+            )
+        elif batch.reads_logged is not None:
+            kind, cause = "logging", f"the first step on which {batch.reads_logged} reads the logged values"
+            message = (
+                f"Cause: it is {cause} (`self.log`): turning them into numbers runs ops of their own, a graph"
+                " compiled once and reused by the later steps that read them (its input shapes were seen before)."
+            )
         else:
-            cause = "no new shapes: a Python number baked into the graph, or data-dependent shapes"
+            kind, cause = "unexplained", "no new shapes: a Python number baked into the graph, or data-dependent shapes"
             message = (
                 "Likely causes: a Python number that changes every step (a loop index, a step counter, a schedule"
                 " value) used in a tensor op, which bakes it into the graph as a constant (pass it as a tensor"
                 " instead); or dynamic shapes (boolean masks, `nonzero`, data-dependent sizes)."
             )
-            kind = "unexplained"
         if cause not in self._reasons:
             self._reasons.append(cause)
         if self._once(f"lazy:{kind}"):
+            what = f"compiled {batch.compilations} new graph(s)"
             rank_zero_warn(f"{self._head(batch, what)} {message}{self._bridge_hint()}")
+
+    def _padding_advice(self) -> str:
+        if self._buckets is None:
+            return PADDING_ADVICE
+        return (
+            f"BucketedPadCollate already pads to {self._buckets}: each bucket compiles its graphs on its first batch,"
+            " which warm-up may not have seen. Raise `warmup_steps` to cover every bucket, use fewer buckets, and drop"
+            " the ragged last batch (`DataLoader(..., drop_last=True)`)"
+        )
 
     def _explain_compile(self, batch: _Batch) -> None:
         for compilation in batch.compiled:
@@ -383,13 +412,14 @@ class GraphDiagnostics(Callback):
                         f" ({compilation.failure}), so it runs uncompiled."
                     )
                 continue
-            reason = compilation.recompile_reason
+            reason, others = compilation.recompile_reason, compilation.other_reasons
             if reason is None:
                 kind = f"new:{function}"
                 message = f"It compiled {function} for the first time: a code path the warm-up steps did not take."
             else:
                 kind = f"reason:{_NUMBERS.sub('N', reason)}"
-                message = f"Dynamo's reason: {reason}. {_advice(reason)}"
+                also = f" ({len(others)} other cached graph(s) failed too: {'; '.join(others)})" if others else ""
+                message = f"Dynamo's reason: {reason}{also}. {_advice(reason, self._padding_advice())}"
             if self._once(kind):
                 rank_zero_warn(f"{self._head(batch, f'recompiled {function}')} {message}")
 
@@ -402,7 +432,7 @@ class GraphDiagnostics(Callback):
             f"torch.compile hit its recompile limit ({limit} graphs, torch._dynamo.config.recompile_limit) for"
             f" {function} at optimizer step {trainer.global_step}: from now on, inputs that match none of its graphs"
             f" run UNCOMPILED (eager), silently. Last reason: {compilation.recompile_reason}."
-            f" {_advice(compilation.recompile_reason or '')}"
+            f" {_advice(compilation.recompile_reason or '', self._padding_advice())}"
         )
 
     def _fallbacks_are_real(self) -> bool:
@@ -435,7 +465,7 @@ class GraphDiagnostics(Callback):
         if not dynamo.available():
             rank_zero_warn(f"GraphDiagnostics cannot read torch.compile's records: {dynamo.unavailable_reason()}.")
             return
-        self._frames = dynamo.frames_started()
+        self._frames, self._graphs = dynamo.frames_started(), dynamo.graphs_compiled()
         self._log = dynamo.CompilationLog()
         self._recorder = dynamo.GraphBreakRecorder()
         self._recorder.start()
@@ -464,10 +494,21 @@ class GraphDiagnostics(Callback):
         self._close_batch()
         shapes = batch_shapes(batch)
         new = bool(self._shapes) and shapes not in self._shapes
+        epoch_start = batch_idx == 0 and bool(self._shapes)
         self._shapes[shapes] += 1
-        self._batch = _Batch(batch_idx, trainer.global_step, shapes, new, self._validated)
+        self._batch = _Batch(
+            batch_idx, trainer.global_step, shapes, new, self._validated, epoch_start, _reads_logged(trainer, batch_idx)
+        )
         self._validated = False
         self._phase = "training"
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loaders = trainer.train_dataloader
+        loaders = list(loaders.values()) if isinstance(loaders, Mapping) else loaders
+        for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+            if isinstance(collate := getattr(loader, "collate_fn", None), BucketedPadCollate):
+                self._buckets = collate.buckets
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -492,7 +533,7 @@ class GraphDiagnostics(Callback):
                 rank_zero_warn(
                     f"Validation run {self._validation_runs} compiled {compiled} new graph(s), although the first"
                     " validation run compiled its graphs already: likely a validation batch of a new shape (a ragged"
-                    f" last batch). {PADDING_ADVICE}." + self._bridge_hint()
+                    f" last batch). {self._padding_advice()}." + self._bridge_hint()
                 )
 
     @override
@@ -549,6 +590,8 @@ class GraphDiagnostics(Callback):
             "graph_compilations_in_warmup": self._compilations["warmup"],
             "graph_compilations_after_warmup": self._compilations["after_warmup"],
             "validation_graph_compilations": self._compilations["validation"],
+            "frames_compiled": self._frames_compiled if self._mode == "compile" else None,
+            "recompiles": self._recompiles if self._mode == "compile" else None,
             "recompile_reasons": list(self._reasons),
             "graph_breaks": dict(self._breaks),
             "distinct_input_shapes": len(self._shapes),
@@ -582,11 +625,13 @@ class GraphDiagnostics(Callback):
                 " (emulator artefacts: torch's Lazy Tensor Core runs these on the CPU; Gaudi runs"
                 f" {', '.join(EMULATOR_FALLBACKS)} on the device)"
             )
+        frames, recompiles = s["frames_compiled"], s["recompiles"]
+        frames = f", from {frames} compiled frames ({recompiles} recompiles)" if frames is not None else ""
         lines = [
             f"Graph diagnostics ({s['mode']} mode) over {s['optimizer_steps']} optimizer steps:"
             f" {s['graph_compilations']} graph compilations ({s['graph_compilations_in_warmup']} in the"
             f" {self.warmup_steps} warm-up steps, {s['graph_compilations_after_warmup']} after,"
-            f" {s['validation_graph_compilations']} in validation); {s['distinct_input_shapes']} distinct input"
+            f" {s['validation_graph_compilations']} in validation{frames}); {s['distinct_input_shapes']} distinct input"
             f" shapes; compilations by shape {s['compilations_by_shape'] or 'none'}.",
             f"  recompile reasons: {s['recompile_reasons'] or 'none'}; limit hit: {s['recompile_limit_hit']}.",
             f"  graph breaks: {s['graph_breaks'] or 'none'}; host syncs: {syncs}; CPU fallbacks: {fallbacks}.",
@@ -619,11 +664,22 @@ def _warn_module_compile_of_torch_modules(pl_module: nn.Module) -> None:
         )
 
 
-def _advice(reason: str) -> str:
+def _reads_logged(trainer: pl.Trainer, batch_idx: int) -> str | None:
+    """Who reads the values logged with ``self.log`` at the end of this batch: the logger (Lightning writes every
+    ``log_every_n_steps`` optimizer steps) or the progress bar (every ``refresh_rate`` batches), else ``None``."""
+    every = getattr(trainer, "log_every_n_steps", 0)
+    if trainer.loggers and every and (trainer.global_step + 1) % every == 0:
+        return "the logger"
+    bar = trainer.progress_bar_callback
+    rate = getattr(bar, "refresh_rate", 0) if getattr(bar, "is_enabled", False) else 0
+    return "the progress bar" if rate and (batch_idx + 1) % rate == 0 else None
+
+
+def _advice(reason: str, padding_advice: str = PADDING_ADVICE) -> str:
     if "size mismatch" in reason:
         return (
             "A dimension changed size, and this function compiles a graph per size (up to"
-            f" torch._dynamo.config.recompile_limit, then runs uncompiled). {PADDING_ADVICE}; or compile with dynamic"
+            f" torch._dynamo.config.recompile_limit, then runs uncompiled). {padding_advice}; or compile with dynamic"
             " shapes (HPUCompile(dynamic=None), torch's default, makes a dimension dynamic after its first change;"
             " dynamic=True from the start)."
         )

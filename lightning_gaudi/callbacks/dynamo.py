@@ -3,11 +3,13 @@
 torch has no public API for why a function recompiled, where its graph broke, or whether a compiled function holds
 any graph at all; dynamo keeps these in private places, which this module alone reads (it patches nothing):
 
-- ``torch._dynamo.utils.counters``: frames dynamo was asked to compile (``["frames"]["total"]``);
+- ``torch._dynamo.utils.counters``: frames dynamo was asked to compile (``["frames"]["total"]``) and graphs it
+  compiled (``["stats"]["unique_graphs"]``, what ``torch._dynamo.explain`` calls the graph count);
 - ``torch._dynamo.utils.get_compilation_metrics()``: one ``CompilationMetrics`` record per compiled frame, with its
-  code location, ``recompile_reason`` (the guard that failed) and ``fail_type``/``fail_reason`` (the recompile
-  limit being hit is an ``Unsupported`` failure "Dynamo recompile limit exceeded" on torch 2.11 and newer, a
+  code location, ``recompile_reason`` (the newest cached graph's failed guard) and ``fail_type``/``fail_reason`` (the
+  recompile limit being hit is an ``Unsupported`` failure "Dynamo recompile limit exceeded" on torch 2.11 and newer, a
   ``RecompileLimitExceeded`` failure "recompile_limit reached", without the code location, before);
+- ``torch._dynamo.utils.guard_failures``: per code object, the failed guard of every cached graph, each recompile;
 - the ``graph_breaks`` artifact logger of ``torch._dynamo.symbolic_convert``, which names each graph break's user
   source line ("Graph break in user code at FILE:LINE") and reason when it is enabled for ``DEBUG``;
 - ``torch._dynamo.eval_frame._debug_get_cache_entry_list(code)``: the compiled graphs held for a code object;
@@ -44,6 +46,7 @@ SUPPORTED_TORCH = "torch>=2.7"
 #: Every private target, as ``module:attribute``; :func:`missing_targets` resolves them.
 TARGETS = (
     "torch._dynamo.utils:counters",
+    "torch._dynamo.utils:guard_failures",
     "torch._dynamo.utils:get_compilation_metrics",
     "torch._dynamo.utils:CompilationMetrics",
     "torch._dynamo.symbolic_convert:graph_break_log",
@@ -61,10 +64,17 @@ RECOMPILE_LIMIT_REASON = "Dynamo recompile limit exceeded"
 #: The failure of a function that hit the limit, on every torch of the matrix.
 _LIMIT_HIT = re.compile(rf"^({RECOMPILE_LIMIT_REASON}|\w*(recompile|cache_size)_limit reached)")
 
-_REASON_PREFIX = re.compile(r"^\d+/\d+: ")
+_REASON_PREFIX = re.compile(r"^\d+/(\d+): ")
+#: Guards that fail because the module switched mode: the graph of the other mode was checked first, not the cause.
+_MODE_GUARD = re.compile(r"grad_mode|\.training\b|is_inference")
 _GRAPH_BREAK = re.compile(r"in user code at (?P<where>.+?):(?P<line>\d+)\s*\nGraph Break Reason: (?P<reason>.*)", re.S)
 _ENCOUNTERED = "Encountered graph break when attempting to trace"
 _DDP_BUCKETS = re.compile(r"DDPOptimizer used bucket cap (?P<cap>\d+) and created (?P<buckets>\d+) buckets")
+
+
+def _ddp_buckets(message: str) -> int | None:
+    match = _DDP_BUCKETS.search(message)
+    return None if match is None else int(match["buckets"])
 
 
 def _resolve(target: str) -> Any:
@@ -117,6 +127,12 @@ def frames_started() -> int:
     if not available():
         return 0
     return int(_counters()["frames"]["total"])
+
+
+def graphs_compiled() -> int:
+    """How many graphs dynamo has compiled in this process (frames that compiled no graph, backward graphs and
+    recompiles of frames that compiled none do not count)."""
+    return int(_counters()["stats"]["unique_graphs"]) if available() else 0
 
 
 def recompile_limit() -> int | None:
@@ -185,16 +201,23 @@ class Compilation:
 
     Attributes:
         function: the compiled function and where it is defined, e.g. ``"forward (model.py:12)"``.
-        recompile_reason: the guard of a cached graph that failed, e.g. ``"tensor 'x' size mismatch at index 1.
-            expected 16, actual 17"``; ``None`` for a first compilation.
+        recompile_reason: the most relevant failed guard of the cached graphs, e.g. ``"tensor 'x' size mismatch at
+            index 1. expected 16, actual 17"`` (a mode switch only when no other guard failed); ``None`` for a first
+            compilation.
         failure: why the compilation failed (the frame then runs uncompiled), or ``None``.
         recompile_limit_hit: the function already held ``recompile_limit`` graphs, so this input runs uncompiled.
+        other_reasons: the failed guards of the other cached graphs.
     """
 
     function: str | None
     recompile_reason: str | None
     failure: str | None
     recompile_limit_hit: bool
+    other_reasons: tuple[str, ...] = ()
+
+
+def _first_line(reason: str) -> str:
+    return _REASON_PREFIX.sub("", reason.strip().splitlines()[0])
 
 
 def _compilation(record: Any) -> Compilation:
@@ -204,7 +227,7 @@ def _compilation(record: Any) -> Compilation:
         function = f"{name} ({getattr(record, 'co_filename', '?')}:{getattr(record, 'co_firstlineno', '?')})"
     reason = getattr(record, "recompile_reason", None)
     if reason:
-        reason = _REASON_PREFIX.sub("", reason.strip().splitlines()[0])
+        reason = _first_line(reason)
     fail_reason = (getattr(record, "fail_reason", None) or "").strip()
     fail_type = getattr(record, "fail_type", None)
     failure = f"{fail_type}: {fail_reason.splitlines()[0] if fail_reason else ''}".strip() if fail_type else None
@@ -221,9 +244,28 @@ class CompilationLog:
     def __init__(self) -> None:
         self._last: Any = None
         self._functions: dict[str, str] = {}  # frame id -> function: a limit record lacks the code on torch < 2.11
+        self._failures_seen: dict[Any, int] = {}
         if available():
             records = _resolve("torch._dynamo.utils:get_compilation_metrics")()
             self._last = records[-1] if records else None
+            self._guard_failures()
+
+    def _guard_failures(self) -> dict[str, list[list[str]]]:
+        """The failed guards of each recompile since the last call, by function, one list per recompile."""
+        found: dict[str, list[list[str]]] = {}
+        for code, reasons in list(_resolve("torch._dynamo.utils:guard_failures").items()):
+            start = self._failures_seen.get(code, 0)
+            self._failures_seen[code] = len(reasons)
+            recompiles: list[list[str]] = []
+            last = -1
+            for reason in reasons[start if start <= len(reasons) else 0 :]:
+                entry = int(match[1]) if (match := _REASON_PREFIX.match(reason)) else -1
+                if entry < 0 or last < 0 or entry >= last:  # one recompile checks its cached graphs newest first
+                    recompiles.append([])
+                recompiles[-1].append(_first_line(reason))
+                last = entry
+            found[f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"] = recompiles
+        return found
 
     def read(self) -> list[Compilation]:
         """The compilations of forward frames recorded since the last read (backward graphs are not frames)."""
@@ -238,6 +280,7 @@ class CompilationLog:
                     break
         if records:
             self._last = records[-1]
+        failures = self._guard_failures()
         found = []
         for record in records[start:]:
             if getattr(record, "is_forward", None) is False or getattr(record, "is_runtime", False):
@@ -248,6 +291,10 @@ class CompilationLog:
                 self._functions[frame] = compilation.function
             elif frame in self._functions:
                 compilation = dataclasses.replace(compilation, function=self._functions[frame])
+            reasons = failures.get(compilation.function or "") or [[]]
+            if compilation.recompile_reason and reasons[0]:
+                first, *others = sorted(reasons.pop(0), key=lambda reason: _MODE_GUARD.search(reason) is not None)
+                compilation = dataclasses.replace(compilation, recompile_reason=first, other_reasons=tuple(others))
             found.append(compilation)
         return found
 
@@ -280,13 +327,13 @@ def _graph_break(message: str) -> GraphBreak | None:
 
 
 class _Handler(logging.Handler):
-    def __init__(self, sink: Callable[[GraphBreak], None]) -> None:
-        super().__init__(logging.DEBUG)
-        self._sink = sink
+    def __init__(self, level: int, parse: Callable[[str], Any], sink: Callable[[Any], None]) -> None:
+        super().__init__(level)
+        self._parse, self._sink = parse, sink
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            found = _graph_break(record.getMessage())
+            found = self._parse(record.getMessage())
         except Exception:  # a record this torch formats differently is skipped, never raised into dynamo
             return
         if found is not None:
@@ -306,7 +353,7 @@ class GraphBreakRecorder:
 
     def __init__(self) -> None:
         self.breaks: list[GraphBreak] = []
-        self._handler = _Handler(self.breaks.append)
+        self._handler = _Handler(logging.DEBUG, _graph_break, self.breaks.append)
         self._started = False
 
     def start(self) -> None:
@@ -338,20 +385,6 @@ class GraphBreakRecorder:
             cls._saved = None
 
 
-class _DDPSplitHandler(logging.Handler):
-    def __init__(self, sink: Callable[[int], None]) -> None:
-        super().__init__(logging.INFO)
-        self._sink = sink
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            match = _DDP_BUCKETS.search(record.getMessage())
-        except Exception:  # never raised into dynamo
-            return
-        if match is not None:
-            self._sink(int(match["buckets"]))
-
-
 class DDPSplitRecorder:
     """Collects how many sub-graphs dynamo's DDPOptimizer split each compiled graph into, while started.
 
@@ -366,7 +399,7 @@ class DDPSplitRecorder:
 
     def __init__(self) -> None:
         self.splits: list[int] = []
-        self._handler = _DDPSplitHandler(self.splits.append)
+        self._handler = _Handler(logging.INFO, _ddp_buckets, self.splits.append)
         self._saved: tuple[int, bool] | None = None
 
     def start(self) -> None:

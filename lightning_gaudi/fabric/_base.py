@@ -4,8 +4,10 @@ lazy mode's graph cuts (Fabric has no callbacks that could place them)."""
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from lightning.fabric.utilities.distributed import ReduceOp
@@ -40,6 +42,20 @@ def rebind_parameters(optimizer: Optimizer, moved: dict[int, tuple[weakref.ref[T
             optimizer.state[new] = optimizer.state.pop(old)
 
 
+@contextmanager
+def _explained_errors() -> Iterator[None]:
+    try:
+        yield
+    except BaseException as error:
+        hpu.explain_error(error)  # the note the Trainer adds in on_exception, for errors that are an emulator's limits
+        raise
+
+
+def _explain_forward_error(module: Module, args: Any, output: Any) -> None:
+    if (error := sys.exc_info()[1]) is not None:  # an always-called hook runs while the forward's error unwinds
+        hpu.explain_error(error)
+
+
 class FabricCore(HPUStrategyCore):
     """Fabric's hooks of every HPU strategy (beside :class:`~lightning_gaudi.strategies.core.HPUStrategyCore`'s),
     placed before Lightning's strategy class in the bases.
@@ -51,6 +67,8 @@ class FabricCore(HPUStrategyCore):
     - In lazy mode the graph is cut (``mark_step``) after each ``fabric.backward`` and after each optimizer step, the
       points Intel recommends and what :class:`~lightning_gaudi.callbacks.MarkStep` does for the Trainer: 2 per step,
       none in eager or compile mode. ``mark_step=False`` turns them off.
+    - An error that is a limit of lazy emulation (in the forward, ``fabric.backward`` or the optimizer step) gets the
+      note the Trainer adds, naming the way out.
 
     Args:
         mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).
@@ -75,6 +93,9 @@ class FabricCore(HPUStrategyCore):
     def setup_module(self, module: Module) -> Module:
         # Fabric sets up a single-device model without setup_environment unless launch() was called
         self._bind_mark_step()
+        backend = hpu.get_backend()
+        if backend.emulated and backend.is_lazy():
+            module.register_forward_hook(_explain_forward_error, always_call=True)
         return super().setup_module(module)  # type: ignore[misc,no-any-return]
 
     def module_to_device(self, module: Module) -> None:
@@ -91,14 +112,16 @@ class FabricCore(HPUStrategyCore):
         return super().setup_optimizer(optimizer)  # type: ignore[misc,no-any-return]
 
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
-        super().backward(tensor, module, *args, **kwargs)  # type: ignore[misc]
-        if self._mark is not None:
-            self._mark()
+        with _explained_errors():
+            super().backward(tensor, module, *args, **kwargs)  # type: ignore[misc]
+            if self._mark is not None:
+                self._mark()
 
     def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
-        output = super().optimizer_step(optimizer, **kwargs)  # type: ignore[misc]
-        if self._mark is not None:
-            self._mark()
+        with _explained_errors():
+            output = super().optimizer_step(optimizer, **kwargs)  # type: ignore[misc]
+            if self._mark is not None:
+                self._mark()
         return output
 
 

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from torch.optim import Optimizer
 from torch.profiler import ProfilerActivity
 
-from lightning_gaudi.hpu.fp8 import TransformerEngine
+from lightning_gaudi.hpu.fp8 import NeuralCompressor, TransformerEngine
 
 #: The keys of ``habana_frameworks.torch.hpu.memory_stats()``, which every backend returns.
 MEMORY_STAT_KEYS = (
@@ -127,6 +127,10 @@ class Backend(abc.ABC):
 
     def transformer_engine(self) -> TransformerEngine | None:
         """Intel's FP8 modules, or ``None`` where FP8 is emulated (:mod:`lightning_gaudi.fp8`)."""
+        return None
+
+    def neural_compressor(self) -> NeuralCompressor | None:
+        """Intel Neural Compressor's FP8 inference, or ``None`` where it is emulated (:mod:`lightning_gaudi.fp8`)."""
         return None
 
     @abc.abstractmethod

@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 from torch.profiler import ProfilerActivity
 
 from lightning_gaudi.hpu.backend import Backend, ClipNorm, LazyCounters
-from lightning_gaudi.hpu.fp8 import TransformerEngine
+from lightning_gaudi.hpu.fp8 import NeuralCompressor, TransformerEngine
 
 
 class _BridgeClipNorm(ClipNorm):
@@ -117,6 +117,15 @@ class HabanaBackend(Backend):
     def transformer_engine(self) -> TransformerEngine:
         name = ".hpex.experimental.transformer_engine"
         return TransformerEngine(self._import(name), self._import(f"{name}.recipe"))
+
+    def neural_compressor(self) -> NeuralCompressor:
+        try:
+            return NeuralCompressor(importlib.import_module("neural_compressor.torch.quantization"))
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(
+                f"FP8 inference on a Gaudi runs through Intel Neural Compressor, which is not installed ({error})."
+                " Intel's Gaudi PyTorch containers include it; elsewhere `pip install neural-compressor-pt`."
+            ) from error
 
     def lazy_counters(self) -> LazyCounters | None:
         if not self.is_lazy():

@@ -1,9 +1,10 @@
-"""Intel's FP8 training API on Gaudi 2 and later (``hpex.experimental.transformer_engine``), as the seam hands it
-out; emulated backends have none and FP8 is emulated in :mod:`lightning_gaudi.fp8`.
+"""Intel's FP8 APIs on Gaudi 2 and later as the seam hands them out: training (``hpex.experimental.transformer_engine``)
+and inference (Intel Neural Compressor); emulated backends have neither, FP8 is emulated in :mod:`lightning_gaudi.fp8`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import Any
@@ -81,3 +82,23 @@ class TransformerEngine:
     def fp8_autocast(self, fp8_recipe: Any) -> AbstractContextManager[Any]:
         """``te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)``: the FP8 layers compute in FP8 inside it."""
         return self._te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)  # type: ignore[no-any-return]
+
+
+class NeuralCompressor:
+    """Intel Neural Compressor's FP8 inference API (``neural_compressor.torch.quantization``); ``config`` holds keyword
+    arguments of its ``FP8Config`` (``mode``, ``dump_stats_path``, ``blocklist``, ...)."""
+
+    def __init__(self, quantization: ModuleType) -> None:
+        self._inc = quantization
+
+    def prepare(self, module: nn.Module, config: Mapping[str, Any]) -> nn.Module:
+        """Measure mode: observers on ``module``'s supported layers, in place (``prepare``)."""
+        return self._inc.prepare(module, self._inc.FP8Config(**config))  # type: ignore[no-any-return]
+
+    def convert(self, module: nn.Module, config: Mapping[str, Any]) -> nn.Module:
+        """Quantize mode: ``module``'s supported layers in FP8 with the measured scales, in place (``convert``)."""
+        return self._inc.convert(module, self._inc.FP8Config(**config))  # type: ignore[no-any-return]
+
+    def finalize_calibration(self, module: nn.Module) -> None:
+        """Writes what a prepared ``module`` measured to its ``dump_stats_path`` (``finalize_calibration``)."""
+        self._inc.finalize_calibration(module)

@@ -72,6 +72,7 @@ CALLBACK_CONFIG_NAMES: dict[str, str] = {
     "hpu_graphs": "HPUGraphs",
     "compile": "HPUCompile",
     "preemption": "PreemptionCheckpoint",
+    "fp8_inference": "FP8Inference",
 }
 
 _PRIMITIVES = (int, float, bool, str)

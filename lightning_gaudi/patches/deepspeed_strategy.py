@@ -11,8 +11,11 @@ the HPU, which DeepSpeed's engine compares with 0. ``gradient_clipping`` is set 
 from __future__ import annotations
 
 import inspect
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from lightning.pytorch.strategies import DeepSpeedStrategy
@@ -81,3 +84,28 @@ def device_rank(local_rank: int) -> Iterator[None]:
         yield
     finally:
         deepspeed.initialize = initialize
+
+
+@contextmanager
+def bounded_build_lock(timeout: timedelta) -> Iterator[None]:
+    """Within it, torch's wait for the lock file under which a process builds or loads a DeepSpeed op
+    (``cpp_extension.FileBaton``, which waits forever) fails after ``timeout`` with a ``TimeoutError`` naming it."""
+    from torch.utils import cpp_extension
+
+    class BoundedBaton(cpp_extension.FileBaton):
+        def wait(self) -> None:
+            deadline = time.monotonic() + timeout.total_seconds()
+            while os.path.exists(path := self.lock_file_path):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"Waited {timeout.total_seconds():g}s (the strategy's `timeout`) for {path!r}, the lock torch"
+                        " takes to build or load a DeepSpeed op. A job killed in its set-up leaves it stale: unless a"
+                        f" job here is building the op (then give it a longer `timeout`), remove it: `rm {path}`."
+                    )
+                time.sleep(self.wait_seconds)
+
+    baton, cpp_extension.FileBaton = cpp_extension.FileBaton, BoundedBaton  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        cpp_extension.FileBaton = baton  # type: ignore[misc]

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.profiler import ProfilerActivity
 from typing_extensions import override
 
@@ -25,14 +26,16 @@ _HOST_SPANS = {
     "optimizer": re.compile(r"^Optimizer\.step#|\.optimizer_zero_grad$"),
 }
 _STEP_SPAN = re.compile(r"^ProfilerStep#?\d*\*?$")
-#: The op every device-to-host read goes through (``.item()``, ``bool(tensor)``, ``.tolist()`` of a scalar).
+#: The op every read of a tensor's value goes through (``.item()``, ``bool(tensor)``, ``.tolist()`` of a scalar); a
+#: read of a device tensor copies it to the host under it (a copy op, a device kernel), a read of a CPU tensor does not.
 _HOST_SYNC_OP = "aten::_local_scalar_dense"
 
 
 @dataclass
 class ProfileReport:
     """What the profiled training steps spent their time on: mean step time, the share in the model (forward and
-    backward) and outside it by category, the top ``(op, self ms)``, and the device-to-host reads seen."""
+    backward) and outside it by category, the top ``(op, self ms)``, and the reads of device tensors on the host (reads
+    of CPU tensors, such as an optimizer's step counters, are no host syncs)."""
 
     steps: int = 0
     step_ms: float = 0.0
@@ -55,8 +58,8 @@ class ProfileReport:
             "  top operators by self time: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in self.top_operators),
             f"  host syncs: {self.host_syncs} ({self.host_syncs / self.steps:.2f} per step)"
             + (
-                " (reads of a tensor's value, aten::_local_scalar_dense: on a device tensor each one stalls the host"
-                " until the device catches up; reads of CPU tensors such as optimizer step counters are counted too)"
+                " (reads of a device tensor's value, aten::_local_scalar_dense: each one stalls the host until the"
+                " device catches up)"
                 if self.host_syncs
                 else ""
             ),
@@ -123,7 +126,7 @@ def build_report(events: Any, top: int = 5) -> ProfileReport:
         model_share=model_total / step_total,
         host_shares=shares,
         top_operators=[(name, us / 1000.0) for name, us in ranked],
-        host_syncs=sum(1 for e in in_steps if e.name == _HOST_SYNC_OP),
+        host_syncs=sum(1 for e in in_steps if e.name == _HOST_SYNC_OP and (e.cpu_children or e.kernels)),
     )
 
 
@@ -190,4 +193,10 @@ class HPUProfiler(PyTorchProfiler):
         table = super().summary()
         if not self.report.model_share:  # no training cycle was handed over (a schedule without an end, say)
             self.report = build_report(self.function_events)
+        if not self.report.steps and self._stage == "fit":
+            rank_zero_warn(
+                f"HPUProfiler recorded no training step: the run ended before its schedule (`wait_steps="
+                f"{self.wait_steps}` skipped, 1 warm-up, then `active_steps={self.active_steps}` recorded) reached a"
+                f" recorded step. Lower `wait_steps` or train for more than {self.wait_steps + 1} steps."
+            )
         return "\n".join([*self.report.lines(), table]) if table else "\n".join(self.report.lines())

@@ -19,6 +19,7 @@ from lightning.pytorch.plugins.precision import DeepSpeedPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_warn
 from lightning_utilities.core.imports import RequirementCache
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
@@ -149,6 +150,27 @@ def gradient_clipping(config: Mapping[str, Any], clip_val: float | None, algorit
             f" `Trainer(gradient_clip_val={given!r})` to clip at {given!r}."
         )
     return wanted
+
+
+class _EveryGroup:
+    """``optimizer`` with the ``param_groups`` it had before DeepSpeed dropped the empty ones in place (Hugging Face's
+    no-decay group on a model without biases), for a scheduler built with them: it keeps a value per group. Otherwise
+    the optimizer itself, to the scheduler and to ``LearningRateMonitor`` (its class, and equal to it)."""
+
+    def __init__(self, optimizer: Optimizer, param_groups: list[dict[str, Any]]) -> None:
+        self._optimizer, self.param_groups = optimizer, param_groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self._optimizer)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self._optimizer
+
+    __hash__ = object.__hash__
 
 
 class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
@@ -326,15 +348,26 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         super().setup_distributed()
         # parts of DeepSpeed read its launcher's variables
         os.environ.update(RANK=str(self.global_rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
-        # adopts the process group formed above
-        deepspeed.init_distributed(self._process_group_backend, auto_mpi_discovery=False, timeout=self.timeout)
+        # adopts the process group formed above (and builds or loads DeepSpeed's communication op)
+        with deepspeed_strategy.bounded_build_lock(self.timeout):
+            deepspeed.init_distributed(self._process_group_backend, auto_mpi_discovery=False, timeout=self.timeout)
 
     @override
     def init_deepspeed(self) -> None:
-        # Lightning gives DeepSpeed the root device's index as its device rank, which is None on the HPU (the bridge
-        # binds one card per process) and on the emulated CPU: training, validate, test and predict alike
-        with deepspeed_strategy.device_rank(self.local_rank):
+        # Lightning gives DeepSpeed the root device's index as its device rank, None on the HPU (the bridge binds one
+        # card per process) and on the emulated CPU, in every stage; an op built here waits for its lock at most timeout
+        with deepspeed_strategy.device_rank(self.local_rank), deepspeed_strategy.bounded_build_lock(self.timeout):
             super().init_deepspeed()
+
+    @override
+    def _setup_model_and_optimizer(
+        self, model: torch.nn.Module, optimizer: Optimizer | None, lr_scheduler: Any = None
+    ) -> tuple[Any, Optimizer]:
+        groups = list(getattr(optimizer, "param_groups", ()))
+        engine, deepspeed_optimizer = super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
+        if lr_scheduler is not None and len(groups) > len(lr_scheduler.optimizer.param_groups):
+            lr_scheduler.optimizer = _EveryGroup(lr_scheduler.optimizer, groups)
+        return engine, deepspeed_optimizer
 
     @override
     def save_checkpoint(self, checkpoint: dict, filepath: _PATH, storage_options: Any | None = None) -> None:

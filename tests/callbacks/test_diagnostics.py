@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import GraphDiagnostics, HPUCompile, LazyModeDiagnostics, dynamo
 from lightning_gaudi.callbacks.diagnostics import BRIDGE_LOG_HINT
+from lightning_gaudi.data import BucketedPadCollate
 
 # A batch size no other test uses: Lazy Tensor Core keeps compiled graphs for the life of the process, so shapes
 # another test already ran would compile nothing here.
@@ -228,6 +229,50 @@ def test_lazy_first_step_after_validation_is_named(lazy_hpu: hpu.Backend) -> Non
     assert diagnostics.summary["recompile_reasons"] == ["the first training step after validation"]
 
 
+class LogsDouble(Workload):
+    """Logs a float64 value too: Lazy Tensor Core keeps the graphs that read float32 values for the whole process."""
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("double", loss.double())
+        return loss
+
+
+def test_lazy_first_logging_step_is_blamed_on_logging(lazy_hpu: hpu.Backend, tmp_path: Any) -> None:
+    """Lightning's logger reads the logged loss every ``log_every_n_steps``: the first read compiles a graph."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    diagnostics, messages = _fit(
+        LogsDouble(), loader(8, batch_size=BATCH_SIZE), logger=CSVLogger(tmp_path), log_every_n_steps=6
+    )
+    assert len(messages) == 1, messages
+    assert "batch 5 (optimizer step 5)" in messages[0]
+    assert "the first step on which the logger reads the logged values" in messages[0]
+    assert "Python number" not in messages[0]
+    assert diagnostics.summary["recompile_reasons"] == ["the first step on which the logger reads the logged values"]
+
+
+def test_lazy_first_step_of_an_epoch_is_named(lazy_hpu: hpu.Backend) -> None:
+    """The batch shape was seen in warm-up: not a new shape, but Lightning's end-of-epoch bookkeeping."""
+    diagnostics, messages = _fit(LogsDouble(), loader(4, batch_size=BATCH_SIZE), max_epochs=2)
+    assert len(messages) == 1, messages
+    assert "batch 0 (optimizer step 4)" in messages[0]
+    assert "the first training step of an epoch" in messages[0]
+    assert "new input shapes" not in messages[0]
+    assert "Python number" not in messages[0]
+    assert diagnostics.summary["distinct_input_shapes"] == 1
+
+
+def test_lazy_new_bucket_advice_knows_bucketed_padding_is_in_use(lazy_hpu: hpu.Backend) -> None:
+    samples = [s for length in (4, 4, 4, 4, 4, 4, 12, 12) for s in token_samples(1, length, length, seed=length)]
+    collate = BucketedPadCollate([8, 16])
+    _, messages = _fit(HFStyleClassifier(), token_loader(samples, batch_size=2, collate_fn=collate), warmup_steps=2)
+    (message,) = [m for m in messages if "new input shapes" in m]
+    assert "BucketedPadCollate already pads to [8, 16]" in message
+    assert "warmup_steps" in message
+    assert "(lightning_gaudi.data.BucketedPadCollate" not in message
+
+
 class AdamWithMSE(Workload):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
@@ -250,7 +295,10 @@ def _set_counts(state: ModuleType, compilations: int, fallbacks: dict[str, int])
 
 def test_bridge_counts_from_metric_global(bridge_double: ModuleType) -> None:
     diagnostics = GraphDiagnostics(warmup_steps=1)
-    trainer: Any = SimpleNamespace(global_step=0, callbacks=[diagnostics], loggers=[], sanity_checking=False)
+    trainer: Any = SimpleNamespace(
+        global_step=0, callbacks=[diagnostics], loggers=[], sanity_checking=False, progress_bar_callback=None
+    )
+    trainer.log_every_n_steps = 50
     _set_counts(bridge_double, 0, {})
     diagnostics.on_fit_start(trainer, None)  # type: ignore[arg-type]
     batch = torch.zeros(4, 2)
@@ -306,7 +354,8 @@ def test_compile_variable_lengths_give_dynamos_reason_and_the_limit(eager_hpu: h
     assert summary["recompile_reasons"] == [reason, reason.replace("8, actual 9", "9, actual 10")]
     assert summary["recompile_limit_hit"] is True
     assert summary["distinct_input_shapes"] == 4
-    assert summary["graph_compilations_after_warmup"] == 2  # length 9, then the limit at length 10
+    assert summary["graph_compilations_after_warmup"] == 1  # length 9; at length 10 the limit: no graph
+    assert summary["recompiles"] == 2  # lengths 9 and 10 (the limit); 11 runs uncompiled
     recompiled = [m for m in messages if "recompiled forward" in m]
     assert len(recompiled) == 1
     assert reason in recompiled[0]
@@ -314,7 +363,7 @@ def test_compile_variable_lengths_give_dynamos_reason_and_the_limit(eager_hpu: h
     (limit,) = [m for m in messages if "recompile limit" in m]
     assert "run UNCOMPILED" in limit
     assert logger.metrics["graph_diagnostics/recompile_limit_hit"] == 1.0
-    assert logger.metrics["graph_diagnostics/graph_compilations_after_warmup"] == 2.0
+    assert logger.metrics["graph_diagnostics/graph_compilations_after_warmup"] == 1.0
     assert logger.metrics["graph_diagnostics/distinct_input_shapes"] == 4.0
 
 
@@ -329,6 +378,51 @@ class PrintingClassifier(HFStyleClassifier):
     def __init__(self) -> None:
         super().__init__()
         self.model = PrintsInForward(self.model.config)
+
+
+class BreakingNet(nn.Sequential):
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = self[0](x)
+        print("a graph break")  # one break, ops on both sides: 2 graphs, in 2 frames
+        return self[2](self[1](hidden))
+
+
+class BreaksOnce(Workload):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = BreakingNet(*self.net)
+
+
+def test_compile_counts_dynamos_graphs(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:
+    """A model with one graph break is 2 graphs; Hugging Face's ``wrapper`` frames and the like compile none."""
+    graphs = dynamo.graphs_compiled()
+    diagnostics, _ = _fit(BreaksOnce(), loader(4), callbacks=[HPUCompile()], warmup_steps=1)
+    summary = diagnostics.summary
+    assert summary["graph_compilations"] == summary["graph_compilations_in_warmup"] == 2
+    assert summary["graph_compilations"] == dynamo.graphs_compiled() - graphs
+    assert summary["frames_compiled"] >= 2
+    assert summary["recompiles"] == 0
+
+
+@torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+def test_compile_recompile_reason_is_the_relevant_guard(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:
+    """After validation the newest cached graph is evaluation's: its failed guard (grad mode) is not the cause of a
+    recompile for a new training length; the training graph's size guard is, and the other one is counted."""
+    samples = [sample for length in (8, 8, 8, 8, 9, 9) for sample in token_samples(2, length, length)]
+    diagnostics, messages = _fit(
+        HFStyleClassifier(),
+        token_loader(samples, batch_size=2),
+        token_loader(token_samples(2, 8, 8), batch_size=2),
+        callbacks=[HPUCompile(dynamic=False)],
+        warmup_steps=1,
+        limit_val_batches=1,
+        val_check_interval=2,
+    )
+    (recompiled,) = [m for m in messages if "recompiled forward" in m]
+    assert "Dynamo's reason: tensor 'input_ids' size mismatch at index 1. expected 8, actual 9" in recompiled
+    assert "1 other cached graph(s) failed too: GLOBAL_STATE changed: grad_mode" in recompiled
+    assert "switched between training and evaluation" not in recompiled
+    assert diagnostics.summary["recompiles"] >= 2
 
 
 def test_compile_graph_breaks_with_the_users_line(eager_hpu: hpu.Backend, fresh_dynamo: None) -> None:

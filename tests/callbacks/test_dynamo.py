@@ -155,3 +155,28 @@ def test_ddp_optimizer_sub_graphs_follow_bucket_cap_mb(tmp_path: Any) -> None:
     torch.compiler.reset()
     assert _ddp_split_count(tmp_path, 25) == [2]
     assert (logger.level, logger.propagate, list(logger.handlers)) == before, "the logger was not restored"
+
+
+def test_recompile_reason_is_the_relevant_guard_of_every_cached_graph() -> None:
+    """Dynamo's record names the newest cached graph's failed guard only (here evaluation's grad mode); the reader
+    reads every cached graph's from ``guard_failures`` and puts a mode switch last."""
+    compiled = torch.compile(Scale(), backend="eager", dynamic=False)
+    log = dynamo.CompilationLog()
+    graphs = dynamo.graphs_compiled()
+    compiled(torch.ones(3, 4))
+    with torch.no_grad():
+        compiled(torch.ones(3, 4))
+    compiled(torch.ones(5, 4))
+    first, evaluation, longer = log.read()
+    assert first.recompile_reason is None
+    assert evaluation.recompile_reason == "GLOBAL_STATE changed: grad_mode"
+    assert longer.recompile_reason == "tensor 'x' size mismatch at index 0. expected 3, actual 5"
+    assert longer.other_reasons == ("GLOBAL_STATE changed: grad_mode",)
+    assert dynamo.graphs_compiled() - graphs == 3
+
+
+def test_graphs_compiled_counts_both_sides_of_a_graph_break() -> None:
+    graphs, frames = dynamo.graphs_compiled(), dynamo.frames_started()
+    torch.compile(Breaks(), backend="eager")(torch.ones(2))
+    assert dynamo.graphs_compiled() - graphs == 2
+    assert dynamo.frames_started() - frames >= 2

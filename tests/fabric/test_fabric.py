@@ -364,6 +364,39 @@ def test_hpu_accelerator_instance_trains_on_the_lazy_device(lazy_hpu: hpu.Backen
     torch.testing.assert_close(after["out.weight"], after["embed.weight"])
 
 
+class _GatedChunks(nn.Module):
+    """A gated linear unit cut with ``chunk``: Lazy Tensor Core hands back CPU pieces, the forward fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(FEATURES, 2 * FEATURES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        value, gate = self.gate(x).chunk(2, dim=-1)
+        return x + value * torch.sigmoid(gate)
+
+
+def test_lazy_emulation_limit_gets_the_trainers_note(lazy_hpu: hpu.Backend) -> None:
+    fabric = Fabric(accelerator="hpu", devices=1)
+    model = fabric.setup(_GatedChunks())
+    with pytest.raises(RuntimeError, match="Input tensor is not a lazy tensor") as info:
+        model(torch.randn(4, FEATURES, device=fabric.device))
+    assert str(info.value).count("limit of lazy emulation") == 1
+    assert "LIGHTNING_GAUDI_EMULATE=eager" in str(info.value)
+    with pytest.raises(RuntimeError, match="limit of lazy emulation"):  # in fabric.backward too
+        fabric.backward(_FailsInBackward.apply(torch.ones((), requires_grad=True, device=fabric.device)))
+
+
+class _FailsInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        raise RuntimeError("Input tensor is not a lazy tensor: torch.FloatTensor")  # what LTC raises on a CPU piece
+
+
 @pytest.fixture
 def lazy_counts(lazy_hpu: hpu.Backend) -> hpu.Backend:
     lazy_hpu.mark_step()

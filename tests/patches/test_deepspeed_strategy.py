@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import inspect
 import types
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,3 +81,23 @@ def test_refuses_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deepspeed_strategy._State, "enabled", False)
     with pytest.raises(RuntimeError, match=r"HPUDeepSpeedStrategy was checked against lightning>=2.5.6"):
         deepspeed_strategy.check_installed()
+
+
+def test_torch_waits_for_a_build_lock_through_the_baton_replaced(tmp_path: Path) -> None:
+    """Canary for :func:`~lightning_gaudi.patches.deepspeed_strategy.bounded_build_lock`: torch builds and loads an
+    extension (a DeepSpeed op) under ``cpp_extension``'s ``FileBaton`` on ``<build dir>/lock`` and waits for it with
+    ``wait()``; the replacement stops waiting after the timeout and is put back after."""
+    from torch.utils import cpp_extension
+    from torch.utils.file_baton import FileBaton
+
+    source = inspect.getsource(cpp_extension._jit_compile)
+    assert "baton = FileBaton(os.path.join(build_directory, 'lock'))" in source
+    assert "baton.wait()" in source
+    lock = tmp_path / "lock"
+    lock.touch()
+    with deepspeed_strategy.bounded_build_lock(timedelta(seconds=0.2)):
+        with pytest.raises(TimeoutError, match=r"Waited 0.2s"):
+            cpp_extension.FileBaton(str(lock)).wait()
+        lock.unlink()
+        cpp_extension.FileBaton(str(lock)).wait()  # no lock: returns at once
+    assert cpp_extension.FileBaton is FileBaton

@@ -4,7 +4,10 @@ accelerator choice, gradient clipping from the Trainer, and the real (bridge) pa
 from __future__ import annotations
 
 import json
+import re
 import sys
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -13,9 +16,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.models import RegressionModel, make_net, regression_data, regression_loader, trainer_kwargs
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch import Trainer
+from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
 from lightning_utilities.core.imports import RequirementCache
@@ -312,3 +318,120 @@ def test_a_config_clipping_other_than_the_trainer_is_refused() -> None:
 def test_unknown_keyword_is_refused_with_a_suggestion(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'offload_optimiser'.*'offload_optimizer'"):
         HPUDeepSpeedStrategy(offload_optimiser=True)
+
+
+def _no_decay_grouped(
+    params: list[torch.nn.Parameter],
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LRScheduler]:
+    """Hugging Face's grouping on a model without biases (its no-decay group empty), and a schedule per step."""
+    optimizer = torch.optim.AdamW([{"params": params, "weight_decay": 0.1}, {"params": [], "weight_decay": 0.0}])
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (step + 1))
+
+
+class _NoDecayGrouped(RegressionModel):
+    def configure_optimizers(self) -> dict[str, Any]:  # type: ignore[override]
+        optimizer, scheduler = _no_decay_grouped(list(self.parameters()))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+@pytest.fixture
+def ds_fit(isolated_env: pytest.MonkeyPatch, ds_cpu: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """``ds_cpu`` for a 1-process fit in this process: the process group and DeepSpeed's copy of it ended after."""
+    yield ds_cpu
+    from deepspeed.utils import groups
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    groups._WORLD_GROUP = None
+
+
+@needs_deepspeed
+@pytest.mark.filterwarnings("error:Detected call of `lr_scheduler.step")  # the scheduler sees the optimizer step
+@pytest.mark.parametrize("strategy", ["hpu_deepspeed", "hpu_deepspeed_stage_3"])
+def test_an_empty_param_group_with_a_step_scheduler_trains_as_without_deepspeed(
+    ds_fit: pytest.MonkeyPatch, tmp_path: Path, strategy: str
+) -> None:
+    """DeepSpeed drops the empty group; the scheduler, built with both, steps (it failed with "zip() argument 2 is
+    longer than argument 1") and trains to the weights and rates ``hpu_parallel`` reaches (on one card: AdamW),
+    which ``LearningRateMonitor`` logs under the same names."""
+    import deepspeed
+
+    seed_everything(0, verbose=False)
+    model = _NoDecayGrouped()
+    reference = make_net()
+    reference.load_state_dict(model.net.state_dict())
+    monitor = LearningRateMonitor()
+    kwargs = trainer_kwargs(max_steps=3, logger=CSVLogger(tmp_path), log_every_n_steps=1, callbacks=[monitor])
+    trainer = Trainer(accelerator="hpu", strategy=strategy, devices=1, use_distributed_sampler=False, **kwargs)
+    trainer.fit(model, regression_loader())
+    optimizer, scheduler = _no_decay_grouped(list(reference.parameters()))
+    x, y = regression_data(32)
+    for step in range(3):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(reference(x[4 * step : 4 * step + 4]), y[4 * step : 4 * step + 4]).backward()
+        optimizer.step()
+        scheduler.step()
+    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == scheduler.get_last_lr()
+    assert trainer.optimizers[0].param_groups[0]["lr"] == scheduler.get_last_lr()[0]
+    assert monitor.lrs == {"lr-AdamW/pg1": [1e-3, 5e-4, 1e-3 / 3], "lr-AdamW/pg2": [1e-3, 5e-4, 1e-3 / 3]}
+    params = list(model.net.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=strategy.endswith("3")):
+        for name, tensor in reference.state_dict().items():
+            torch.testing.assert_close(model.net.state_dict()[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+@needs_deepspeed
+def test_a_stale_op_build_lock_fails_within_the_timeout_and_is_named(
+    ds_fit: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A job killed while torch built (or loaded) DeepSpeed's communication op leaves ``<TORCH_EXTENSIONS_DIR>/
+    deepspeed_shm_comm/lock``; the next job's set-up waited on it forever, now for the strategy's timeout."""
+    from deepspeed.comm import comm
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    ds_fit.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    # as in a new process: no DeepSpeed communication backend yet, the op not loaded
+    ds_fit.setattr(comm, "cdb", None)
+    ds_fit.delitem(OpBuilder._loaded_ops, "deepspeed_shm_comm", raising=False)
+    strategy = HPUDeepSpeedStrategy(
+        accelerator=HPUAccelerator(),
+        parallel_devices=[torch.device("cpu")],
+        cluster_environment=LightningEnvironment(),
+        timeout=1,
+    )
+    start = time.monotonic()
+    named = re.escape(str(lock))
+    with pytest.raises(TimeoutError, match=rf"Waited 1s .* for '{named}', the lock .* stale.*: `rm {named}`"):
+        strategy.setup_distributed()
+    assert time.monotonic() - start < 20
+    assert lock.exists()  # left for the user to remove: another job may be building
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("cpu_checkpointing", [False, True])
+def test_deepspeeds_cpu_checkpointing_loses_an_activation_already_on_the_cpu(
+    ds_cpu: pytest.MonkeyPatch, cpu_checkpointing: bool
+) -> None:
+    """Not ours: lightning-habana's activation-checkpointing cases with ``cpu_checkpointing`` (and no
+    ``partition_activations``) fail in emulation within DeepSpeed alone, no Lightning and no plugin here. Its
+    ``checkpoint`` "copies" each input to the CPU with ``.to("cpu")``, the input itself when already there (DeepSpeed's
+    CPU accelerator), then empties the input for memory (``arg.data = torch.empty([])``) and so keeps an empty copy
+    for backward, which recomputes the layer on a scalar. On Gaudi the input is on the HPU and the copy is real.
+    Canary: fails once DeepSpeed copies or keeps the data (then the peer cases pass in emulation)."""
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+
+    # what deepspeed.checkpointing.configure(cpu_checkpointing=...) sets, without its process group
+    ds_cpu.setattr(checkpointing, "PARTITION_ACTIVATIONS", False)
+    ds_cpu.setattr(checkpointing, "CPU_CHECKPOINT", cpu_checkpointing)
+    weight = torch.nn.Parameter(torch.ones(10))
+    hidden = torch.ones(2, 10) * weight  # lightning-habana's SampleLayer on a batch of 2
+    out = checkpointing.checkpoint(lambda x: x * weight, hidden)
+    if not cpu_checkpointing:
+        out.sum().backward()
+        torch.testing.assert_close(weight.grad, torch.full((10,), 4.0))
+        return
+    with pytest.raises(RuntimeError, match=r"Mismatch in shape: grad_output\[0\] .*\[2, 10\].* output\[0\] .*\[10\]\)"):
+        out.sum().backward()

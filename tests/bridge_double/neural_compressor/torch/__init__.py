@@ -1,0 +1,1 @@
+"""Test double of ``neural_compressor.torch``."""
