@@ -1,16 +1,20 @@
-"""What every measurement shares: the workload, the step timer, the machine record and the statistics."""
+"""What every measurement shares: the workload, the step timer, the machine record, the statistics, and the launch of
+fresh worker processes in rotating order."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -274,8 +278,6 @@ def gaudi_callbacks() -> tuple[list[str], list[Callback]]:
 
     Returns the config names used and the instantiated callbacks (without :data:`NOT_BENCHMARKED`).
     """
-    from pathlib import Path
-
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -286,3 +288,53 @@ def gaudi_callbacks() -> tuple[list[str], list[Callback]]:
         cfg = compose("train")
     names = [name for name in cfg.callbacks if name not in NOT_BENCHMARKED]
     return names, [instantiate(cfg.callbacks[name]) for name in names]
+
+
+# ---------------------------------------------------------------- alternation and fresh processes
+
+
+def rotation(variants: Sequence[str], index: int) -> list[str]:
+    """The order of the variants in round ``index``: rotated by one each round, so none always runs first."""
+    shift = index % len(variants)
+    return [*variants[shift:], *variants[:shift]]
+
+
+def fmt_summary(summary: dict[str, Any], fmt: str = ".1f") -> str:
+    """``median (min-max)`` of a :func:`summarize` result."""
+    return f"{summary['median']:{fmt}} ({summary['min']:{fmt}}-{summary['max']:{fmt}})"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a fresh benchmark process: no plugin, launcher or SLURM settings inherited,
+    one OpenMP thread, warnings off; then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "MASTER_", "SLURM_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.update(extra)
+    return env
+
+
+def run_worker(module: str, args: Sequence[str], result: Path, env: dict[str, str], timeout: float = 600) -> Any:
+    """Runs ``python -m MODULE --worker ARGS...`` (Lightning's popen launcher re-runs the same command for rank 1)
+    and returns the JSON its rank 0 wrote to ``result`` (then removed).
+
+    A process that aborts at exit after writing its result still counts; one that wrote nothing raises with the end
+    of its stderr.
+    """
+    result.unlink(missing_ok=True)
+    command = [sys.executable, "-m", module, "--worker", *args]
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    if not result.exists():
+        raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    value = json.loads(result.read_text())
+    result.unlink()
+    return value
+
+
+def machine_line(facts: dict[str, Any]) -> str:
+    """The machine in one line, for the head of a results table."""
+    return (
+        f"{facts['cpu']}, {facts['usable_cores']} cores, {facts['torch_threads']} torch thread(s) per process,"
+        f" torch {facts['torch']}, Lightning {facts['lightning']}, Python {facts['python']},"
+        f" load {facts['load_average_1min']:.1f} at start"
+    )

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -72,22 +70,16 @@ def worker(variant: str, steps: int, out: Path) -> None:
 
 
 def run(rounds: int, steps: int, out_dir: Path) -> dict[str, Any]:
-    from benchmarks.common import machine, ratio_summary, summarize
+    from benchmarks.common import child_env, machine, ratio_summary, rotation, run_worker, summarize
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "MASTER_", "SLURM_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = child_env()
     measured: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     for index in range(rounds):
-        order = VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]
-        for variant in order:
+        for variant in rotation(VARIANTS, index):
             result = out_dir / f"{variant}.json"
-            command = [sys.executable, "-m", "benchmarks.ddp_overhead", "--worker", variant, str(steps), str(result)]
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-            if not result.exists():  # (a process that aborts at exit after writing its result still counts)
-                raise RuntimeError(f"{variant} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-            measured[variant].append(json.loads(result.read_text())["steps_per_second"])
-            result.unlink()
+            value = run_worker("benchmarks.ddp_overhead", [variant, str(steps), str(result)], result, env)
+            measured[variant].append(value["steps_per_second"])
             print(f"round {index + 1} {variant}: {measured[variant][-1]:.1f} steps/s", file=sys.stderr, flush=True)
     results = {
         "machine": machine(),
@@ -105,6 +97,8 @@ def run(rounds: int, steps: int, out_dir: Path) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
+    from benchmarks.common import fmt_summary
+
     machine = results["machine"]
     lines = [
         f"2 processes, tiny MLP, {results['steps']} steps ({results['warmup']} warm-up), {results['rounds']} rounds;"
@@ -116,8 +110,7 @@ def table(results: dict[str, Any]) -> str:
     ]
     for variant, speed in results["steps_per_second"].items():
         ratio = results["vs_stock"].get(variant)
-        versus = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else "1"
-        lines.append(f"| `{variant}` | {speed['median']:.1f} ({speed['min']:.1f}-{speed['max']:.1f}) | {versus} |")
+        lines.append(f"| `{variant}` | {fmt_summary(speed)} | {fmt_summary(ratio, '.2f') if ratio else '1'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -5,15 +5,20 @@ No timing is asserted here: performance targets live in ``benchmarks/README.md``
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import torch._dynamo
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -192,22 +197,21 @@ def test_figure_title_bars_and_legends() -> None:
             assert not box.overlaps(text.get_window_extent(renderer)), f"the legend of {ax.get_title()!r} hides a label"
 
 
-@pytest.mark.subprocess
-def test_threads_benchmark_quick(tmp_path: Path) -> None:
-    """`python -m benchmarks.threads --quick`: the example GPT timed with 1 and 2 torch threads, a table and a JSON."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_GAUDI_")}
+def test_threads_benchmark_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m benchmarks.threads --quick` (in this process; the quick suite runs both thread counts): the example
+    GPT timed, a table and a JSON."""
+    from benchmarks import threads
+
     out = tmp_path / "threads.json"
-    command = [sys.executable, "-m", "benchmarks.threads", "--quick", "--threads", "1,2", "--out", str(out)]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
-    assert proc.stdout.startswith("| torch threads | steps/s |")
+    before = torch.get_num_threads()
+    assert threads.main(["--quick", "--threads", "1", "--out", str(out)]) in (None, 0)
+    assert torch.get_num_threads() == before
+    assert capsys.readouterr().out.startswith("| torch threads | steps/s |")
     result = json.loads(out.read_text())
-    threads = result["threads"]
-    assert threads["threads"] == [1, 2]
-    assert (threads["model"]["n_layer"], threads["batch_size"], threads["seq_len"]) == (4, 32, 128)  # the README job
-    for count in ("1", "2"):
-        _summary(threads["per_threads"][count]["steps_per_s"])
-    assert threads["speed_vs_one_thread"]["2"] > 0
+    measured = result["threads"]
+    assert measured["threads"] == [1]
+    assert (measured["model"]["n_layer"], measured["batch_size"], measured["seq_len"]) == (4, 32, 128)  # the README job
+    _summary(measured["per_threads"]["1"]["steps_per_s"])
     assert result["machine"]["usable_cores"] >= 1
 
 
@@ -223,3 +227,52 @@ def test_threads_benchmark_rejects_bad_counts(
     with pytest.raises(SystemExit):
         threads.main(argv)
     assert message in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def _process_settings_restored() -> Iterator[None]:
+    """The benchmarks quiet these libraries and take one torch thread, meant for a process of their own."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric", "torch._dynamo")]
+    levels, threads = [logger.level for logger in loggers], torch.get_num_threads()
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+        torch.set_num_threads(threads)
+
+
+def test_hf_models_benchmark_quick(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m benchmarks.hf_models --quick` in this process, for the tables that need no fresh processes (the
+    2-process and cold/warm compile tables start them; the full run covers those), and one compile worker."""
+    from benchmarks import hf_models
+
+    with _process_settings_restored():
+        hf_models.main(["--quick", "--only", "overhead,lazy", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "hf_models.json").read_text())
+    assert results["machine"]["torch_threads"] == 1
+    for name in ("gpt2", "llama"):
+        speed = results["overhead"]["models"][name]
+        assert set(speed["vs_stock"]) == {"stock_again", "plugin"}  # the A/A control beside the plugin
+        for summary in (*speed["steps_per_cpu_s"].values(), *speed["vs_stock"].values()):
+            _summary(summary)
+    lazy = results["lazy"]["models"]["llama"]
+    assert lazy["counts"]["stock"]["host_syncs_per_step"] >= 1.0  # the stock loop reads the bar's loss every step
+    assert lazy["counts"]["plugin"]["compilations_after_warmup"] == 0
+    markdown = (tmp_path / "hf_models.md").read_text()
+    assert markdown.strip() in capsys.readouterr().out
+    assert "Machine: " in markdown
+    assert markdown.count("| model | variant |") == 2
+
+    monkeypatch.setenv("LIGHTNING_GAUDI_EMULATE", "eager")
+    monkeypatch.setenv(hf_models.COMPILE_BACKEND_ENV, "aot_eager")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        with _process_settings_restored():
+            hf_models.compile_worker("regional", "gpt2", 3, tmp_path / "compile.json")
+    finally:
+        torch._dynamo.reset()
+    assert json.loads((tmp_path / "compile.json").read_text())["block_graphs"] == 1  # both GPT-2 blocks, one graph
