@@ -11,6 +11,11 @@ goes to ``habana_frameworks`` through the seam, and prints the same table. Diffe
 - DDP: 2 cards over HCCL; memory is the card's ``memory_stats()["InUse"]`` at the end of backward;
 - torch keeps its own thread count.
 
+Then it runs :mod:`benchmarks.features` (fused kernels on and off, ``hpu_fast_ddp`` against ``hpu_parallel`` in
+compile mode, regional against whole compile) the same way: the seam and the compiler are the bridge's, the compiled
+runs are fresh processes with ``PT_HPU_LAZY_MODE=0`` and ``hpu_backend``, and here the times are what the features
+buy. It writes ``features.json`` and ``features.md`` beside the suite's results.
+
 Usage on a node with at least 2 cards, inside Intel's PyTorch container (or with its packages installed)::
 
     pip install -e '.[dev]' && PT_HPU_LAZY_MODE=1 python -m benchmarks.gaudi --out benchmarks/results-gaudi
@@ -45,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         args.only = [name for name in args.only if name != "lazy"]
     results = run.run_suite(args, gaudi=True)
     print(run.write(results, args.out))
+    from benchmarks import features
+
+    print(features.table(features.run(args.quick, args.out, gaudi=True)))
     return 0
 
 

@@ -37,9 +37,7 @@ def _version(distribution: str) -> str:
 
 def _run(command: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int | str, str]:
     try:
-        done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as error:
         out = error.stdout.decode() if isinstance(error.stdout, bytes) else error.stdout or ""
         return f"timed out after {timeout:.0f} s", out

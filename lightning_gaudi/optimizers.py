@@ -28,8 +28,7 @@ def _check_replaceable(optimizer: Optimizer) -> str:
     if type(optimizer) is not _TORCH_CLASSES.get(name):
         raise ValueError(
             f"fuse_optimizer cannot replace {type(optimizer).__qualname__}: it replaces torch.optim"
-            f" {', '.join(REPLACEABLE)} (exactly those classes). Return {type(optimizer).__qualname__} as it is, or"
-            " build one of those."
+            f" {', '.join(REPLACEABLE)} (exactly those classes). Return yours as it is, or build one of those."
         )
     for index, group in enumerate(optimizer.param_groups):
         on = [option for option in _UNSUPPORTED if group.get(option)]
@@ -58,15 +57,13 @@ def fuse_optimizer(optimizer: Optimizer, clip_norm: bool = True) -> Optimizer:
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)
             return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
-    On Gaudi it is ``hpex.optimizers.FusedAdamW`` / ``FusedSGD``; in eager emulation torch's ``fused=True`` kernels;
-    in lazy emulation torch's single-tensor ones. Every hyperparameter is passed explicitly (FusedAdamW's default eps
-    is 1e-6, torch's 1e-8), empty param groups are dropped (they crash FusedAdamW) and extra group entries are kept.
-    Not for ``hpu_fsdp`` or DeepSpeed, whose ranks hold slices of the parameters.
+    On Gaudi ``hpex.optimizers.FusedAdamW`` / ``FusedSGD``; in eager emulation torch's ``fused=True`` kernels, in lazy
+    emulation its single-tensor ones. Every hyperparameter is passed explicitly (FusedAdamW's eps default differs),
+    empty param groups are dropped (they crash FusedAdamW). Not for ``hpu_fsdp`` or DeepSpeed (sliced parameters).
 
     Args:
         optimizer: the torch optimizer to replace; it is not used afterwards.
-        clip_norm: clip this optimizer's gradients by norm with the fused clipper under
-            :class:`~lightning_gaudi.HPUPrecision` (other precisions clip with torch's ``clip_grad_norm_``).
+        clip_norm: clip by norm with the fused clipper under :class:`~lightning_gaudi.HPUPrecision`.
 
     Raises:
         ValueError: ``optimizer`` is not a torch AdamW, Adam or SGD, or uses an option the fused kernels lack

@@ -49,8 +49,7 @@ def supported_precisions(backend: hpu.Backend | None = None) -> tuple[str, ...]:
 
 
 def check_precision_supported(precision: str | int | Precision, backend: hpu.Backend | None = None) -> None:
-    """Raises a clear error for a precision (a ``Trainer(precision=...)`` value or a plugin) that ``backend`` (the
-    current HPU when ``None``) cannot run.
+    """Raises a clear error for a precision (``Trainer(precision=...)`` or a plugin) that ``backend`` cannot run.
 
     Raises:
         ValueError: a precision outside :data:`HPU_PRECISIONS`, fp16 or fp8 on first-generation Gaudi, mixed precision
@@ -75,8 +74,8 @@ def check_precision_supported(precision: str | int | Precision, backend: hpu.Bac
         raise ValueError(f"{given} cannot run on an HPU.{hint} Use one of {works}.")
     if name in _FP16_PRECISIONS and not backend.supports_fp16():
         raise ValueError(
-            f"{given} needs float16, which first-generation Gaudi ({backend.device_name()}) does"
-            " not have. Use `precision='bf16-mixed'` or 'bf16-true' (every Gaudi runs bfloat16)."
+            f"{given} needs float16, which first-generation Gaudi ({backend.device_name()}) does not have. Use"
+            " `precision='bf16-mixed'` or 'bf16-true' (every Gaudi runs bfloat16)."
         )
     if name == "fp8" and not backend.supports_fp8():
         raise ValueError(
@@ -101,11 +100,7 @@ class OpListMode(TorchFunctionMode):
         self.dtypes = {name: torch.bfloat16 for name in bf16_ops} | {name: torch.float32 for name in fp32_ops}
 
     def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
+        self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
         dtype = self.dtypes.get(getattr(func, "__name__", "").strip("_"))
@@ -137,11 +132,8 @@ def autocast_device(precision: str, api: str) -> str:
 
 class HPUPrecision(MixedPrecision):
     """Automatic mixed precision with ``torch.autocast`` on the HPU device type (CPU autocast in eager emulation;
-    lazy emulation has no autocast).
-
-    Optimizers from :func:`~lightning_gaudi.fuse_optimizer` are clipped by norm with the fused clipper. Under
-    ``"16-mixed"`` every optimizer's gradients are unscaled after backward (fused ones included), so clipping sees
-    true gradients; a step with inf or NaN gradients is still skipped.
+    lazy emulation has no autocast). :func:`~lightning_gaudi.fuse_optimizer`'s optimizers are clipped with the fused
+    clipper; under ``"16-mixed"`` every optimizer's gradients are unscaled after backward, so clipping sees true ones.
 
     Args:
         precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
@@ -167,11 +159,7 @@ class HPUPrecision(MixedPrecision):
 
     @override
     def optimizer_step(  # type: ignore[override]
-        self,
-        optimizer: Optimizable,
-        model: pl.LightningModule,
-        closure: Callable[[], Any],
-        **kwargs: Any,
+        self, optimizer: Optimizable, model: pl.LightningModule, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
         if self.scaler is None:
             return super().optimizer_step(optimizer, model, closure, **kwargs)

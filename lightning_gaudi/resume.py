@@ -7,9 +7,7 @@ of per-rank shards (sharded FSDP, model-parallel and DeepSpeed checkpoints).
 - ``"last"``: the newest of ``last.ckpt``, ``last-v<N>.ckpt`` and ``last-preempted.ckpt``; it must verify;
 - a path (or fsspec URL): that checkpoint; it must verify; ``None``: start fresh.
 
-A named policy or path always wins over Lightning's own SLURM rule (resume ``hpc_ckpt_<N>.ckpt`` when ``ckpt_path`` is
-``None``), which sees only those files.
-
+A named policy or path wins over Lightning's SLURM rule (``hpc_ckpt_<N>.ckpt`` when ``ckpt_path`` is ``None``).
 "Newest": the highest ``global_step``, then ``epoch``, then mtime. A checkpoint verifies when its members match their
 CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor storages are present.
 """
@@ -364,13 +362,8 @@ def _inspect_archive(text: str, raw: IO[bytes], mtime_ns: int, verify_data: bool
             text, f"incomplete: its pickle refers to tensor data {missing[:3]} that the archive does not hold"
         )
     checkpoint: dict[Any, Any] = obj if isinstance(obj, dict) else {}
-    return CheckpointInfo(
-        path=text,
-        global_step=_int_or_none(checkpoint.get("global_step")),
-        epoch=_int_or_none(checkpoint.get("epoch")),
-        mtime_ns=mtime_ns,
-        crc_checked=verify_data and has_crcs,
-    )
+    step, epoch = _int_or_none(checkpoint.get("global_step")), _int_or_none(checkpoint.get("epoch"))
+    return CheckpointInfo(text, step, epoch, mtime_ns, crc_checked=verify_data and has_crcs)
 
 
 def _read_unchecked(raw: IO[bytes], member: zipfile.ZipInfo) -> bytes:

@@ -197,19 +197,17 @@ class GraphDiagnostics(Callback):
     """Reports every graph compilation after warm-up with its cause, in lazy mode and in compile mode.
 
     Warm-up is ``warmup_steps`` optimizer steps. Each kind of later compilation is warned about once, with its cause:
-    in compile mode dynamo's most relevant failed guard, a hit recompile limit (warned even in warm-up) and graph breaks
-    with the user's line; in lazy mode new input shapes, the first step after validation, of an epoch, or on which
-    logged values are read, or else a baked-in Python number or data-dependent shapes. Under lazy emulation host syncs
-    are counted over the fit and traced to their source line (:class:`SyncSourceMode`), and CPU fallbacks counted by op
-    (labelled emulator artefacts there, not warned about).
+    in compile mode dynamo's most relevant failed guard, a hit recompile limit (even in warm-up) and graph breaks with
+    the user's line; in lazy mode new input shapes, the first step after validation, of an epoch or reading logged
+    values, else a baked-in Python number or data-dependent shapes. Under lazy emulation host syncs are counted and
+    traced to their source line (:class:`SyncSourceMode`), CPU fallbacks counted by op (emulator artefacts there).
 
     The end-of-fit summary is printed, logged (``graph_diagnostics/<key>``, numbers only) and kept in :attr:`summary`:
-    ``mode``, ``warmup_steps``, ``optimizer_steps``, ``graph_compilations`` (dynamo's graphs in compile mode;
-    ``_in_warmup``, ``_after_warmup``), ``validation_graph_compilations``, ``frames_compiled`` and ``recompiles``
-    (compile mode, else ``None``), ``recompile_reasons``, ``graph_breaks``, ``distinct_input_shapes``,
-    ``compilations_by_shape``, ``host_syncs`` (``_per_step``, ``_by_phase``), ``host_sync_sources``,
-    ``host_sync_source_details`` (``None`` where syncs are not counted), ``cpu_fallbacks``, ``cpu_fallbacks_source``,
-    ``recompile_limit_hit`` and ``compiled_graphs`` (:class:`HPUCompile`'s, ``None`` without it).
+    ``mode``, ``warmup_steps``, ``optimizer_steps``, ``graph_compilations`` (also ``_in_warmup``, ``_after_warmup``),
+    ``validation_graph_compilations``, ``frames_compiled``, ``recompiles``, ``recompile_reasons``, ``graph_breaks``,
+    ``distinct_input_shapes``, ``compilations_by_shape``, ``host_syncs`` (``_per_step``, ``_by_phase``),
+    ``host_sync_sources``, ``host_sync_source_details``, ``cpu_fallbacks`` (``_source``), ``recompile_limit_hit``,
+    ``compiled_graphs`` (:class:`HPUCompile`'s); ``None`` where this mode does not count it.
 
     Args:
         warmup_steps: optimizer steps allowed to compile graphs.
@@ -255,11 +253,13 @@ class GraphDiagnostics(Callback):
         self._graphs = 0
         self._frames_compiled = self._recompiles = 0
 
-    def _flush(self, trainer: pl.Trainer) -> None:
+    def _flush(self, trainer: pl.Trainer) -> bool:
+        """Counts what was compiled since the last flush; ``False`` outside a fit this callback follows."""
         if self._mode == "lazy":
             self._flush_lazy()
         elif self._mode is not None:
             self._flush_compile(trainer)
+        return self._mode is not None
 
     def _flush_lazy(self) -> None:
         assert self._backend is not None
@@ -488,9 +488,8 @@ class GraphDiagnostics(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._mode is None:
+        if not self._flush(trainer):
             return
-        self._flush(trainer)
         self._close_batch()
         shapes = batch_shapes(batch)
         new = bool(self._shapes) and shapes not in self._shapes
@@ -512,18 +511,16 @@ class GraphDiagnostics(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._mode is None:
+        if not self._flush(trainer):
             return
-        self._flush(trainer)
         self._resume_phase = self._phase
         self._phase = "validation"
         self._before_validation = self._compilations["validation"]
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._mode is None or self._phase != "validation":
+        if self._phase != "validation" or not self._flush(trainer):
             return
-        self._flush(trainer)
         self._phase = self._resume_phase
         compiled = self._compilations["validation"] - self._before_validation
         if not trainer.sanity_checking:
@@ -538,16 +535,14 @@ class GraphDiagnostics(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._mode is not None:
-            self._flush(trainer)
+        if self._flush(trainer):
             self._close_batch()
             self._phase = "other"
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._mode is None:
+        if not self._flush(trainer):
             return
-        self._flush(trainer)
         self._close_batch()
         self._stop()
         self.summary = self._summarize(trainer)

@@ -1,30 +1,23 @@
 """Reading what ``torch.compile`` records about itself: compilations, recompile reasons, graph breaks, caches.
 
-torch has no public API for why a function recompiled, where its graph broke, or whether a compiled function holds
-any graph at all; dynamo keeps these in private places, which this module alone reads (it patches nothing):
+torch has no public API for these; this module alone reads dynamo's private records (it patches nothing):
 
-- ``torch._dynamo.utils.counters``: frames dynamo was asked to compile (``["frames"]["total"]``) and graphs it
-  compiled (``["stats"]["unique_graphs"]``, what ``torch._dynamo.explain`` calls the graph count);
-- ``torch._dynamo.utils.get_compilation_metrics()``: one ``CompilationMetrics`` record per compiled frame, with its
-  code location, ``recompile_reason`` (the newest cached graph's failed guard) and ``fail_type``/``fail_reason`` (the
-  recompile limit being hit is an ``Unsupported`` failure "Dynamo recompile limit exceeded" on torch 2.11 and newer, a
-  ``RecompileLimitExceeded`` failure "recompile_limit reached", without the code location, before);
-- ``torch._dynamo.utils.guard_failures``: per code object, the failed guard of every cached graph, each recompile;
-- the ``graph_breaks`` artifact logger of ``torch._dynamo.symbolic_convert``, which names each graph break's user
-  source line ("Graph break in user code at FILE:LINE") and reason when it is enabled for ``DEBUG``;
-- ``torch._dynamo.eval_frame._debug_get_cache_entry_list(code)``: the compiled graphs held for a code object;
-- ``torch._dynamo.config.recompile_limit`` and ``optimize_ddp``; ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``,
-  the first DDP bucket dynamo's DDPOptimizer assumes;
-- the log of ``torch._dynamo.backends.distributed`` (DDPOptimizer), whose ``INFO`` record "DDPOptimizer used bucket
-  cap N and created M buckets" says into how many sub-graphs it split a compiled graph;
-- ``torch._inductor.cpp_builder.get_cpp_compiler()``: the C++ compiler inductor would use;
-- ``nn.Module._compiled_call_impl``: set by ``nn.Module.compile()``; ``_torchdynamo_orig_callable``: what a
-  ``torch.compile`` result calls (a wrapper with a frame of its own for a torch module, from torch 2.14).
+- ``torch._dynamo.utils.counters``: frames asked to compile (``["frames"]["total"]``), graphs compiled
+  (``["stats"]["unique_graphs"]``);
+- ``get_compilation_metrics()``: a record per compiled frame with its code location, ``recompile_reason`` and
+  ``fail_type``/``fail_reason`` (a hit recompile limit: "Dynamo recompile limit exceeded" from torch 2.11,
+  ``RecompileLimitExceeded`` "recompile_limit reached", without the code location, before);
+- ``guard_failures``: per code object, the failed guard of every cached graph, each recompile;
+- the ``graph_breaks`` logger, naming each break's user line ("Graph break in user code at FILE:LINE") at ``DEBUG``;
+- ``_debug_get_cache_entry_list(code)``: the graphs held for a code object; ``config.recompile_limit``,
+  ``optimize_ddp``; ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``;
+- DDPOptimizer's ``INFO`` record "DDPOptimizer used bucket cap N and created M buckets";
+- ``torch._inductor.cpp_builder.get_cpp_compiler()``; ``nn.Module._compiled_call_impl`` (``nn.Module.compile()``) and
+  ``_torchdynamo_orig_callable`` (what a ``torch.compile`` result calls).
 
-Nothing here is imported before it is needed (``import lightning_gaudi`` does not load dynamo). No version caps the
-readers: on a torch older than :data:`SUPPORTED_TORCH`, or one that lacks a target, :func:`available` is ``False``,
-every reader returns nothing, and callers say in one line what they cannot report and why.
-``tests/callbacks/test_dynamo.py`` holds the canaries, run on every torch of the matrix (docs/compat.md).
+Nothing is imported before it is needed. On a torch older than :data:`SUPPORTED_TORCH`, or one lacking a target,
+:func:`available` is ``False``, every reader returns nothing, and callers say what they cannot report and why.
+``tests/callbacks/test_dynamo.py`` holds the canaries (docs/compat.md).
 """
 
 from __future__ import annotations
@@ -36,9 +29,10 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from lightning_utilities.core.imports import RequirementCache
+from typing_extensions import Self
 
 #: The lowest torch these readers were tested on (docs/compat.md); newer ones are read wherever the targets resolve.
 SUPPORTED_TORCH = "torch>=2.7"
@@ -149,12 +143,8 @@ def cache_entries(code_or_fn: Any) -> int:
 
 
 def ddp_first_bucket_bytes() -> int | None:
-    """The first-bucket size dynamo's DDPOptimizer assumes, or ``None`` when it does not split graphs for DDP.
-
-    DDPOptimizer (``torch._dynamo.config.optimize_ddp``, on by default) splits a graph compiled inside a
-    ``DistributedDataParallel`` forward at bucket boundaries and asserts that this first bucket is no larger than
-    DDP's ``bucket_cap_mb``.
-    """
+    """The first-bucket size dynamo's DDPOptimizer (``optimize_ddp``) asserts is no larger than DDP's
+    ``bucket_cap_mb``, or ``None`` when it does not split graphs at DDP's buckets."""
     if not available():
         return None
     mode = _resolve("torch._dynamo.config:optimize_ddp")
@@ -173,11 +163,8 @@ def compiled_by_module_compile(module: Any) -> bool:
 
 @functools.cache
 def module_compile_skips_torch_modules() -> bool:
-    """Whether ``nn.Module.compile()`` compiles nothing for a module made only of torch's own (``nn.Sequential``...).
-
-    Dynamo skips code in torch's files; torch 2.14 and newer give such a module's call a frame of its own. Checked
-    without compiling anything: what ``torch.compile`` keeps of an ``nn.Linear``'s ``_call_impl``.
-    """
+    """Whether ``nn.Module.compile()`` compiles nothing for a module made only of torch's own (dynamo skips torch's
+    files; torch 2.14 gives such a call a frame of its own): read, without compiling, off an ``nn.Linear``."""
     import torch
 
     compiled = torch.compile(torch.nn.Linear(1, 1)._call_impl, backend="eager")
@@ -201,9 +188,8 @@ class Compilation:
 
     Attributes:
         function: the compiled function and where it is defined, e.g. ``"forward (model.py:12)"``.
-        recompile_reason: the most relevant failed guard of the cached graphs, e.g. ``"tensor 'x' size mismatch at
-            index 1. expected 16, actual 17"`` (a mode switch only when no other guard failed); ``None`` for a first
-            compilation.
+        recompile_reason: the most relevant failed guard of the cached graphs (a mode switch only when no other guard
+            failed); ``None`` for a first compilation.
         failure: why the compilation failed (the frame then runs uncompiled), or ``None``.
         recompile_limit_hit: the function already held ``recompile_limit`` graphs, so this input runs uncompiled.
         other_reasons: the failed guards of the other cached graphs.
@@ -305,8 +291,7 @@ class GraphBreak:
 
     Attributes:
         location: the user's source line, ``"path/to/model.py:18"``.
-        reason: dynamo's reason and its explanation, e.g. ``"Failed to trace builtin operator: Dynamo does not
-            know how to trace builtin operator `print` with argument types ['str'] (has_kwargs False)"``.
+        reason: dynamo's reason and its explanation, e.g. ``"Failed to trace builtin operator: ..."``.
     """
 
     location: str
@@ -340,31 +325,32 @@ class _Handler(logging.Handler):
             self._sink(found)
 
 
-class GraphBreakRecorder:
-    """Collects dynamo's graph breaks, with their source lines, while started.
+class _LogRecorder:
+    """Collects what ``parse`` finds in the records of dynamo's logger ``_target`` at ``_level``, while started.
 
-    Dynamo formats a graph break's user location only when its ``graph_breaks`` logger is enabled for ``DEBUG``;
-    starting the recorder enables it (without printing: the records stop at the recorder unless the user's own
-    ``TORCH_LOGS`` already enabled them), which costs time only while compiling. :meth:`stop` restores the logger.
+    Starting enables those records without printing them (they stop here unless the user's ``TORCH_LOGS`` enabled
+    them already); the last recorder of its class to stop restores the logger. Use as a context manager or with
+    :meth:`start`/:meth:`stop`.
     """
 
-    _active = 0
-    _saved: tuple[int, bool] | None = None
+    _target: ClassVar[str]
+    _level: ClassVar[int]
+    _active: ClassVar[int] = 0
+    _saved: ClassVar[tuple[int, bool] | None] = None
 
-    def __init__(self) -> None:
-        self.breaks: list[GraphBreak] = []
-        self._handler = _Handler(logging.DEBUG, _graph_break, self.breaks.append)
+    def __init__(self, parse: Callable[[str], Any], sink: Callable[[Any], None]) -> None:
+        self._handler = _Handler(self._level, parse, sink)
         self._started = False
 
     def start(self) -> None:
         """Starts recording (idempotent); does nothing where :func:`available` is ``False``."""
         if self._started or not available():
             return
-        logger = _resolve("torch._dynamo.symbolic_convert:graph_break_log")
+        logger = _resolve(self._target)
         cls = type(self)
-        if cls._active == 0 and not logger.isEnabledFor(logging.DEBUG):
+        if cls._active == 0 and not logger.isEnabledFor(self._level):
             cls._saved = (logger.level, logger.propagate)
-            logger.setLevel(logging.DEBUG)
+            logger.setLevel(self._level)
             logger.propagate = False
         cls._active += 1
         logger.addHandler(self._handler)
@@ -374,7 +360,7 @@ class GraphBreakRecorder:
         """Stops recording and, with the last recorder, restores the logger."""
         if not self._started:
             return
-        logger = _resolve("torch._dynamo.symbolic_convert:graph_break_log")
+        logger = _resolve(self._target)
         logger.removeHandler(self._handler)
         self._started = False
         cls = type(self)
@@ -384,48 +370,39 @@ class GraphBreakRecorder:
             logger.propagate = cls._saved[1]
             cls._saved = None
 
-
-class DDPSplitRecorder:
-    """Collects how many sub-graphs dynamo's DDPOptimizer split each compiled graph into, while started.
-
-    DDPOptimizer compiles one sub-graph per DDP gradient bucket (``bucket_cap_mb``) of a graph compiled inside a
-    ``DistributedDataParallel`` forward, and logs the bucket count at ``INFO``; starting the recorder enables that
-    record (without printing it: it stops here unless the user's ``TORCH_LOGS`` enabled it already). :meth:`stop`
-    restores the logger. Use as a context manager or with :meth:`start`/:meth:`stop`.
-
-    Attributes:
-        splits: the sub-graph count of each graph DDPOptimizer compiled, in order.
-    """
-
-    def __init__(self) -> None:
-        self.splits: list[int] = []
-        self._handler = _Handler(logging.INFO, _ddp_buckets, self.splits.append)
-        self._saved: tuple[int, bool] | None = None
-
-    def start(self) -> None:
-        """Starts recording (idempotent); does nothing where :func:`available` is ``False``."""
-        if self._saved is not None or not available():
-            return
-        logger = _resolve("torch._dynamo.backends.distributed:log")
-        self._saved = (logger.level, logger.propagate)
-        if not logger.isEnabledFor(logging.INFO):
-            logger.setLevel(logging.INFO)
-            logger.propagate = False
-        logger.addHandler(self._handler)
-
-    def stop(self) -> None:
-        """Stops recording and restores the logger."""
-        if self._saved is None:
-            return
-        logger = _resolve("torch._dynamo.backends.distributed:log")
-        logger.removeHandler(self._handler)
-        logger.setLevel(self._saved[0])
-        logger.propagate = self._saved[1]
-        self._saved = None
-
-    def __enter__(self) -> DDPSplitRecorder:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class GraphBreakRecorder(_LogRecorder):
+    """Collects dynamo's graph breaks, with their source lines, in :attr:`breaks` while started.
+
+    Dynamo formats a graph break's user location only when its ``graph_breaks`` logger is enabled for ``DEBUG``, which
+    costs time only while compiling.
+    """
+
+    _target = "torch._dynamo.symbolic_convert:graph_break_log"
+    _level = logging.DEBUG
+
+    def __init__(self) -> None:
+        self.breaks: list[GraphBreak] = []
+        super().__init__(_graph_break, self.breaks.append)
+
+
+class DDPSplitRecorder(_LogRecorder):
+    """Collects, in :attr:`splits`, how many sub-graphs dynamo's DDPOptimizer split each compiled graph into.
+
+    DDPOptimizer compiles one sub-graph per DDP gradient bucket (``bucket_cap_mb``) of a graph compiled inside a
+    ``DistributedDataParallel`` forward, and logs the bucket count at ``INFO``.
+    """
+
+    _target = "torch._dynamo.backends.distributed:log"
+    _level = logging.INFO
+
+    def __init__(self) -> None:
+        self.splits: list[int] = []
+        super().__init__(_ddp_buckets, self.splits.append)

@@ -103,11 +103,10 @@ class FusedKernels(Callback):
     """Runs the model's attention, RMSNorm and RoPE on Gaudi's FusedSDPA, FusedRMSNorm and FusedRoPE through the seam
     (:class:`~lightning_gaudi.hpu.Backend`'s ``sdpa``/``rms_norm``/``rope``; in emulation, the model's own math).
 
-    Inside the precision plugin's forward context, a ``TorchFunctionMode`` routes ``F.scaled_dot_product_attention``
-    (Hugging Face's ``attn_implementation="sdpa"``) and ``F.rms_norm`` (``torch.nn.RMSNorm``), and Hugging Face's
-    ``apply_rotary_pos_emb`` is swapped where it is LLaMA's; Hugging Face ``*RMSNorm`` modules get a ``forward``
-    attribute until teardown (checkpoints keep their keys). A call a kernel cannot take (not float32/bfloat16, a
-    mask not shaped ``(N, ..., L or 1, S)``, batch broadcasting in recompute mode) runs torch's op, warned once.
+    In the forward context, a ``TorchFunctionMode`` routes ``F.scaled_dot_product_attention`` and ``F.rms_norm``;
+    Hugging Face's LLaMA-style ``apply_rotary_pos_emb`` is swapped and its ``*RMSNorm`` modules get a ``forward``
+    attribute until teardown (checkpoints keep their keys). A call a kernel cannot take (not float32/bfloat16, a mask
+    not shaped ``(N, ..., L or 1, S)``, batch broadcasting in recompute mode) runs torch's op, warned once.
 
     Args:
         sdpa: route attention to FusedSDPA.

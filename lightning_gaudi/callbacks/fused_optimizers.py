@@ -27,9 +27,8 @@ class FusedOptimizers(Callback):
         clip_norm: clip the replacements by norm with the fused clipper.
 
     Raises:
-        ValueError: an optimizer name it cannot replace; at set-up, ``hpu_fsdp`` (ranks hold slices of the
-            parameters); at fit start, an optimizer an LR scheduler holds, or one with an option the fused kernels
-            lack (``amsgrad``, ``maximize``, Adam's coupled ``weight_decay``...).
+        ValueError: an optimizer name it cannot replace; at set-up, ``hpu_fsdp``; at fit start, an optimizer an LR
+            scheduler holds, or one with an option the fused kernels lack (see :func:`~lightning_gaudi.fuse_optimizer`).
     """
 
     def __init__(self, optimizers: Iterable[str] = REPLACEABLE, clip_norm: bool = True) -> None:

@@ -22,11 +22,9 @@ def check_interval(name: str, value: Any, allow_zero: bool = False) -> None:
 class MemoryStats(DeviceStatsMonitor):
     """Lightning's ``DeviceStatsMonitor`` over :meth:`~lightning_gaudi.HPUAccelerator.get_device_stats`.
 
-    Logs the bridge's ``memory_stats`` (``MemoryStats.on_train_batch_end/hpu/InUse (GiB)``...) at the end of the
-    training batches on which Lightning writes the module's metrics (under emulation: this process's resident memory,
-    its peak, and the machine's memory). Unlike ``DeviceStatsMonitor``, it reads nothing at batch start or during
-    evaluation, where every batch of a logging step gave one more row at the same step (``MaxInUse`` holds the peak
-    since), and a Trainer without a logger is not an error.
+    Logs the bridge's ``memory_stats`` (``MemoryStats.on_train_batch_end/hpu/InUse (GiB)``...; in emulation this
+    process's resident memory, its peak, and the machine's) at the end of the training batches on which Lightning
+    writes metrics: one row per logging step (``MaxInUse`` holds the peak since). A Trainer without a logger is fine.
 
     Args:
         log_every_n_steps: deprecated and ignored: the interval is the Trainer's ``log_every_n_steps``.

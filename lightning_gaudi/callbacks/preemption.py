@@ -75,18 +75,16 @@ def _parse_signal(value: str | int) -> signal.Signals:
 class PreemptionCheckpoint(Callback):
     """Saves a checkpoint and stops every rank within ``grace_period`` seconds when the job gets SIGTERM.
 
-    The ranks agree in a background vote every few steps (:class:`~lightning_gaudi.distributed.agreement.StopVote`: a
-    request reaches every rank within a quarter of ``grace_period``, for one small all-reduce per up to 100 steps),
-    stop at the same optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise :class:`Preempted` (exit 143 for
-    SIGTERM); a rank still running after ``grace_period`` exits at once. It replaces Lightning's SIGTERM handling
-    during ``fit``.
+    The ranks agree in a background vote (:class:`~lightning_gaudi.distributed.agreement.StopVote`, within a quarter
+    of ``grace_period``), stop at the same optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise
+    :class:`Preempted` (exit 143 for SIGTERM); a rank still running after ``grace_period`` exits at once. It replaces
+    Lightning's SIGTERM handling during ``fit``.
 
     Args:
         grace_period: seconds from the signal to the exit: below the scheduler's kill delay, above a step plus a save.
         dirpath, filename: where to save (default: the ``ModelCheckpoint``'s folder) and the name without ``.ckpt``.
         signals: the signals that preempt, by name; add ``"SIGUSR1"`` for SLURM's ``--signal=USR1@<seconds>``.
-        enabled: ``False`` turns it off (and stops the HPU strategies adding the default one): SIGTERM then ends every
-            rank at once, as it ends any program, without a checkpoint.
+        enabled: ``False`` turns it off (no default one either): SIGTERM then ends every rank without a checkpoint.
     """
 
     def __init__(

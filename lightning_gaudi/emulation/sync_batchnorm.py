@@ -1,11 +1,9 @@
 """Synchronized batch norm under eager emulation, where torch's ``SyncBatchNorm`` cannot run.
 
-On a Gaudi, ``Trainer(sync_batchnorm=True)`` uses ``torch.nn.SyncBatchNorm``. On the CPU torch refuses it (DDP's
-``_passing_sync_batchnorm_handle``, ``SyncBatchNorm.forward``'s device check, and kernels such as
-``torch.batch_norm_stats`` without a CPU implementation), so emulation converts batch norms to
-:class:`EmulatedSyncBatchNorm`: a ``_BatchNorm`` (so user ``isinstance`` checks still see a batch norm) computing the
-global mean and variance with two differentiable all-reduces, with torch's semantics (running statistics from the
-global batch with the unbiased variance; gradients of the sum of every rank's loss).
+On the CPU torch refuses ``SyncBatchNorm`` (device checks, kernels without a CPU implementation), so emulation converts
+batch norms to :class:`EmulatedSyncBatchNorm`: a ``_BatchNorm`` computing the global mean and variance with two
+differentiable all-reduces, with torch's semantics (running statistics from the global batch with the unbiased
+variance; gradients of the sum of every rank's loss).
 """
 
 from __future__ import annotations

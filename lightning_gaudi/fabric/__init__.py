@@ -5,18 +5,11 @@ well as the Trainer's, so a Fabric loop moves to Gaudi by changing the accelerat
 
     fabric = Fabric(accelerator="hpu", strategy="hpu_parallel", devices=8, precision="bf16-mixed")
 
-Fabric has its own strategy classes (as Lightning has ``lightning.fabric.strategies.DDPStrategy`` beside the
-Trainer's); these are the HPU ones, sharing their HPU work with the Trainer's (:mod:`lightning_gaudi.strategies`):
-
-- :class:`SingleHPUStrategy` (``"hpu_single"``) and :class:`HPUParallelStrategy` (``"hpu_parallel"``, ``"hpu_ddp"``,
-  ``"hpu_parallel_spawn"``, ``"hpu_parallel_find_unused_parameters_true"``, ``"hpu_parallel_static_graph"``);
-- :class:`HPUFSDPStrategy` (``"hpu_fsdp"``, FSDP with ``fabric.save``/``fabric.load`` of sharded state) and
-  :class:`HPUModelParallelStrategy` (``"hpu_model_parallel"``, FSDP2 and tensor parallelism over a device mesh);
-- :class:`HPUPrecision`, mixed precision on the HPU's autocast device type;
-- :class:`HPUFP8Precision`, FP8 training (Gaudi 2 and later; emulated on the CPU), ``precision="fp8"``.
-
-With ``accelerator="hpu"``, Fabric's ``strategy="auto"`` and precision strings pick these classes
-(:mod:`lightning_gaudi.patches.fabric_connector`).
+Fabric has strategy classes of its own; these are the HPU ones, sharing their HPU work with the Trainer's:
+:class:`SingleHPUStrategy`, :class:`HPUParallelStrategy`, :class:`HPUFSDPStrategy` (sharded ``fabric.save``/``load``),
+:class:`HPUModelParallelStrategy` (FSDP2 and tensor parallelism), :class:`HPUPrecision` and :class:`HPUFP8Precision`
+(``precision="fp8"``, Gaudi 2 and later, emulated on the CPU). With ``accelerator="hpu"``, Fabric's
+``strategy="auto"`` and precision strings pick them (:mod:`lightning_gaudi.patches.fabric_connector`).
 """
 
 from __future__ import annotations
@@ -46,8 +39,8 @@ __all__ = [
 
 
 def register() -> None:
-    """Registers ``"hpu"`` and the HPU strategies with Fabric's registries; ``import lightning_gaudi`` runs it, and
-    running it again is harmless."""
+    """Registers ``"hpu"`` and the HPU strategies with Fabric's registries (``import lightning_gaudi`` does; again is
+    harmless)."""
     HPUAccelerator.register_accelerators(ACCELERATOR_REGISTRY)
     SingleHPUStrategy.register_strategies(STRATEGY_REGISTRY)
     HPUParallelStrategy.register_strategies(STRATEGY_REGISTRY)

@@ -57,18 +57,13 @@ def _explain_forward_error(module: Module, args: Any, output: Any) -> None:
 
 
 class FabricCore(HPUStrategyCore):
-    """Fabric's hooks of every HPU strategy (beside :class:`~lightning_gaudi.strategies.core.HPUStrategyCore`'s),
-    placed before Lightning's strategy class in the bases.
+    """Fabric's hooks of every HPU strategy, placed before Lightning's strategy class in the bases.
 
-    - ``module_to_device`` keeps tied weights tied (``Module.to`` unties them on lazy tensors) and records which
-      parameters the move replaced: a move to torch's Lazy Tensor Core (lazy emulation), and on a Gaudi, makes new
-      parameter objects, and an optimizer built before ``fabric.setup`` is pointed at them in ``setup_optimizer``
-      instead of stepping the CPU copies that no longer get gradients.
-    - In lazy mode the graph is cut (``mark_step``) after each ``fabric.backward`` and after each optimizer step, the
-      points Intel recommends and what :class:`~lightning_gaudi.callbacks.MarkStep` does for the Trainer: 2 per step,
-      none in eager or compile mode. ``mark_step=False`` turns them off.
-    - An error that is a limit of lazy emulation (in the forward, ``fabric.backward`` or the optimizer step) gets the
-      note the Trainer adds, naming the way out.
+    - ``module_to_device`` keeps tied weights tied and records the parameters the move replaced (a move to the HPU or
+      to lazy emulation makes new ones); ``setup_optimizer`` points an optimizer built before ``fabric.setup`` at them.
+    - In lazy mode the graph is cut (``mark_step``) after each ``fabric.backward`` and optimizer step, as
+      :class:`~lightning_gaudi.callbacks.MarkStep` does for the Trainer.
+    - An error that is a limit of lazy emulation gets the note the Trainer adds, naming the way out.
 
     Args:
         mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).

@@ -24,11 +24,9 @@ class HPUModelParallelStrategy(FabricShardedCore, LateArguments, ModelParallelSt
     """FSDP2 and tensor parallelism, alone or together, in Fabric loops on HPUs:
     ``Fabric(accelerator="hpu", strategy=HPUModelParallelStrategy(parallelize, tensor_parallel_size=2), devices=2)``.
 
-    The Fabric counterpart of :class:`lightning_gaudi.HPUModelParallelStrategy`, with Fabric's
-    ``ModelParallelStrategy`` arguments (``precision`` for ``precision_plugin``) and the same checks and errors:
-    ``fabric.setup_module`` calls ``parallelize_fn(module, device_mesh)`` with the ``(data_parallel, tensor_parallel)``
-    mesh, then places what the plan left on the card; ``fabric.clip_gradients`` clips by the global norm over every
-    shard. ``fabric.save`` writes a directory of shards, staged and renamed into place (or, with
+    The Fabric counterpart of :class:`lightning_gaudi.HPUModelParallelStrategy`, with Fabric's arguments:
+    ``fabric.setup_module`` calls ``parallelize_fn(module, device_mesh)``, then places what the plan left on the card;
+    ``fabric.clip_gradients`` clips by the global norm. ``fabric.save`` writes a staged directory of shards (or, with
     ``save_distributed_checkpoint=False``, one full file); ``fabric.load`` reads either.
     """
 

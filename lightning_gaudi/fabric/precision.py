@@ -17,16 +17,11 @@ _Precision = Literal["bf16-mixed", "16-mixed"]
 
 
 def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None) -> None:
-    """Raises a clear error for a Fabric precision plugin the HPU (or its emulation) cannot run.
-
-    Args:
-        plugin: what ``Fabric(plugins=...)`` or the strategy was given.
-        backend: the HPU to check against; the current one when ``None``.
+    """Raises a clear error for a Fabric precision plugin that ``backend`` (default: the current HPU) cannot run.
 
     Raises:
-        ValueError: a precision plugin of the Trainer's (``lightning.pytorch``), a mixed-precision plugin that
-            autocasts on another device type than the HPU's, or a precision the HPU cannot run (see
-            :func:`lightning_gaudi.precision.check_precision_supported`).
+        ValueError: a Trainer's precision plugin, a mixed-precision plugin that autocasts on another device type than
+            the HPU's, or a precision the HPU cannot run (:func:`lightning_gaudi.precision.check_precision_supported`).
     """
     backend = backend or hpu.get_backend()
     name = str(plugin.precision)
@@ -48,18 +43,15 @@ def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None
 class HPUPrecision(MixedPrecision):
     """Fabric's automatic mixed precision with ``torch.autocast`` on the HPU device type.
 
-    The Fabric counterpart of :class:`lightning_gaudi.HPUPrecision` (the Trainer's): on a Gaudi autocast runs on
-    device type ``"hpu"``; in eager emulation it is CPU autocast with the same dtype; lazy emulation has no autocast
-    and refuses mixed precision (use ``"bf16-true"`` there). ``Fabric(accelerator="hpu", precision="bf16-mixed")``
-    builds it.
+    The Fabric counterpart of :class:`lightning_gaudi.HPUPrecision`: CPU autocast in eager emulation; lazy emulation
+    has none (use ``"bf16-true"``). ``Fabric(accelerator="hpu", precision="bf16-mixed")`` builds it.
 
     Args:
         precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
         scaler: a ``torch.amp.GradScaler`` for ``"16-mixed"``; one is made when not given.
 
     Raises:
-        ValueError: an unsupported precision for this device (see
-            :func:`lightning_gaudi.precision.check_precision_supported`).
+        ValueError: a precision this device cannot run (:func:`lightning_gaudi.precision.check_precision_supported`).
     """
 
     def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:
@@ -67,11 +59,8 @@ class HPUPrecision(MixedPrecision):
 
     @override
     def unscale_gradients(self, optimizer: Optimizer) -> None:
-        """Unscales the gradients before ``fabric.clip_gradients``, fused optimizers' included.
-
-        Lightning refuses optimizers that unscale inside their own ``step()`` (torch's fused ones). Once unscaled here,
-        ``scaler.step`` hands such an optimizer the inf check instead of the scale, so its step does not unscale twice,
-        and a step with inf or NaN gradients is still skipped.
-        """
+        """Unscales the gradients before ``fabric.clip_gradients``, fused optimizers' included (Lightning refuses
+        them); ``scaler.step`` then hands such an optimizer the inf check, not the scale, so it does not unscale
+        twice."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)

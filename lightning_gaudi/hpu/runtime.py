@@ -196,10 +196,8 @@ class Runtime:
     """The HPU runtime settings, all validated at construction; ``None`` leaves a setting as it is.
 
     Args:
-        emulate: ``True`` runs on the CPU emulator, ``False`` requires a Gaudi, ``None`` emulates when asked or when
-            Intel's bridge is not installed.
-        execution_mode: ``"compile"`` (eager + ``torch.compile``), ``"eager"`` or ``"lazy"`` (graphs cut at
-            ``mark_step``); ``None``: the current default.
+        emulate: ``True``: the CPU emulator, ``False``: a Gaudi, ``None``: emulate when asked or without the bridge.
+        execution_mode: ``"compile"`` (eager + ``torch.compile``), ``"eager"`` or ``"lazy"``.
         emulated_devices: emulated cards per node (``LIGHTNING_GAUDI_DEVICES``).
         emulated_device_name: the emulated generation, ``"GAUDI"``, ``"GAUDI2"`` (when unset) or ``"GAUDI3"``.
         int64_support: ``PT_ENABLE_INT64_SUPPORT``: keep int64 tensors instead of casting them to int32.

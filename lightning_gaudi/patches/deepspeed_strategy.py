@@ -1,11 +1,10 @@
 """What :class:`~lightning_gaudi.strategies.HPUDeepSpeedStrategy` relies on inside Lightning's CUDA-only
 ``DeepSpeedStrategy``; nothing is patched globally.
 
-The HPU strategy replaces ``setup_environment`` (CUDA only) with ``DDPStrategy``'s, forms the process group itself
-in ``setup_distributed`` and lets DeepSpeed adopt it, and wraps ``init_deepspeed`` in :func:`device_rank`:
-``_setup_model_and_optimizer`` calls ``deepspeed.initialize`` with ``args.device_rank=root_device.index``, ``None`` on
-the HPU, which DeepSpeed's engine compares with 0. ``gradient_clipping`` is set before Lightning's
-``_format_batch_size_and_grad_accum_config``, which fills it only when absent.
+The HPU strategy runs ``DDPStrategy.setup_environment`` (Lightning's is CUDA only), forms the process group for
+DeepSpeed to adopt, and wraps ``init_deepspeed`` in :func:`device_rank` (``deepspeed.initialize`` gets
+``args.device_rank=root_device.index``, ``None`` on the HPU). ``gradient_clipping`` is set before Lightning's
+``_format_batch_size_and_grad_accum_config`` fills it.
 """
 
 from __future__ import annotations

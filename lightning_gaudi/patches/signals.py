@@ -1,11 +1,9 @@
 """SIGTERM during fit, handled by :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` instead of Lightning.
 
-Lightning's signal connector registers its bound ``_sigterm_notifier_fn`` for SIGTERM when a fit starts; it forwards
-the signal to launched ranks, runs a ``broadcast`` inside the signal handler (which can unpair collectives) and sets
-``received_sigterm``. ``_TrainingEpochLoop.advance`` also broadcasts a flag before every batch
-(``_broadcast_sigterm_tensor``, absent before 2.6): a blocking collective and a host read per step.
-:func:`take_over_sigterm` replaces both on one trainer's instances; Lightning still chains the handler with the one
-installed before and removes it when the fit ends.
+Lightning's ``_sigterm_notifier_fn`` (registered when a fit starts) runs a ``broadcast`` inside the signal handler,
+which can unpair collectives, and ``_TrainingEpochLoop._broadcast_sigterm_tensor`` (2.6) a blocking collective and a
+host read per step. :func:`take_over_sigterm` replaces both on one trainer's instances; Lightning still chains the
+handler with the one installed before and removes it when the fit ends.
 """
 
 from __future__ import annotations

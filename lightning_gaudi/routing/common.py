@@ -1,15 +1,11 @@
 """The routing both connectors share: which HPU class or precision plugin answers a Lightning name on HPUs.
 
-- ``strategy="auto"``: the single-HPU strategy for one device, ``"hpu_parallel"`` for more; ``devices="auto"`` is one
-  device for a single-device strategy.
-- A Lightning strategy name whose class an HPU strategy declares in its own ``lightning_counterparts`` becomes that
-  HPU class, built with the registry's ``init_params`` (``"deepspeed_stage_2"``: ``HPUDeepSpeedStrategy(stage=2)``);
-  a forking ``start_method`` is refused. Instances of such Lightning classes (or subclasses), and Lightning strategies
-  no HPU class claims, are refused with the fix.
-- Precision: a strategy's ``hpu_precision_plugin(precision)`` chooses first, else mixed precision is ``HPUPrecision``;
-  ``"fp8"`` is the FP8 plugin, on HPUs only.
-
-Every other accelerator is left to Lightning.
+- ``strategy="auto"``: the single-HPU strategy for one device, ``"hpu_parallel"`` for more (``devices="auto"``: one).
+- A Lightning strategy name whose class an HPU strategy lists in ``lightning_counterparts`` becomes that HPU class,
+  with the registry's ``init_params`` (``"deepspeed_stage_2"``: ``HPUDeepSpeedStrategy(stage=2)``); a forking
+  ``start_method``, instances of such Lightning classes and strategies no HPU class claims are refused with the fix.
+- Precision: a strategy's ``hpu_precision_plugin(precision)`` first, else ``HPUPrecision`` for mixed precision;
+  ``"fp8"`` is the FP8 plugin. Every other accelerator is left to Lightning.
 """
 
 from __future__ import annotations

@@ -59,11 +59,19 @@ def check_hpu_accelerator(strategy_name: str, accelerator: object, api: str = "T
 
 
 def refuse_unknown_arguments(
-    owner: str, given: Iterable[str], accepted: set[str], whose: str, candidates: set[str] | None = None, hint: str = ""
+    owner: str,
+    given: Iterable[str],
+    accepted: set[str],
+    whose: str,
+    candidates: set[str] | None = None,
+    hint: str = "",
+    set_by_owner: Iterable[str] = (),
 ) -> None:
-    """Raises ``TypeError`` for the first of ``given`` not in ``accepted``, naming the closest of ``candidates``
-    (default: ``accepted``), else adding ``hint``."""
+    """Raises ``TypeError`` for the first of ``given`` that is in ``set_by_owner`` or not in ``accepted``, naming the
+    closest of ``candidates`` (default: ``accepted``), else adding ``hint``."""
     for name in given:
+        if name in set_by_owner:
+            raise TypeError(f"`{name}` is set by {owner} itself when it wraps the model; remove it.")
         if name not in accepted:
             close = difflib.get_close_matches(name, sorted(candidates or accepted), n=1)
             raise TypeError(

@@ -41,30 +41,27 @@ class DDPSettings:
     bad value fails before any process starts.
 
     Args:
-        bucket_cap_mb: gradient bucket size in MB (torch's default 25 when ``None``). Larger buckets mean fewer
-            all-reduce launches; Intel reports 100 MB best for ResNet50 and 200 MB for ResNeXt101.
-        gradient_as_bucket_view: let gradients be views into the all-reduce buckets, saving one gradient copy of
-            memory (Intel's advice on Gaudi, hence the default ``True``). The first optimizer step's gradients are
-            then released right after it, so DDP's bucket rebuild in the second step never holds two copies.
+        bucket_cap_mb: gradient bucket size in MB (torch's 25 when ``None``); larger buckets, fewer all-reduces
+            (Intel reports 100 MB best for ResNet50, 200 MB for ResNeXt101).
+        gradient_as_bucket_view: gradients as views into the all-reduce buckets, saving a gradient copy (Intel's
+            advice on Gaudi); the first step's gradients are released after it, so DDP's bucket rebuild never holds
+            two copies.
         static_graph: tell DDP the set of used parameters and the graph never change between iterations.
-        find_unused_parameters: search the autograd graph for parameters without gradients each step; leave
-            ``False`` unless the model really skips parameters (it costs a graph traversal per step).
+        find_unused_parameters: search the autograd graph for parameters without gradients each step (a graph
+            traversal per step).
         broadcast_buffers: broadcast module buffers from rank 0 at each forward; ``None`` leaves torch's default.
         start_method: how extra local ranks start: "popen" (re-run the script) or "spawn".
         comm_state: the state passed to ``comm_hook``.
         comm_hook: a DDP communication hook (``hook(state, bucket) -> Future``), registered on the HPU.
         comm_wrapper: wraps ``comm_hook`` before registration (e.g. a compression wrapper).
-        fast_ddp: no ``DistributedDataParallel`` wrapper: rank 0's parameters and buffers are broadcast once at set-up
-            and the gradients are all-reduced after backward in a few flat buffers of ``bucket_cap_mb`` (100 by
-            default), skipped while gradients accumulate. The same results as DDP; under ``torch.compile`` the forward
-            and backward compile whole, without DDP's split at every bucket (optimum-habana's ``fast_ddp``). Buffers
-            are not broadcast at every forward, unused parameters are not searched for, and communication hooks do
-            not apply.
+        fast_ddp: no ``DistributedDataParallel`` wrapper (optimum-habana's ``fast_ddp``): rank 0's parameters and
+            buffers are broadcast once, and the gradients all-reduced after backward in flat buffers of
+            ``bucket_cap_mb`` (100 by default), except while they accumulate. DDP's results; under ``torch.compile``
+            no graph split at every bucket. No per-forward buffer broadcast, unused-parameter search or comm hooks.
         extra: any other ``DistributedDataParallel`` argument, passed through.
 
     Raises:
-        ValueError: ``bucket_cap_mb`` is not a positive finite number, or ``start_method`` is neither "popen" nor
-            "spawn".
+        ValueError: ``bucket_cap_mb`` not a positive finite number, or ``start_method`` neither "popen" nor "spawn".
     """
 
     bucket_cap_mb: float | None = None
@@ -85,8 +82,7 @@ class DDPSettings:
             isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value))
         ):
             raise ValueError(
-                f"`bucket_cap_mb={value!r}` must be a positive number of megabytes (Intel suggests 100 to 230"
-                " on Gaudi)."
+                f"`bucket_cap_mb={value!r}` must be a positive number of megabytes (Intel suggests 100-230)."
             )
         if self.start_method not in START_METHODS:
             raise ValueError(f"`start_method={self.start_method!r}` is not supported on HPU; use 'popen' or 'spawn'.")
@@ -122,15 +118,9 @@ class DDPSettings:
             return self
         accepted = ((set(ddp) - {"self", "kwargs"}) | _parameters(base)) - set(SET_BY_STRATEGY)
         own = _parameters(owner)
-        for name in self.extra:
-            if name in SET_BY_STRATEGY:
-                raise TypeError(
-                    f"`{name}` is set by {owner.__name__} itself when it wraps the model in DistributedDataParallel;"
-                    " remove it."
-                )
         refuse_unknown_arguments(
             owner.__name__, self.extra, accepted, "torch.nn.parallel.DistributedDataParallel's", accepted | own,
-            f" DistributedDataParallel takes: {', '.join(sorted(accepted - own))}.",
+            f" DistributedDataParallel takes: {', '.join(sorted(accepted - own))}.", SET_BY_STRATEGY,
         )  # fmt: skip
         return self
 

@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from lightning.fabric.plugins import ClusterEnvironment
@@ -34,9 +34,6 @@ from lightning_gaudi.hpu.deepspeed_accelerator import (
 from lightning_gaudi.patches import deepspeed_strategy
 from lightning_gaudi.strategies._staged import save_staged
 from lightning_gaudi.strategies.core import TrainerParallelCore, refuse_unknown_arguments
-
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
 
 #: Truthy when DeepSpeed is installed (checked without importing it).
 DEEPSPEED_AVAILABLE = RequirementCache("deepspeed")
@@ -177,16 +174,14 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
     """DeepSpeed ZeRO on HPUs, one process per card: optimizer state (stage 1), gradients (2) and parameters (3)
     partitioned across the ranks.
 
-    On Gaudi it runs Intel's DeepSpeed fork with DeepSpeed's ``"hpu"`` accelerator over HCCL; in eager emulation,
-    public DeepSpeed with its ``"cpu"`` accelerator over gloo. The accelerator is chosen (``DS_ACCELERATOR``) when the
-    strategy is created, before anything imports DeepSpeed. Ranks start, find each other and time out as with
-    ``"hpu_parallel"``. With ``accelerator="hpu"``, Lightning's names (``"deepspeed"``, ``"deepspeed_stage_3"``...) run
-    this strategy with the same settings, and ``precision`` chooses Lightning's ``DeepSpeedPrecision`` (bf16 on
-    Gaudi; fp16 from Gaudi 2 on).
+    On Gaudi: Intel's DeepSpeed fork, DeepSpeed's ``"hpu"`` accelerator, HCCL; in eager emulation: public DeepSpeed,
+    its ``"cpu"`` accelerator, gloo. The accelerator (``DS_ACCELERATOR``) is chosen when the strategy is created,
+    before anything imports DeepSpeed. Launching is as with ``"hpu_parallel"``. With ``accelerator="hpu"``,
+    Lightning's names (``"deepspeed"``, ``"deepspeed_stage_3"``...) run this strategy, and ``precision`` chooses
+    Lightning's ``DeepSpeedPrecision`` (bf16 on Gaudi; fp16 from Gaudi 2 on).
 
-    Gradient clipping is the Trainer's ``gradient_clip_val`` (by norm), never DeepSpeed's default of 1.0: no clipping
-    unless the Trainer asks. A checkpoint is a directory (each rank writes its shards), written beside its final
-    name and renamed into place once every rank has written (see :meth:`save_checkpoint`); resume with
+    Gradient clipping is the Trainer's ``gradient_clip_val`` (by norm), never DeepSpeed's default of 1.0. A checkpoint
+    is a directory of every rank's shards, staged and renamed into place (:meth:`save_checkpoint`); resume with
     ``Trainer.fit(ckpt_path=that_directory)``.
 
     Args:
@@ -205,8 +200,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         **kwargs: any other argument of Lightning's ``DeepSpeedStrategy`` (NVMe offload, loss scaling...).
 
     Raises:
-        ImportError: DeepSpeed is not installed (or, on Gaudi, cannot drive the HPU), with the command that installs
-            it.
+        ImportError: DeepSpeed is not installed (or, on Gaudi, cannot drive the HPU), with the command to install it.
         ValueError: a ZeRO stage other than 0 to 3, a bad config (see :func:`check_config`), an accelerator that is no
             HPU, lazy emulation, or ``DS_ACCELERATOR`` set to another accelerator.
         TypeError: an argument Lightning's ``DeepSpeedStrategy`` does not take.
@@ -301,8 +295,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
 
         if not is_intel_fork(deepspeed.__version__):
             rank_zero_warn(
-                f"DeepSpeed {deepspeed.__version__} is not Intel's Gaudi fork, which Intel supports on Gaudi. Install"
-                f" it with `{INTEL_FORK_INSTALL}`."
+                f"DeepSpeed {deepspeed.__version__} is not Intel's Gaudi fork; install it: `{INTEL_FORK_INSTALL}`."
             )
 
     @property  # type: ignore[override]
@@ -322,24 +315,20 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         self._precision_plugin = precision_plugin
 
     def hpu_precision_plugin(self, precision: str) -> Precision | None:
-        """The precision plugin for ``Trainer(precision=precision)`` with ``accelerator="hpu"`` (asked by the
-        accelerator connector): Lightning's ``DeepSpeedPrecision``, which hands the dtype to DeepSpeed's config."""
+        """The plugin for ``Trainer(precision=precision)``: Lightning's ``DeepSpeedPrecision`` (the dtype goes to
+        DeepSpeed's config)."""
         return DeepSpeedPrecision(precision)  # type: ignore[arg-type]  # checked by the plugin
 
     @override
     def setup_environment(self) -> None:
         # Lightning's DeepSpeedStrategy refuses every accelerator but CUDA here; DDP's set-up is what it runs past that
         assert self.lightning_module is not None
+        assert isinstance(self.config, dict)
         trainer = self.lightning_module.trainer
-        self._take_gradient_clipping(trainer)
+        clip = gradient_clipping(self.config, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        self.config["gradient_clipping"] = clip
         DDPStrategy.setup_environment(self)
         self._prepare_trainer(trainer)
-
-    def _take_gradient_clipping(self, trainer: pl.Trainer) -> None:
-        assert isinstance(self.config, dict)
-        self.config["gradient_clipping"] = gradient_clipping(
-            self.config, trainer.gradient_clip_val, trainer.gradient_clip_algorithm
-        )
 
     @override
     def setup_distributed(self) -> None:

@@ -102,52 +102,42 @@ def _check_state_dict_type(value: object) -> None:
 
 def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> None:
     accepted = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self", *_SET_BY_STRATEGY}
-    for name in kwargs:
-        if name in _SET_BY_STRATEGY:
-            raise TypeError(f"`{name}` is set by HPUFSDPStrategy itself when it wraps the model; remove it.")
     refuse_unknown_arguments(
         "HPUFSDPStrategy", kwargs, accepted, "torch.distributed.fsdp.FullyShardedDataParallel's",
-        hint=f" It takes: {', '.join(sorted(accepted))}.",
+        hint=f" It takes: {', '.join(sorted(accepted))}.", set_by_owner=_SET_BY_STRATEGY,
     )  # fmt: skip
 
 
 class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card.
 
-    Each rank keeps only its shard of the parameters, gradients and optimizer states (``FULL_SHARD``), gathering a
-    layer's full parameters just for its forward and backward: per-rank model and optimizer memory falls to about
-    1 / world size of DDP's, for more communication. On Gaudi the process group uses HCCL and FSDP runs on the HPU
-    device in eager mode, with or without ``torch.compile`` (Intel supports FSDP on Gaudi 2 in eager mode only; lazy
-    mode is refused); in eager emulation it runs on the CPU over gloo. With ``accelerator="hpu"``, Lightning's own
-    ``"fsdp"`` name runs this strategy. Launching, multi-node runs and launch checks are those of
-    :class:`~lightning_gaudi.HPUParallelStrategy`.
+    Each rank keeps only its shard of the parameters, gradients and optimizer states (``FULL_SHARD``): per-rank memory
+    falls to about 1 / world size of DDP's, for more communication. On Gaudi it runs over HCCL in eager mode, with or
+    without ``torch.compile`` (Intel supports FSDP on Gaudi 2 in eager mode only; lazy mode is refused); in eager
+    emulation on the CPU over gloo. With ``accelerator="hpu"``, Lightning's ``"fsdp"`` runs this strategy. Launching
+    and its checks are those of :class:`~lightning_gaudi.HPUParallelStrategy`.
 
-    Checkpoints: with ``state_dict_type="full"`` rank 0 gathers the full weights and optimizer states into one file
-    (atomic, through :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO`) that loads into any strategy. With
-    ``"sharded"`` every rank writes its shard (torch distributed checkpoint) into a directory staged beside the target
-    and renamed into place once every rank has written (:func:`~lightning_gaudi.strategies._staged.save_staged`); it
-    resumes on the same world size and needs a file system every rank sees (local paths only).
+    Checkpoints: ``state_dict_type="full"``: rank 0 gathers everything into one atomic file that loads into any
+    strategy. ``"sharded"``: every rank writes its shard (torch distributed checkpoint) into a directory staged beside
+    the target and renamed into place once all have written (:func:`~lightning_gaudi.strategies._staged.save_staged`);
+    it resumes on the same world size and needs a local file system every rank sees.
 
     Args:
         accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
             arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: an :class:`~lightning_gaudi.HPUFSDPPrecision`; normally ``Trainer(precision=...)``.
-        cpu_offload: must stay ``None``/``False``: CPU offload of parameters is not offered on HPUs (Intel documents
-            FSDP on Gaudi without it, and in emulation the parameters already live in host memory).
+        cpu_offload: must stay ``None``/``False``: not offered on HPUs (Intel documents FSDP on Gaudi without it).
         mixed_precision: torch's ``MixedPrecision`` config; by default it follows the precision plugin.
-        auto_wrap_policy: which submodules become their own FSDP unit (sharded and gathered one at a time): a set or
-            list of module classes or their dotted paths (e.g. the transformer block), or a torch wrap policy.
-            Without one the whole model is one unit, gathered whole for every forward.
-        activation_checkpointing_policy: which submodules recompute their activations in the backward instead of
-            storing them, in the same forms.
-        sharding_strategy: ``"FULL_SHARD"`` (parameters, gradients and optimizer states; default),
-            ``"SHARD_GRAD_OP"`` (gradients and optimizer states), ``"NO_SHARD"`` (like DDP), ``"HYBRID_SHARD"``
-            (full sharding within a node, replication across nodes; needs ``device_mesh``), or a
-            ``torch.distributed.fsdp.ShardingStrategy``.
+        auto_wrap_policy: which submodules become their own FSDP unit: a set or list of module classes or their dotted
+            paths (e.g. the transformer block), or a torch wrap policy; without one the model is one unit.
+        activation_checkpointing_policy: which submodules recompute their activations in the backward, in the same
+            forms.
+        sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (gradients and optimizer states),
+            ``"NO_SHARD"`` (like DDP), ``"HYBRID_SHARD"`` (full sharding within a node, replication across nodes;
+            needs ``device_mesh``), or a ``torch.distributed.fsdp.ShardingStrategy``.
         state_dict_type: ``"full"`` or ``"sharded"`` checkpoints (see above).
         device_mesh: for ``HYBRID_SHARD``, ``(replicas, shards)`` (product: the world size) or a ``DeviceMesh``.
-        **kwargs: any other ``FullyShardedDataParallel`` argument (``limit_all_gathers``, ``forward_prefetch``...),
-            checked against its signature here.
+        **kwargs: any other ``FullyShardedDataParallel`` argument, checked against its signature here.
 
     Raises:
         ValueError: an unknown sharding strategy or ``state_dict_type``, CPU offload, a wrap policy that names no
@@ -184,10 +174,9 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     ) -> None:
         if cpu_offload is True or (isinstance(cpu_offload, CPUOffload) and cpu_offload.offload_params):
             raise ValueError(
-                f"HPUFSDPStrategy got `cpu_offload={cpu_offload!r}`: CPU offload is not offered on HPUs. Intel"
-                " documents FSDP on Gaudi without it, and under emulation the parameters already live in host memory,"
-                " so it would change nothing there. Remove it (strategy 'fsdp_cpu_offload' maps to it), shard over"
-                " more cards, or use activation_checkpointing_policy to save activation memory."
+                f"HPUFSDPStrategy got `cpu_offload={cpu_offload!r}`: CPU offload is not offered on HPUs (Intel"
+                " documents FSDP on Gaudi without it; in emulation the parameters are in host memory already). Remove"
+                " it ('fsdp_cpu_offload' maps to it), shard over more cards, or use activation_checkpointing_policy."
             )
         _check_state_dict_type(state_dict_type)
         _check_fsdp_kwargs(kwargs)
@@ -251,8 +240,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         self._precision_plugin = precision_plugin
 
     def hpu_precision_plugin(self, precision: str) -> Precision:
-        """The precision plugin for ``Trainer(precision=...)`` (the connector asks; see
-        :mod:`lightning_gaudi.patches.connector`).
+        """The precision plugin for ``Trainer(precision=...)`` (the connector asks).
 
         Raises:
             ValueError: a precision FSDP does not train in here (``"fp8"``).
@@ -266,8 +254,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
 
     @override
     def setup_environment(self) -> None:
-        # The process group is formed here, on HCCL (gloo in emulation), before Lightning's set-up, which then finds
-        # it formed; a device mesh given as a tuple is built on the HPU device type, not CUDA.
+        # the process group first (Lightning's set-up then finds it); a tuple device mesh on the HPU's device type
         self.setup_distributed()
         mesh = self.kwargs.get("device_mesh")
         if isinstance(mesh, tuple):
@@ -285,8 +272,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     def _setup_model(self, model: Module) -> Module:
         root = self._fsdp_root
         if isinstance(root, FullyShardedDataParallel) and root.module is model:
-            # validate/test/predict after fit: the module is sharded already; wrapping it again would take its shards
-            # for whole parameters
+            # validate/test/predict after fit: sharded already (wrapping again would take shards for parameters)
             return root
         if any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
             return super()._setup_model(model)  # wrapped by the user (or by an earlier stage): Lightning's handling

@@ -94,11 +94,9 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
     """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs.
 
     Lightning's :class:`~lightning.pytorch.strategies.ModelParallelStrategy` on the HPU: the 2-D device mesh
-    ``(data_parallel, tensor_parallel)`` is built on the HPU over HCCL (on the CPU over gloo in eager emulation) and
-    is ``self.device_mesh`` in the LightningModule's ``configure_model``, where the model applies its plan. Mixed
-    precision autocasts on the HPU device type; ``gradient_clip_val`` clips by the global norm over every shard
-    (:func:`clip_grad_norm_`). Eager and compile mode; lazy mode is refused (Intel supports DTensor in eager and
-    compile mode only). Launch checks, timeouts and preemption are those of every HPU strategy.
+    ``(data_parallel, tensor_parallel)`` (HCCL; gloo in emulation) is ``self.device_mesh`` in ``configure_model``,
+    where the model applies its plan. ``gradient_clip_val`` clips by the global norm over every shard
+    (:func:`clip_grad_norm_`). Eager and compile mode only (Intel supports DTensor there; lazy mode is refused).
 
     Checkpoints (``save_distributed_checkpoint``): a directory of shards, staged and renamed into place once every
     rank has written, resumed on the same mesh (``ckpt_path`` the directory); or one full file, for inference.
@@ -137,8 +135,7 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
     def setup(self, trainer: pl.Trainer) -> None:
         super().setup(trainer)
         plugin = self.precision_plugin
-        # Lightning clips with torch's clip_grad_norm_, which refuses tensor-parallel models (DTensors of several
-        # placements beside plain tensors)
+        # torch's clip_grad_norm_, Lightning's, refuses DTensors of several placements beside plain tensors
         plugin.clip_grad_by_norm = lambda optimizer, clip_val: clip_grad_norm_(plugin.main_params(optimizer), clip_val)  # type: ignore[method-assign,assignment]
 
     @override

@@ -23,12 +23,10 @@ from lightning_gaudi.strategies.ddp_settings import PARALLEL_VARIANTS, DDPCore, 
 class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
     """Data-parallel training on several HPUs, one process per card, with ``DistributedDataParallel``.
 
-    On Gaudi the process group uses HCCL (Intel's bridge registers it and ``initialize_distributed_hpu`` maps the
-    launcher's variables); in emulation it uses gloo. Multi-node runs use Lightning's cluster environments
+    The process group uses HCCL on Gaudi, gloo in emulation; multi-node runs use Lightning's cluster environments
     (torchrun, SLURM, MPI, or ``num_nodes`` with ``MASTER_ADDR``/``NODE_RANK``). ``Trainer(sync_batchnorm=True)``
-    synchronizes batch norms with :class:`~lightning_gaudi.strategies.HPUSyncBatchNorm`. With ``accelerator="hpu"``,
-    Lightning's own DDP names (``"ddp"``, ``"ddp_spawn"``, ``"ddp_find_unused_parameters_true"``...) run this
-    strategy with the same settings.
+    uses :class:`~lightning_gaudi.strategies.HPUSyncBatchNorm`. With ``accelerator="hpu"``, Lightning's own DDP names
+    (``"ddp"``, ``"ddp_spawn"``...) run this strategy with the same settings.
 
     Args:
         accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
@@ -38,10 +36,9 @@ class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
             the DDP settings, see :class:`~lightning_gaudi.strategies.ddp_settings.DDPSettings`.
         ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: a DDP communication hook, its state and wrapper
             (``DDPSettings.comm_*``), registered on the HPU as on CUDA.
-        fast_ddp: all-reduce the gradients after backward without the DDP wrapper (``DDPSettings.fast_ddp``; the
-            name ``"hpu_fast_ddp"``).
-        **kwargs: any other ``torch.nn.parallel.DistributedDataParallel`` argument, passed through; checked against
-            its signature here, so a misspelled one fails before any process starts.
+        fast_ddp: all-reduce the gradients after backward without the DDP wrapper (``DDPSettings.fast_ddp``).
+        **kwargs: any other ``DistributedDataParallel`` argument, checked against its signature before any process
+            starts.
 
     Raises:
         TypeError: a keyword argument neither this class nor ``DistributedDataParallel`` takes (with the closest

@@ -47,7 +47,6 @@ class Recording(TrainerRecording):
         self.calls["check_flags"] = (strategy, accelerator, "ddp" in registered)
 
 
-
 def test_a_fabric_is_built_through_every_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     """Canary: building a Fabric runs each wrapper, with the connector's flags, and builds what the policy answers."""
     chosen, plugin = SingleDeviceStrategy(device=torch.device("cpu")), MixedPrecision("bf16-mixed", "cpu")

@@ -197,6 +197,20 @@ def test_figure_title_bars_and_legends() -> None:
             assert not box.overlaps(text.get_window_extent(renderer)), f"the legend of {ax.get_title()!r} hides a label"
 
 
+@contextlib.contextmanager
+def _process_settings_restored() -> Iterator[None]:
+    """The benchmarks quiet these libraries and take one torch thread, meant for a process of their own."""
+    names = ("lightning.pytorch", "lightning.fabric", "torch._dynamo", "torch._inductor")
+    loggers = [logging.getLogger(name) for name in names]
+    levels, threads = [logger.level for logger in loggers], torch.get_num_threads()
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+        torch.set_num_threads(threads)
+
+
 def test_threads_benchmark_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`python -m benchmarks.threads --quick` (in this process; the quick suite runs both thread counts): the example
     GPT timed, a table and a JSON."""
@@ -204,8 +218,9 @@ def test_threads_benchmark_quick(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     out = tmp_path / "threads.json"
     before = torch.get_num_threads()
-    assert threads.main(["--quick", "--threads", "1", "--out", str(out)]) in (None, 0)
-    assert torch.get_num_threads() == before
+    with _process_settings_restored():
+        assert threads.main(["--quick", "--threads", "1", "--out", str(out)]) in (None, 0)
+        assert torch.get_num_threads() == before
     assert capsys.readouterr().out.startswith("| torch threads | steps/s |")
     result = json.loads(out.read_text())
     measured = result["threads"]
@@ -227,19 +242,6 @@ def test_threads_benchmark_rejects_bad_counts(
     with pytest.raises(SystemExit):
         threads.main(argv)
     assert message in capsys.readouterr().err
-
-
-@contextlib.contextmanager
-def _process_settings_restored() -> Iterator[None]:
-    """The benchmarks quiet these libraries and take one torch thread, meant for a process of their own."""
-    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric", "torch._dynamo")]
-    levels, threads = [logger.level for logger in loggers], torch.get_num_threads()
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-        torch.set_num_threads(threads)
 
 
 def test_hf_models_benchmark_quick(
@@ -276,3 +278,18 @@ def test_hf_models_benchmark_quick(
     finally:
         torch._dynamo.reset()
     assert json.loads((tmp_path / "compile.json").read_text())["block_graphs"] == 1  # both GPT-2 blocks, one graph
+
+
+def test_features_kernels_route_through_the_seam(eager_hpu: Any) -> None:
+    """`benchmarks.features`' kernels measurement, in this process with tiny steps: FusedKernels sends the LLaMA's
+    attention, RMSNorm and RoPE to the seam (the plain fit never calls it), and the losses do not move."""
+    from benchmarks import features
+
+    settings = features.Settings(kernels_steps=2, kernels_warmup=0, kernels_repetitions=1)
+    with _process_settings_restored():
+        result = features.kernels(settings)
+    calls = result["seam_calls_per_step"]
+    assert calls["plain"] == dict.fromkeys(features.SEAM_KERNELS, 0)
+    assert calls["fused"] == {"sdpa": 2, "rms_norm": 5, "rope": 4}  # 2 layers: attention, 2 norms + final, q and k
+    assert result["loss_max_abs_diff"] < features.TOLERANCE
+    assert not any(name in vars(eager_hpu) for name in features.SEAM_KERNELS)  # the counting wrappers are gone

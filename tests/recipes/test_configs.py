@@ -39,6 +39,8 @@ TINY = ["data.max_bytes=20000", "data.seq_len=16", "data.batch_size=4"]
 
 #: hparams_search recipes that run Hydra's Optuna sweeper (the `optuna` extra).
 OPTUNA_RECIPES = ("gpt_optuna",)
+
+
 def _installed(name: str) -> bool:
     try:  # find_spec raises, instead of returning None, when a parent package (hydra_plugins) is missing
         return importlib.util.find_spec(name) is not None
