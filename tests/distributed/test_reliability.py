@@ -176,7 +176,7 @@ def test_a_hung_peer_ends_in_a_clear_error_within_the_timeout(tmp_path: Path) ->
     assert "within timeout=0:00:05" in log
     assert "PeerLostError" not in log
     waited = ended - (out / "resumed-rank0.txt").stat().st_mtime  # rank 0 wrote it just before the barrier
-    assert 5 <= waited < 5 + 30, waited  # the full timeout, then a prompt end (30 s for teardown on a busy CI box)
+    assert 5 <= waited < 5 + 30, waited  # the full timeout, then a prompt end (the hung rank within its grace period)
 
 
 def _kill_during_save(path: Path, mode: str, megabytes: int = 256) -> None:

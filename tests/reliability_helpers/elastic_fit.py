@@ -1,7 +1,7 @@
 """A tiny ``hpu_parallel`` fit for the reliability tests, run once per rank by torchrun (or Lightning's launcher).
 
 ``python elastic_fit.py OUT_DIR [--num-nodes N] [--devices D] [--max-steps S] [--every S] [--kill-rank R]
-[--kill-step S] [--timeout SECONDS] [--hang-rank R]`` under ``LIGHTNING_GAUDI_EMULATE=eager``.
+[--kill-step S] [--timeout SECONDS] [--hang-rank R] [--grace SECONDS]`` under ``LIGHTNING_GAUDI_EMULATE=eager``.
 
 Every rank sees the same batch on every step (rank r always gets sample r), so the weights after ``n`` optimizer
 steps depend on ``n`` alone: a run that loses steps or applies one twice ends with different weights than
@@ -15,7 +15,9 @@ What each rank writes under ``OUT_DIR``:
 - ``final-rank<r>.pt``: the weights at the end of a run that reached ``--max-steps``.
 
 ``--kill-rank R --kill-step S``: rank R SIGKILLs itself after optimizer step S in the first attempt
-(attempt 0). ``--hang-rank R``: rank R stops answering (sleeps) before the first barrier.
+(attempt 0). ``--hang-rank R``: rank R stops answering (sleeps) before the first barrier. ``--grace``: the
+``PreemptionCheckpoint`` grace period (3 s; the default 25 s would keep a hung rank alive that long after torchrun's
+SIGTERM, since it never reaches a step to stop at).
 An attempt is one start of a rank's process that reached the training loop (torchrun's
 ``TORCHELASTIC_RESTART_COUNT`` cannot tell: a restart for a peer's failure does not count there).
 """
@@ -37,6 +39,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gaudi import HPUParallelStrategy, resume
+from lightning_gaudi.callbacks import PreemptionCheckpoint
 
 FEATURES = 8
 LR = 0.05
@@ -141,6 +144,7 @@ def main() -> None:
     parser.add_argument("--kill-step", type=int, default=-1)
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--timeout", type=float, default=20.0)
+    parser.add_argument("--grace", type=float, default=3.0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     resumed = args.out / f"resumed-rank{os.environ.get('RANK', '0')}.txt"
@@ -155,7 +159,7 @@ def main() -> None:
         devices=args.devices,
         num_nodes=args.num_nodes,
         max_steps=args.max_steps,
-        callbacks=[checkpoint, Recorder(args.out, attempt, args)],
+        callbacks=[checkpoint, Recorder(args.out, attempt, args), PreemptionCheckpoint(grace_period=args.grace)],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
