@@ -32,6 +32,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return commands
 
 
+@pytest.mark.subprocess
 def test_importing_the_doctor_imports_no_pytest() -> None:
     code = "import sys, lightning_gaudi.doctor; assert 'pytest' not in sys.modules, 'pytest imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
