@@ -69,8 +69,9 @@ from benchmarks.common import (
     summarize,
     trainer_kwargs,
 )
-from benchmarks.hf_models import COMPILE_BACKEND_ENV, CausalLM, _quiet_libraries, tokens
+from benchmarks.hf_models import CausalLM, _quiet_libraries, tokens
 from lightning_gaudi import hpu
+from lightning_gaudi.hpu.runtime import COMPILE_BACKEND_ENV
 
 HERE = Path(__file__).resolve().parent
 MODEL = "llama"

@@ -80,9 +80,9 @@ from benchmarks.common import (
     summarize,
     trainer_kwargs,
 )
+from lightning_gaudi.hpu.runtime import COMPILE_BACKEND_ENV
 
 HERE = Path(__file__).resolve().parent
-COMPILE_BACKEND_ENV = "LIGHTNING_GAUDI_COMPILE_BACKEND"
 SEQ, BATCH, VOCAB = 64, 8, 512
 #: The transformers config class and its arguments, per model.
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {

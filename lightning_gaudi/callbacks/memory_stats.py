@@ -54,7 +54,7 @@ class MemoryStats(DeviceStatsMonitor):
         super().setup(trainer, pl_module, stage)
 
     def _skip(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        """Reads nothing: the statistics are read at the end of training batches only."""
 
     on_train_batch_start = on_validation_batch_start = on_validation_batch_end = _skip  # type: ignore[assignment]
     on_test_batch_start = on_test_batch_end = _skip  # type: ignore[assignment]

@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from lightning.fabric.utilities.distributed import ReduceOp
@@ -40,15 +39,6 @@ def rebind_parameters(optimizer: Optimizer, moved: dict[int, tuple[weakref.ref[T
         new = replacement(old)
         if new is not old:
             optimizer.state[new] = optimizer.state.pop(old)
-
-
-@contextmanager
-def _explained_errors() -> Iterator[None]:
-    try:
-        yield
-    except BaseException as error:
-        hpu.explain_error(error)  # the note the Trainer adds in on_exception, for errors that are an emulator's limits
-        raise
 
 
 def _explain_forward_error(module: Module, args: Any, output: Any) -> None:
@@ -107,16 +97,22 @@ class FabricCore(HPUStrategyCore):
         return super().setup_optimizer(optimizer)  # type: ignore[misc,no-any-return]
 
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
-        with _explained_errors():
+        try:
             super().backward(tensor, module, *args, **kwargs)  # type: ignore[misc]
             if self._mark is not None:
                 self._mark()
+        except BaseException as error:
+            hpu.explain_error(error)  # the note the Trainer adds in on_exception, for an emulator's limits
+            raise
 
     def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
-        with _explained_errors():
+        try:
             output = super().optimizer_step(optimizer, **kwargs)  # type: ignore[misc]
             if self._mark is not None:
                 self._mark()
+        except BaseException as error:
+            hpu.explain_error(error)
+            raise
         return output
 
 
