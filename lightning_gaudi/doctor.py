@@ -111,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             " (a wheel). Run the doctor from a source checkout: `git clone` the project, `pip install -e '.[dev]'`"
             " inside your Gaudi environment, then `python -m lightning_gaudi.doctor` in the checkout.\n"
         )
-    elif importlib.util.find_spec("pytest") is None:
-        parts.append("Tests NOT RUN: pytest is not installed (`pip install -e '.[dev]'`).\n")
+    elif importlib.util.find_spec("pytest") is None or importlib.util.find_spec("xdist") is None:
+        parts.append("Tests NOT RUN: pytest or pytest-xdist is not installed (`pip install -e '.[dev]'`).\n")
     else:
-        pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", "--no-header"]
+        # -n 0: one process, so the tests take the cards one at a time and the report reads in order
+        pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rfEs", "--no-header"]
         if gaudi:
             parts.append("A Gaudi is in use: the bridge-path tests ran on Intel's bridge, then benchmarks/gaudi.py.\n")
             command = [*pytest, "--real-bridge", "-m", "bridge and not subprocess" if args.quick else "bridge"]

@@ -63,6 +63,7 @@ def test_on_a_gaudi_it_runs_the_bridge_tests_and_the_benchmarks(
     assert "habana: 8 x GAUDI2, Intel's bridge" in report
     tests, benchmarks = recorded
     assert "--real-bridge" in tests
+    assert tests[tests.index("-n") + 1] == "0"  # one process: not the suite's test workers on the cards
     assert tests[-2:] == ["-m", "bridge and not subprocess"]
     assert benchmarks[1:3] == ["-m", "benchmarks.gaudi"]
     assert benchmarks[-1] == "--quick"

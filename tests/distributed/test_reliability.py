@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.shared_job import run_once
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -85,12 +86,14 @@ def _assert_weights(out: Path, steps: int) -> None:
         torch.testing.assert_close(finals[0][name], expected, rtol=0, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("two_nodes") / "job"
+def _two_node_job(out: Path) -> None:
     codes, log = run_two_node_job(out, "--max-steps", "10", "--every", "5")
     assert codes == [0, 0], log[-6000:]
-    return out
+
+
+@pytest.fixture(scope="module")
+def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_once(tmp_path_factory, "two-nodes", _two_node_job)
 
 
 @pytest.mark.subprocess

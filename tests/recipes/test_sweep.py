@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 import yaml
+from helpers.shared_job import run_once
 
 from lightning_gaudi import hpu
 
@@ -54,10 +55,9 @@ def _load_report() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def ddp_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Runs `examples/train.py -m strategy=hpu_parallel trainer.devices=2 strategy.bucket_cap_mb=1,8` once."""
-    sweep_dir = tmp_path_factory.mktemp("sweep") / "multirun"
+def _ddp_sweep(folder: Path) -> None:
+    sweep_dir = folder / "multirun"
+    folder.mkdir()
     command = [
         sys.executable,
         str(TRAIN),
@@ -68,10 +68,18 @@ def ddp_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         *TINY,
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300, cwd=sweep_dir.parent)
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300, cwd=folder)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    return sweep_dir, output
+    (folder / "output.txt").write_text(output)
+
+
+@pytest.fixture(scope="module")
+def ddp_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Runs `examples/train.py -m strategy=hpu_parallel trainer.devices=2 strategy.bucket_cap_mb=1,8` once: the
+    sweep's folder and what it printed."""
+    folder = run_once(tmp_path_factory, "ddp-sweep", _ddp_sweep)
+    return folder / "multirun", (folder / "output.txt").read_text()
 
 
 @pytest.mark.subprocess

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.models import make_net, regression_data
+from helpers.shared_job import run_once
 
 from lightning_gaudi import hpu
 
@@ -60,24 +61,23 @@ def _reference(initial: dict[str, list[Any]], steps: list[tuple[Any, Any]]) -> d
     return {f"net.{name}": tensor for name, tensor in net.state_dict().items()}
 
 
+def _fit(out: Path) -> None:
+    (out / "stderr.txt").write_text(_run(out, "fit", str(STEPS)).stderr)
+
+
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    out = tmp_path_factory.mktemp("fsdp")
-    return out, _run(out, "fit", str(STEPS))
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The 2-process fit's folder and stderr."""
+    out = run_once(tmp_path_factory, "fsdp-fit", _fit)
+    return out, (out / "stderr.txt").read_text()
 
 
 @pytest.mark.subprocess
-def test_two_process_fit_matches_one_process_on_the_union_of_batches(
-    fitted: tuple[Path, subprocess.CompletedProcess[str]],
-) -> None:
-    out, proc = fitted
+def test_two_process_fit_matches_one_process_on_the_union_of_batches(fitted: tuple[Path, str]) -> None:
+    out, stderr = fitted
     for rank in (0, 1):
-        assert (
-            proc.stderr.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}") == 1
-        )
-    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
-        proc.stderr
-    )
+        assert stderr.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}") == 1
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in stderr
     ranks = _ranks(out, "fit")
     initial = ranks[0]["initial"]
     assert ranks[1]["initial"] == initial
@@ -125,9 +125,7 @@ def assert_evaluated(out: Path, final: dict[str, torch.Tensor]) -> None:
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("kind", ["sharded", "full"])
-def test_a_checkpoint_resumes_to_the_same_weights(
-    fitted: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path, kind: str
-) -> None:
+def test_a_checkpoint_resumes_to_the_same_weights(fitted: tuple[Path, str], tmp_path: Path, kind: str) -> None:
     out, _ = fitted
     checkpoint = out / f"{kind}.ckpt"
     if kind == "sharded":  # a directory of shards, renamed into place complete: no staging directory is left

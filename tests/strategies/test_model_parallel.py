@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.models import make_net
+from helpers.shared_job import run_once
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -156,12 +157,14 @@ LAYOUTS = [("tp", 1, 2), ("fsdp", 2, 1), ("both", 1, 2), ("both", 2, 1)]
 @pytest.fixture(scope="module", params=LAYOUTS, ids=lambda layout: f"{layout[0]}-dp{layout[1]}-tp{layout[2]}")
 def fitted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Any, ...]]:
     plan, dp, tp = request.param
-    out = tmp_path_factory.mktemp(f"{plan}-dp{dp}-tp{tp}")
-    proc = run_helper("model_parallel_fit.py", out, "fit", str(dp), str(tp), plan, str(STEPS))
-    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
-        proc.stderr
-    )
-    return out, request.param
+
+    def fit(out: Path) -> None:
+        proc = run_helper("model_parallel_fit.py", out, "fit", str(dp), str(tp), plan, str(STEPS))
+        assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
+            proc.stderr
+        )
+
+    return run_once(tmp_path_factory, f"model-parallel-{plan}-dp{dp}-tp{tp}", fit), request.param
 
 
 @pytest.mark.subprocess
