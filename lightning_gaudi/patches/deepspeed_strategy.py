@@ -88,8 +88,16 @@ def device_rank(local_rank: int) -> Iterator[None]:
 @contextmanager
 def bounded_build_lock(timeout: timedelta) -> Iterator[None]:
     """Within it, torch's wait for the lock file under which a process builds or loads a DeepSpeed op
-    (``cpp_extension.FileBaton``, which waits forever) fails after ``timeout`` with a ``TimeoutError`` naming it."""
+    (``cpp_extension.FileBaton``, which waits forever) fails after ``timeout`` with a ``TimeoutError`` naming it.
+
+    A torch whose ``cpp_extension`` has no ``FileBaton`` (2.14 on) holds an OS-level lock instead, which ends with the
+    process holding it, so no stale lock can block a job: then nothing changes.
+    """
     from torch.utils import cpp_extension
+
+    if not hasattr(cpp_extension, "FileBaton"):
+        yield
+        return
 
     class BoundedBaton(cpp_extension.FileBaton):
         def wait(self) -> None:

@@ -388,7 +388,10 @@ def test_a_stale_op_build_lock_fails_within_the_timeout_and_is_named(
     deepspeed_shm_comm/lock``; the next job's set-up waited on it forever, now for the strategy's timeout."""
     from deepspeed.comm import comm
     from deepspeed.ops.op_builder.builder import OpBuilder
+    from torch.utils import cpp_extension
 
+    if not hasattr(cpp_extension, "FileBaton"):
+        pytest.skip("this torch's build lock ends with its process: a file left behind blocks nothing")
     lock = tmp_path / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir()
     lock.touch()
