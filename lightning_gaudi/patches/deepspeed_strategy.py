@@ -85,17 +85,25 @@ def device_rank(local_rank: int) -> Iterator[None]:
         deepspeed.initialize = initialize
 
 
+def waits_on_a_lock_file() -> bool:
+    """Whether torch builds extensions under ``cpp_extension.FileBaton``, a lock file that a killed build leaves behind
+    (up to torch 2.13); from 2.14 torch holds an OS-level lock, which ends with the process holding it."""
+    from torch.utils import cpp_extension
+
+    return hasattr(cpp_extension, "FileBaton")
+
+
 @contextmanager
 def bounded_build_lock(timeout: timedelta) -> Iterator[None]:
     """Within it, torch's wait for the lock file under which a process builds or loads a DeepSpeed op
     (``cpp_extension.FileBaton``, which waits forever) fails after ``timeout`` with a ``TimeoutError`` naming it.
 
-    A torch whose ``cpp_extension`` has no ``FileBaton`` (2.14 on) holds an OS-level lock instead, which ends with the
-    process holding it, so no stale lock can block a job: then nothing changes.
+    Where torch does not wait on a lock file (:func:`waits_on_a_lock_file`), no stale lock can block a job: then
+    nothing changes.
     """
     from torch.utils import cpp_extension
 
-    if not hasattr(cpp_extension, "FileBaton"):
+    if not waits_on_a_lock_file():
         yield
         return
 

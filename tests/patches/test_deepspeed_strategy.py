@@ -90,7 +90,7 @@ def test_torch_waits_for_a_build_lock_through_the_baton_replaced(tmp_path: Path)
     from torch.utils import cpp_extension
     from torch.utils.file_baton import FileBaton
 
-    if not hasattr(cpp_extension, "FileBaton"):
+    if not deepspeed_strategy.waits_on_a_lock_file():
         pytest.skip("this torch locks extension builds with an OS-level lock: see the test below")
     source = inspect.getsource(cpp_extension._jit_compile)
     assert "baton = FileBaton(os.path.join(build_directory, 'lock'))" in source
@@ -110,8 +110,9 @@ def test_without_a_baton_the_build_lock_is_left_to_torch(tmp_path: Path, monkeyp
     file a killed build leaves blocks nothing, and :func:`bounded_build_lock` changes nothing."""
     from torch.utils import cpp_extension
 
-    if hasattr(cpp_extension, "FileBaton"):
+    if deepspeed_strategy.waits_on_a_lock_file():
         monkeypatch.delattr(cpp_extension, "FileBaton")  # the same branch, on a torch that still has the baton
+        assert not deepspeed_strategy.waits_on_a_lock_file()
     else:
         assert "with FileLock(os.path.join(build_directory, 'lock')):" in inspect.getsource(cpp_extension._jit_compile)
         lock = tmp_path / "lock"
