@@ -21,7 +21,8 @@ from lightning_gaudi import hpu
 from lightning_gaudi.fabric._base import FabricParallelCore
 from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.strategies._staged import save_staged
-from lightning_gaudi.strategies.fsdp import fsdp_device, refuse_lazy_mode
+from lightning_gaudi.strategies.adoption import Adoption
+from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, fsdp_device, refuse_lazy_mode
 
 
 class FabricShardedCore(FabricParallelCore):
@@ -78,6 +79,7 @@ class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
     strategy_name = "hpu_fsdp"
     api = "Fabric"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
+    adoption = Adoption(extra="_fsdp_kwargs", folded=FSDP_FOLDED, carried=FSDP_CARRIED)
     backward_collective = "backward (gradient reduce-scatter)"
     forward_collective = "forward (parameter all-gather)"
 

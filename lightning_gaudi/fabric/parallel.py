@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT
 from lightning_gaudi.fabric._base import FabricParallelCore
+from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.ddp_settings import PARALLEL_VARIANTS, DDPCore, DDPSettings
 
 
@@ -34,6 +35,7 @@ class HPUParallelStrategy(DDPCore, FabricParallelCore, DDPStrategy):
     strategy_name = "hpu_parallel"
     registered_variants = PARALLEL_VARIANTS
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (DDPStrategy,)
+    adoption = Adoption(extra="_ddp_kwargs")
 
     def __init__(
         self,

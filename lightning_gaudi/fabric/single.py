@@ -11,6 +11,7 @@ from lightning.fabric.strategies import SingleDeviceStrategy, Strategy
 from typing_extensions import override
 
 from lightning_gaudi.fabric._base import FabricCore
+from lightning_gaudi.strategies.adoption import Adoption
 
 
 class SingleHPUStrategy(FabricCore, SingleDeviceStrategy):
@@ -24,6 +25,7 @@ class SingleHPUStrategy(FabricCore, SingleDeviceStrategy):
 
     strategy_name = "hpu_single"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (SingleDeviceStrategy,)
+    adoption = Adoption(renamed={"device": "_root_device"})
 
     def __init__(
         self,

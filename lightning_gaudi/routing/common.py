@@ -1,9 +1,12 @@
 """The routing both connectors share: which HPU class or precision plugin answers a Lightning name on HPUs.
 
-- ``strategy="auto"``: the single-HPU strategy for one device, ``"hpu_parallel"`` for more (``devices="auto"``: one).
+- ``strategy="auto"``: the single-HPU strategy for one device, ``"hpu_parallel"`` for more (``devices="auto"``:
+  every card of the node).
 - A Lightning strategy name whose class an HPU strategy lists in ``lightning_counterparts`` becomes that HPU class,
-  with the registry's ``init_params`` (``"deepspeed_stage_2"``: ``HPUDeepSpeedStrategy(stage=2)``); a forking
-  ``start_method``, instances of such Lightning classes and strategies no HPU class claims are refused with the fix.
+  with the registry's ``init_params`` (``"deepspeed_stage_2"``: ``HPUDeepSpeedStrategy(stage=2)``); an instance of
+  such a class, or of a subclass of one (Ray's ``RayDDPStrategy``), is adopted: an object of its own class on the HPU
+  strategy, with the arguments read back from it (:mod:`lightning_gaudi.strategies.adoption`). A forking
+  ``start_method`` and Lightning strategies no HPU class claims are refused with the fix.
 - Precision: a strategy's ``hpu_precision_plugin(precision)`` first, else ``HPUPrecision`` for mixed precision;
   ``"fp8"`` is the FP8 plugin. Every other accelerator is left to Lightning.
 """
@@ -20,6 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_gaudi import hpu
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.precision import check_precision_supported
+from lightning_gaudi.strategies.adoption import adopt, described
 from lightning_gaudi.strategies.ddp_settings import START_METHODS
 
 _USE_HPU_STRATEGIES = "strategy='hpu_parallel' (DDP over HCCL, one process per card) or 'hpu_single'"
@@ -118,7 +122,7 @@ class Routing:
             return flag
         strategy = flag
         if isinstance(flag, self.strategy_base):
-            self.check_lightning_instance(flag)
+            strategy = self.adopt_instance(flag, parallel_devices)
         else:
             strategy = self.from_lightning_name(flag, parallel_devices)
         if self._is_single_device(strategy) and (len(parallel_devices) > 1 or num_nodes > 1):
@@ -130,34 +134,38 @@ class Routing:
             )
         return strategy
 
-    def check_lightning_instance(self, strategy: object) -> None:
-        """Raises ``ValueError``, naming the HPU class to use, for a Lightning strategy instance or a user's subclass
-        of one with an HPU stand-in; HPU strategies and a user's own strategies pass."""
+    def adopt_instance(self, strategy: Any, parallel_devices: list[Any]) -> Any:
+        """The strategy that runs the object ``strategy`` on HPUs: an HPU strategy, or a user's own strategy class
+        (built on Lightning's abstract ``Strategy`` or ``ParallelStrategy``), as it is; an instance of a Lightning strategy class with
+        an HPU stand-in, or of a subclass of one (Ray's, a user's), adopted (:func:`~lightning_gaudi.strategies.
+        adoption.adopt`): an object of its own class on the HPU strategy, built with the object's arguments.
+
+        Raises:
+            ValueError: a Lightning strategy without an HPU stand-in, or an argument the HPU strategy refuses.
+            TypeError: an argument the HPU strategy does not take.
+        """
         cls = type(strategy)
         if is_hpu_strategy_class(cls):
-            return
-        if _is_lightnings(cls):
-            hpu_cls = hpu_counterpart(cls, self.registry)
-            if hpu_cls is None:
-                fix = f"use {_USE_HPU_STRATEGIES}"
-            else:
-                fix = f"pass {self.package}'s `{hpu_cls.__name__}(...)` instead, which takes the same arguments"
-        else:
-            found = next(
-                (
-                    (base, hpu_cls)
-                    for base in cls.__mro__[1:]
-                    if _is_lightnings(base) and (hpu_cls := hpu_counterpart(base, self.registry)) is not None
-                ),
-                None,
+            return strategy
+        base = next((base for base in cls.__mro__ if _is_lightnings(base)), None)  # the Lightning class it is
+        hpu_cls = hpu_counterpart(base, self.registry) if base is not None else None
+        if hpu_cls is None:
+            if base is None or base.__name__ in ("Strategy", "ParallelStrategy"):
+                return strategy  # a user's own strategy on Lightning's abstract bases: it may well know the HPU
+            raise ValueError(
+                f"`strategy={cls.__name__}(...)` does not run on HPUs: {self.package} has no HPU version of it. Use"
+                f" {_USE_HPU_STRATEGIES}, or 'hpu_fsdp' / 'hpu_model_parallel' to shard the model."
             )
-            if found is None:
-                return  # a user's own strategy: it may well know the HPU
-            fix = f"subclass {self.package}'s {found[1].__name__} instead of {found[0].__name__}"
-        raise ValueError(
-            f"`strategy={cls.__name__}(...)` does not run on HPUs: it sets up neither the HPU, nor HCCL collectives,"
-            f" nor HPU checkpointing. With accelerator='hpu', {fix}."
+        overrides = {}
+        if base is self.lightning_single and getattr(vars(strategy).get("_root_device"), "type", None) != "hpu":
+            overrides["device"] = parallel_devices[0] if parallel_devices else None  # a GPU script's "cuda:0"
+        adopted, arguments = adopt(strategy, hpu_cls, base, **overrides)
+        settings = described(arguments)
+        rank_zero_info(
+            f"`strategy={cls.__name__}(...)` with accelerator='hpu': training with {cls.__name__} on"
+            f" {hpu_cls.__name__}({settings})."
         )
+        return adopted
 
     def from_lightning_name(self, name: str, parallel_devices: list[Any]) -> Any:
         """The HPU strategy standing in for the Lightning strategy registered as ``name``; other names unchanged.

@@ -41,6 +41,7 @@ from lightning_gaudi.distributed import (
 )
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
+from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
 
 if TYPE_CHECKING:
@@ -185,6 +186,8 @@ class HPUStrategyCore:
     registered_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
     #: Which object the user configures, for error messages ("Trainer" or "Fabric").
     api: ClassVar[str] = "Trainer"
+    #: How the arguments of a Lightning counterpart's instance are read back to adopt it (:mod:`.adoption`).
+    adoption: ClassVar[Adoption] = Adoption()
 
     _accelerator: Any
 

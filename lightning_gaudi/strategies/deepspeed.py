@@ -33,12 +33,24 @@ from lightning_gaudi.hpu.deepspeed_accelerator import (
 )
 from lightning_gaudi.patches import deepspeed_strategy
 from lightning_gaudi.strategies._staged import save_staged
+from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.core import TrainerParallelCore, refuse_unknown_arguments
 
 #: Truthy when DeepSpeed is installed (checked without importing it).
 DEEPSPEED_AVAILABLE = RequirementCache("deepspeed")
 #: The ZeRO stages DeepSpeed has: 0 (off), 1 (optimizer state), 2 (and gradients), 3 (and parameters).
 ZERO_STAGES = (0, 1, 2, 3)
+#: The arguments of Lightning's ``DeepSpeedStrategy`` it writes into its ``config`` (``logging_level``: into
+#: DeepSpeed's logger), all but ``config`` itself and what it keeps as attributes.
+CONFIG_ARGUMENTS = (
+    *("zero_optimization", "stage", "offload_optimizer", "offload_parameters", "offload_params_device", "nvme_path"),
+    *("params_buffer_count", "params_buffer_size", "max_in_cpu", "offload_optimizer_device", "optimizer_buffer_count"),
+    *("block_size", "queue_depth", "single_submit", "overlap_events", "thread_count", "pin_memory", "sub_group_size"),
+    *("contiguous_gradients", "overlap_comm", "allgather_partitions", "reduce_scatter", "allgather_bucket_size"),
+    *("reduce_bucket_size", "zero_allow_untested_optimizer", "logging_batch_size_per_gpu", "logging_level"),
+    *("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"),
+    "synchronize_checkpoint_boundary",
+)
 #: The names registered besides ``"hpu_deepspeed"`` (ZeRO-2), and the arguments each implies.
 DEEPSPEED_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = tuple(
     (f"hpu_deepspeed_stage_{stage}", {"stage": stage}) for stage in (1, 2, 3)
@@ -212,6 +224,8 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
     backward_collective = "backward (ZeRO gradient reduction)"
     forward_collective = "forward (ZeRO-3 parameter gather)"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (DeepSpeedStrategy,)
+    # every ZeRO, offload and activation-checkpointing argument is in the object's `config`, read back whole
+    adoption = Adoption(folded=frozenset(CONFIG_ARGUMENTS))
 
     def __init__(
         self,

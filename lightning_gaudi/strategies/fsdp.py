@@ -39,6 +39,7 @@ from lightning_gaudi.distributed import DEFAULT_TIMEOUT
 from lightning_gaudi.fsdp_precision import FSDP_PRECISIONS, HPUFSDPPrecision
 from lightning_gaudi.strategies._staged import METADATA_FILENAME as METADATA_FILENAME  # where readers look
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
+from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.core import TrainerParallelCore, refuse_unknown_arguments
 
 if TYPE_CHECKING:
@@ -48,6 +49,12 @@ if TYPE_CHECKING:
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 #: What the strategy sets itself on ``FullyShardedDataParallel``, or takes as its own argument.
 _SET_BY_STRATEGY = ("module", "device_id", "cpu_offload", "mixed_precision", "sharding_strategy")
+
+#: Lightning's FSDP arguments it keeps inside its FSDP keyword arguments, or as derived state (``FSDP_CARRIED``).
+FSDP_FOLDED = frozenset(
+    {"auto_wrap_policy", "device_mesh", "activation_checkpointing", "activation_checkpointing_policy"}
+)
+FSDP_CARRIED = ("_activation_checkpointing_kwargs",)
 
 WrapPolicy = set[type[Module]] | list[type[Module] | str] | Callable[[Module, bool, int], bool] | ModuleWrapPolicy
 
@@ -151,6 +158,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     backward_collective = "backward (gradient reduce-scatter)"
     forward_collective = "forward (parameter all-gather)"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
+    adoption = Adoption(extra="kwargs", folded=FSDP_FOLDED, carried=FSDP_CARRIED)
 
     def __init__(
         self,

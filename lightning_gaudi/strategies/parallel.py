@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT
+from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.core import TrainerParallelCore
 from lightning_gaudi.strategies.ddp_settings import PARALLEL_VARIANTS, DDPCore, DDPSettings
 
@@ -49,6 +50,13 @@ class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
     strategy_name = "hpu_parallel"
     registered_variants = PARALLEL_VARIANTS
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (DDPStrategy,)
+    adoption = Adoption(
+        extra="_ddp_kwargs",
+        refused={
+            "model_averaging_period": "is post-local SGD model averaging, which Lightning sets up on CUDA only; it is"
+            " not offered on HPUs. Remove it, or pass your own `ddp_comm_hook`."
+        },
+    )
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy, Strategy
 from typing_extensions import override
 
+from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.core import TrainerCore
 
 
@@ -27,6 +28,7 @@ class SingleHPUStrategy(TrainerCore, SingleDeviceStrategy):
 
     strategy_name = "hpu_single"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (SingleDeviceStrategy,)
+    adoption = Adoption(renamed={"device": "_root_device"})
 
     def __init__(
         self,

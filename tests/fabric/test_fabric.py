@@ -185,13 +185,6 @@ def test_strategies_without_an_hpu_version_are_refused(eager_hpu: hpu.Backend, n
         Fabric(accelerator="hpu", strategy=name, devices=2)
 
 
-def test_lightnings_strategy_instances_are_refused(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"`strategy=DDPStrategy\(...\)` does not run on HPUs.*HPUParallelStrategy"):
-        Fabric(accelerator="hpu", strategy=DDPStrategy(), devices=2)
-    with pytest.raises(ValueError, match=r"`strategy=SingleDeviceStrategy\(...\)` does not run on HPUs"):
-        Fabric(accelerator="hpu", strategy=SingleDeviceStrategy(device="cpu"), devices=1)
-
-
 def test_trainer_strategies_are_refused_naming_fabrics(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match=r"lightning_gaudi.SingleHPUStrategy is the Trainer's.*lightning_gaudi.fabric"):
         Fabric(accelerator="hpu", strategy=lightning_gaudi.SingleHPUStrategy())

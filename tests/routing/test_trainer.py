@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from lightning.pytorch import Trainer
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_gaudi import HPUAccelerator, HPUCheckpointIO, HPUParallelStrategy, SingleHPUStrategy, hpu
 
@@ -64,32 +64,13 @@ def test_lightning_ddp_name_in_lazy_emulation_is_refused_as_hpu_parallel(lazy_hp
         Trainer(accelerator="hpu", strategy="ddp", devices=1, logger=False)
 
 
-def test_lightning_ddp_instance_is_refused(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"DDPStrategy.*does not run on HPUs.*HPUParallelStrategy\(\.\.\.\)"):
-        Trainer(accelerator="hpu", strategy=DDPStrategy(find_unused_parameters=True), devices=2, logger=False)
-    with pytest.raises(ValueError, match=r"DDPStrategy.*does not run on HPUs.*HPUParallelStrategy"):
-        Trainer(strategy=DDPStrategy(accelerator=HPUAccelerator()), devices=2, logger=False)
-
-
-def test_a_ddp_subclass_instance_is_refused(eager_hpu: hpu.Backend) -> None:
-    class MyDDP(DDPStrategy):
-        pass
-
-    with pytest.raises(
-        ValueError,
-        match=r"MyDDP.*does not run on HPUs.*subclass lightning_gaudi's HPUParallelStrategy instead of DDPStrategy",
-    ):
-        Trainer(accelerator="hpu", strategy=MyDDP(), devices=2, logger=False)
-
-
-def test_lightning_single_device_instance_is_refused(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"SingleDeviceStrategy.*does not run on HPUs.*SingleHPUStrategy"):
-        Trainer(accelerator="hpu", strategy=SingleDeviceStrategy(device="cpu"), devices=1, logger=False)
+def test_a_ddp_instance_given_the_hpu_accelerator_is_adopted(eager_hpu: hpu.Backend) -> None:
+    strategy = Trainer(strategy=DDPStrategy(accelerator=HPUAccelerator()), devices=2, logger=False).strategy
+    assert type(strategy) is HPUParallelStrategy
 
 
 def test_lightning_ddp_is_left_alone_on_other_accelerators(eager_hpu: hpu.Backend) -> None:
     assert type(Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False).strategy) is DDPStrategy
-    assert type(Trainer(accelerator="cpu", strategy=DDPStrategy(), devices=2, logger=False).strategy) is DDPStrategy
 
 
 @pytest.mark.parametrize(

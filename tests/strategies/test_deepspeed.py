@@ -293,9 +293,10 @@ def test_lightnings_names_run_the_hpu_strategy(ds_cpu: pytest.MonkeyPatch, name:
 
 
 @needs_deepspeed
-def test_lightnings_strategy_instance_is_refused_with_the_fix(ds_cpu: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match=r"pass lightning_gaudi's `HPUDeepSpeedStrategy\(\.\.\.\)` instead"):
-        Trainer(accelerator="hpu", strategy=DeepSpeedStrategy(), devices=2, logger=False)
+def test_lightnings_strategy_instance_runs_on_the_hpu_strategy(ds_cpu: pytest.MonkeyPatch) -> None:
+    strategy = Trainer(accelerator="hpu", strategy=DeepSpeedStrategy(stage=1), devices=2, logger=False).strategy
+    assert type(strategy) is HPUDeepSpeedStrategy
+    assert strategy.config["zero_optimization"]["stage"] == 1
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 from lightning.pytorch import Trainer
-from lightning.pytorch.strategies import FSDPStrategy
 from lightning_utilities.core.imports import RequirementCache
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -59,17 +58,6 @@ def test_lightnings_fsdp_name_runs_the_hpu_strategy(eager_hpu: hpu.Backend, capl
 def test_lightnings_cpu_offload_name_is_refused(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match=r"cpu_offload=True.*not offered on HPUs.*host memory"):
         _trainer(strategy="fsdp_cpu_offload")
-
-
-def test_lightnings_fsdp_instance_is_refused_naming_the_hpu_class(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"FSDPStrategy\(\.\.\.\)` does not run on HPUs.*`HPUFSDPStrategy\(\.\.\.\)`"):
-        _trainer(strategy=FSDPStrategy())
-
-    class MyFSDP(FSDPStrategy):
-        pass
-
-    with pytest.raises(ValueError, match="subclass lightning_gaudi's HPUFSDPStrategy instead of FSDPStrategy"):
-        _trainer(strategy=MyFSDP())
 
 
 @pytest.mark.parametrize("strategy", ["hpu_fsdp", "hpu_fsdp_sharded_checkpoint"])
