@@ -135,10 +135,12 @@ class Routing:
         return strategy
 
     def adopt_instance(self, strategy: Any, parallel_devices: list[Any]) -> Any:
-        """The strategy that runs the object ``strategy`` on HPUs: an HPU strategy, or a user's own strategy class
-        (built on Lightning's abstract ``Strategy`` or ``ParallelStrategy``), as it is; an instance of a Lightning strategy class with
-        an HPU stand-in, or of a subclass of one (Ray's, a user's), adopted (:func:`~lightning_gaudi.strategies.
-        adoption.adopt`): an object of its own class on the HPU strategy, built with the object's arguments.
+        """The strategy that runs the object ``strategy`` on HPUs.
+
+        An HPU strategy, or a user's own strategy class (on Lightning's abstract ``Strategy`` or ``ParallelStrategy``),
+        as it is; an instance of a Lightning strategy class with an HPU stand-in, or of a subclass of one (Ray's, a
+        user's), adopted (:func:`~lightning_gaudi.strategies.adoption.adopt`): an object of its own class on the HPU
+        strategy, built with the object's arguments.
 
         Raises:
             ValueError: a Lightning strategy without an HPU stand-in, or an argument the HPU strategy refuses.
