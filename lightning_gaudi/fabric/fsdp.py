@@ -22,7 +22,7 @@ from lightning_gaudi.fabric._base import FabricParallelCore
 from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.strategies._staged import save_staged
 from lightning_gaudi.strategies.adoption import Adoption
-from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, fsdp_device, refuse_lazy_mode
+from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, fsdp_device, has_meta_tensors, refuse_lazy_mode
 
 
 class FabricShardedCore(FabricParallelCore):
@@ -90,6 +90,11 @@ class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
     def hpu_precision_plugin(self, precision: str) -> HPUFSDPPrecision:
         """The precision plugin for ``Fabric(precision=...)`` (the connector asks)."""
         return HPUFSDPPrecision(precision)
+
+    @override
+    def module_to_device(self, module: Module) -> None:
+        if not has_meta_tensors(module):  # a model built on the meta device is materialized by FSDP, on the card
+            super().module_to_device(module)
 
     @override
     def setup_module(self, module: Module) -> Module:

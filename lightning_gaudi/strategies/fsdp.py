@@ -362,6 +362,11 @@ def fsdp_device(device: torch.device) -> torch.device:
     return device if device.type == "cpu" or device.index is not None else torch.device(device.type, 0)
 
 
+def has_meta_tensors(module: Module) -> bool:
+    """Whether ``module`` has a parameter or buffer on the meta device (``init_module(empty_init=True)``)."""
+    return any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
+
+
 def refuse_lazy_mode(strategy_name: str) -> None:
     """Raises a clear error when sharded training is asked for in lazy mode (real or emulated)."""
     backend = hpu.get_backend()

@@ -8,14 +8,16 @@ import inspect
 import logging
 import pickle
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import lightning.fabric.strategies as fabric_strategies
 import lightning.pytorch.strategies as trainer_strategies
 import pytest
 import torch
+from helpers.models import Evaluated, regression_loader, trainer_kwargs
 from lightning.fabric import Fabric
-from lightning.pytorch import Trainer
+from lightning.pytorch import Trainer, seed_everything
 from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -216,3 +218,39 @@ def test_canary_every_argument_is_read_back_from_lightnings_object(eager_hpu: hp
         assert read[name] is value, name
     readable = set(inspect.signature(lightning_cls.__init__).parameters) - {"self", "kwargs"} - hpu_cls.adoption.folded
     assert readable <= set(read)
+
+
+def _single_fit(strategy: Any, tmp_path: Path, steps: int, ckpt: Path | None = None) -> dict[str, Any]:
+    seed_everything(0, verbose=False)
+    model = Evaluated()
+    trainer = Trainer(accelerator="hpu", devices=1, strategy=strategy, **trainer_kwargs(max_steps=steps))
+    loader = regression_loader(samples=8, batch_size=4)
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt)
+    if ckpt is None:
+        trainer.save_checkpoint(tmp_path / "first.ckpt")
+    return {
+        "weights": {name: tensor.tolist() for name, tensor in model.state_dict().items()},
+        "validate": trainer.validate(model, loader, verbose=False),
+        "test": trainer.test(model, loader, verbose=False),
+        "predict": [rows.tolist() for rows in trainer.predict(model, loader)],
+        "strategy": type(trainer.strategy),
+    }
+
+
+def test_single_device_object_equals_hpu_single_through_fit_resume_and_evaluation(
+    eager_hpu: hpu.Backend, tmp_path: Path
+) -> None:
+    by_name = _single_fit("hpu_single", tmp_path / "name", 2)
+    as_object = _single_fit(trainer_strategies.SingleDeviceStrategy("cuda:0"), tmp_path / "object", 2)
+    assert as_object["strategy"] is lightning_gaudi.SingleHPUStrategy
+    assert {k: v for k, v in as_object.items() if k != "strategy"} == {
+        k: v for k, v in by_name.items() if k != "strategy"
+    }
+    resumed_name = _single_fit("hpu_single", tmp_path / "name", 4, ckpt=tmp_path / "name" / "first.ckpt")
+    resumed_object = _single_fit(
+        trainer_strategies.SingleDeviceStrategy("cuda:0"),
+        tmp_path / "object",
+        4,
+        ckpt=tmp_path / "object" / "first.ckpt",
+    )
+    assert resumed_object["weights"] == resumed_name["weights"]
