@@ -1,7 +1,7 @@
 """The routing both connectors share: which HPU class or precision plugin answers a Lightning name on HPUs.
 
 - ``strategy="auto"``: the single-HPU strategy for one device, ``"hpu_parallel"`` for more (``devices="auto"``:
-  every card of the node).
+  every card of the node; one in an interactive session, where several devices are refused with the fix).
 - A Lightning strategy name whose class an HPU strategy lists in ``lightning_counterparts`` becomes that HPU class,
   with the registry's ``init_params`` (``"deepspeed_stage_2"``: ``HPUDeepSpeedStrategy(stage=2)``); an instance of
   such a class, or of a subclass of one (Ray's ``RayDDPStrategy``), is adopted: an object of its own class on the HPU
@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,11 @@ def hpu_counterpart(lightning_cls: type, strategy_registry: dict[str, Any]) -> t
         if isinstance(found, type) and lightning_cls in claimed_counterparts(found):
             return found
     return None
+
+
+def interactive() -> bool:
+    """Whether Python runs interactively (a notebook's kernel, ``python -i``, the REPL), as Lightning tells it."""
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive)
 
 
 def is_hpu(accelerator: object) -> bool:
@@ -106,7 +113,19 @@ class Routing:
         return "hpu" if hpu.is_available() else None
 
     def devices(self, accelerator: Any, strategy: Any, devices: Any) -> int | None:
-        return 1 if is_hpu(accelerator) and self._is_single_device(strategy) else None
+        if not is_hpu(accelerator):
+            return None
+        if self._is_single_device(strategy):
+            return 1
+        cards = hpu.get_backend().device_count()
+        if interactive() and cards > 1:
+            # what Lightning does for several GPUs: a notebook cannot start one process per card
+            rank_zero_info(
+                f"{self.owner} will use only 1 of {cards} HPUs because it runs in an interactive session (a notebook,"
+                " `python -i`): training on several HPUs needs one process per card, started from a script."
+            )
+            return 1
+        return None
 
     def choose_strategy(self, accelerator: Any, parallel_devices: list[Any], num_nodes: int) -> Any:
         if not is_hpu(accelerator):
@@ -120,6 +139,14 @@ class Routing:
         refused (see the module's docstring) or a single-HPU strategy given several devices."""
         if not is_hpu(accelerator):
             return flag
+        if interactive() and (len(parallel_devices) > 1 or num_nodes > 1) and "LOCAL_RANK" not in os.environ:
+            raise ValueError(
+                f"{self.owner}(devices={len(parallel_devices)}, num_nodes={num_nodes}) asks for several HPUs in an"
+                " interactive session (a notebook, `python -i`), which cannot start the process per card they need (a"
+                " forked process cannot take over its parent's HPU). Run the training as a script (`python train.py`,"
+                " or `python -m lightning_gaudi train.py` for code that does not import lightning_gaudi), or use"
+                " devices=1 here."
+            )
         strategy = flag
         if isinstance(flag, self.strategy_base):
             strategy = self.adopt_instance(flag, parallel_devices)

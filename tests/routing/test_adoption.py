@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import logging
 import pickle
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -254,3 +255,36 @@ def test_single_device_object_equals_hpu_single_through_fit_resume_and_evaluatio
         ckpt=tmp_path / "object" / "first.ckpt",
     )
     assert resumed_object["weights"] == resumed_name["weights"]
+
+
+@pytest.fixture
+def notebook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interactive session, as a Jupyter kernel or ``python -i`` (Python sets ``sys.ps1`` there)."""
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+
+def test_a_bare_trainer_in_a_notebook_uses_one_of_the_cards(
+    eager_hpu: hpu.Backend, notebook: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        trainer = Trainer(logger=False)
+    assert isinstance(trainer.accelerator, lightning_gaudi.HPUAccelerator)
+    assert trainer.num_devices == 1
+    assert type(trainer.strategy) is lightning_gaudi.SingleHPUStrategy
+    assert "Trainer will use only 1 of 8 HPUs because it runs in an interactive session" in caplog.text
+    fabric = Fabric()
+    assert type(fabric.strategy) is hpu_fabric.SingleHPUStrategy
+
+
+@pytest.mark.parametrize("api", ["Trainer", "Fabric"])
+def test_several_devices_in_a_notebook_are_refused_naming_what_works(
+    eager_hpu: hpu.Backend, notebook: None, api: str
+) -> None:
+    build = (
+        (lambda: Trainer(accelerator="hpu", devices=2, logger=False))
+        if api == "Trainer"
+        else (lambda: Fabric(accelerator="hpu", devices=2))
+    )
+    with pytest.raises(ValueError, match=r"devices=2.*interactive session.*Run the training as a script.*devices=1"):
+        build()

@@ -32,14 +32,15 @@ def _trainer(**kwargs: Any) -> Trainer:
     return Trainer(logger=False, enable_checkpointing=False, **kwargs)
 
 
-def test_the_name_builds_the_strategy_and_lightnings_class_is_refused(eager_hpu: hpu.Backend) -> None:
+def test_the_name_and_lightnings_object_build_the_strategy(eager_hpu: hpu.Backend) -> None:
     strategy = _trainer(strategy="hpu_model_parallel").strategy
     assert type(strategy) is HPUModelParallelStrategy
     assert isinstance(strategy.checkpoint_io, HPUCheckpointIO)
     assert strategy._get_process_group_backend() == "gloo"
     assert strategy.root_device == torch.device("cpu")
-    with pytest.raises(ValueError, match=r"pass lightning_gaudi's `HPUModelParallelStrategy\(...\)` instead"):
-        _trainer(strategy=ModelParallelStrategy())
+    adopted = _trainer(strategy=ModelParallelStrategy(tensor_parallel_size=2)).strategy
+    assert type(adopted) is HPUModelParallelStrategy
+    assert adopted._tensor_parallel_size == 2
 
 
 @pytest.mark.parametrize(
