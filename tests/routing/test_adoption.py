@@ -288,3 +288,26 @@ def test_several_devices_in_a_notebook_are_refused_naming_what_works(
     )
     with pytest.raises(ValueError, match=r"devices=2.*interactive session.*Run the training as a script.*devices=1"):
         build()
+
+
+def _fabric_single(strategy: Any, tmp_path: Path) -> dict[str, Any]:
+    fabric = Fabric(accelerator="hpu", devices=1, strategy=strategy)
+    fabric.seed_everything(0, verbose=False)
+    model = torch.nn.Linear(4, 1)
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    for _ in range(2):
+        fabric.backward(torch.nn.functional.mse_loss(model(x.to(fabric.device)), y.to(fabric.device)))
+        optimizer.step()
+        optimizer.zero_grad()
+    fabric.save(tmp_path / "state.ckpt", {"model": model, "optimizer": optimizer})
+    restored = {"model": model, "optimizer": optimizer}
+    fabric.load(tmp_path / "state.ckpt", restored)
+    return {"type": type(fabric.strategy), "weights": {k: v.tolist() for k, v in model.state_dict().items()}}
+
+
+def test_fabric_single_device_object_equals_hpu_single(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
+    by_name = _fabric_single("hpu_single", tmp_path / "name")
+    as_object = _fabric_single(fabric_strategies.SingleDeviceStrategy("cuda:0"), tmp_path / "object")
+    assert as_object["type"] is hpu_fabric.SingleHPUStrategy
+    assert as_object["weights"] == by_name["weights"]
