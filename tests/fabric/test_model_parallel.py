@@ -24,7 +24,7 @@ def _identity(module: nn.Module, mesh: Any) -> nn.Module:
     return module
 
 
-def test_names_build_the_hpu_classes_and_lightnings_are_refused(eager_hpu: hpu.Backend) -> None:
+def test_names_and_lightnings_objects_build_the_hpu_classes(eager_hpu: hpu.Backend) -> None:
     built = Fabric(accelerator="hpu", strategy="fsdp", devices=2, precision="bf16-mixed")
     assert type(built.strategy) is HPUFSDPStrategy
     assert isinstance(built.strategy.precision, HPUFSDPPrecision)
@@ -32,10 +32,9 @@ def test_names_build_the_hpu_classes_and_lightnings_are_refused(eager_hpu: hpu.B
     assert type(Fabric(accelerator="hpu", strategy="hpu_fsdp", devices=2).strategy) is HPUFSDPStrategy
     strategy = HPUModelParallelStrategy(_identity)
     assert Fabric(accelerator="hpu", strategy=strategy, devices=2).strategy is strategy
-    with pytest.raises(ValueError, match=r"lightning_gaudi.fabric's `HPUModelParallelStrategy\(...\)`"):
-        Fabric(accelerator="hpu", strategy=ModelParallelStrategy(_identity), devices=2)
-    with pytest.raises(ValueError, match=r"lightning_gaudi.fabric's `HPUFSDPStrategy\(...\)`"):
-        Fabric(accelerator="hpu", strategy=FSDPStrategy(), devices=2)
+    adopted = Fabric(accelerator="hpu", strategy=ModelParallelStrategy(_identity), devices=2).strategy
+    assert type(adopted) is HPUModelParallelStrategy
+    assert type(Fabric(accelerator="hpu", strategy=FSDPStrategy(), devices=2).strategy) is HPUFSDPStrategy
     assert {"hpu_fsdp", "hpu_model_parallel"} <= set(fabric.register.__globals__["STRATEGY_REGISTRY"])
 
 
