@@ -192,6 +192,9 @@ def _run_id(environ: Mapping[str, str]) -> str | None:
             return f"torchrun-{run_id}"
         # static rendezvous (plain torchrun on one node): the ranks share the elastic agent, their parent process
         return f"torchrun-{environ.get('MASTER_PORT', '0')}-{os.getppid()}"
+    namespace = environ.get("PMIX_NAMESPACE")
+    if namespace and "OMPI_COMM_WORLD_SIZE" in environ:
+        return f"mpi-{namespace}"  # Open MPI: one PMIx namespace per mpirun job, the same on every node
     return None
 
 
@@ -223,7 +226,8 @@ class LaunchEnvironment:
         """Parses ``environ`` (``os.environ`` when ``None``); a malformed variable raises :class:`InvalidLaunchError`.
 
         The run id is ``LIGHTNING_GAUDI_RUN_ID``, else ``slurm-<job>[-<step>]``, else ``torchrun-<run id>`` (for a
-        static rendezvous ``torchrun-<MASTER_PORT>-<parent pid>``), else ``None``.
+        static rendezvous ``torchrun-<MASTER_PORT>-<parent pid>``), else ``mpi-<PMIx namespace>`` under Open MPI's
+        ``mpirun``, else ``None``.
         """
         env: Mapping[str, str] = os.environ if environ is None else environ
         slurm = SlurmLayout.from_env(env)

@@ -243,6 +243,8 @@ def test_parse_slurm_tasks_per_node(text: str, expected: list[int]) -> None:
         ({"SLURM_JOB_ID": "777", "SLURM_STEP_ID": "", "SLURM_PROCID": "1"}, "slurm-777-"),
         ({"SLURM_JOB_ID": "777"}, None),  # a job without tasks (sbatch's shell): no shared id
         ({"TORCHELASTIC_RUN_ID": "abc"}, "torchrun-abc"),
+        ({**OPEN_MPI, "PMIX_NAMESPACE": "2067595265"}, "mpi-2067595265"),
+        ({"PMIX_NAMESPACE": "2067595265"}, None),  # PMIx without Open MPI's ranks: e.g. srun --mpi=pmix
         ({}, None),
     ],
 )
