@@ -3,6 +3,7 @@ and checked against the Trainer's ``num_nodes`` x ``devices`` before any process
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -407,10 +408,15 @@ class LaunchEnvironment:
         if type(cluster_environment) is not LightningEnvironment:
             return
         if self.launcher == "mpi":
+            started = f"mpirun started this process ({self.source('world_size')}={self.world_size}), but"
+            if importlib.util.find_spec("mpi4py") is None:
+                cause = "Lightning sees MPI only through mpi4py, which is not installed"
+                fix = "`pip install mpi4py` (scripts/install-mpi.sh)"
+            else:
+                cause = "mpi4py reports a single process: it loads another MPI library than the one mpirun runs"
+                fix = "Reinstall mpi4py against the MPI of this mpirun (`pip install --no-binary mpi4py mpi4py`)"
             raise InvalidLaunchError(
-                f"mpirun started this process ({self.source('world_size')}={self.world_size}), but Lightning sees"
-                " MPI only through mpi4py, which is not installed: every rank would train on its own. `pip install"
-                " mpi4py` (built against the MPI that runs mpirun), or launch with torchrun or SLURM."
+                f"{started} {cause}: every rank would train on its own. {fix}, or launch with torchrun or SLURM."
             )
         if self.launcher == "none" and self.torchrun_settings:
             raise InvalidLaunchError(

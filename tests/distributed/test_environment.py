@@ -367,13 +367,31 @@ def test_mpi_checks(changes: dict[str, str], message: str) -> None:
     LaunchEnvironment.from_env(OPEN_MPI).validate(num_devices=2, num_nodes=2, devices_on_node=8)
 
 
-def test_mpirun_without_mpi4py_is_named() -> None:
-    """Lightning sees mpirun only through mpi4py: without it the default environment is chosen."""
+@pytest.mark.parametrize(
+    ("installed", "message"),
+    [(False, "mpi4py, which is not installed"), (True, "mpi4py reports a single process: it loads another MPI")],
+)
+def test_mpirun_that_lightning_does_not_see_is_named(
+    monkeypatch: pytest.MonkeyPatch, installed: bool, message: str
+) -> None:
+    """Lightning sees mpirun only through mpi4py: without it, or with it on another MPI, the default environment is
+    chosen and every rank would train alone."""
+    import importlib.util
+
     from lightning.fabric.plugins.environments import LightningEnvironment, MPIEnvironment
 
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        if name == "mpi4py":
+            return real_find_spec("os") if installed else None
+        return real_find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     env = LaunchEnvironment.from_env(OPEN_MPI)
-    with pytest.raises(InvalidLaunchError, match=r"mpirun started this process \(OMPI_COMM_WORLD_SIZE=4\).*mpi4py"):
+    with pytest.raises(InvalidLaunchError, match=r"mpirun started this process \(OMPI_COMM_WORLD_SIZE=4\)") as raised:
         env.check_detected(LightningEnvironment())
+    assert message in str(raised.value)
     env.check_detected(MPIEnvironment.__new__(MPIEnvironment))  # detected: nothing to say (not built: needs mpi4py)
 
 
