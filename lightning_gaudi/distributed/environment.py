@@ -205,7 +205,8 @@ class LaunchEnvironment:
 
     Each rank value comes from the generic variable where set (``WORLD_SIZE``, ``RANK``, ...), else from the detected
     launcher's own; :meth:`source` names it. ``agent_store``: ``TORCHELASTIC_USE_AGENT_STORE=True``.
-    ``torchrun_settings``: the ``PET_*`` variables set (torchrun's arguments, which Kubeflow's jobs set in each pod).
+    ``torchrun_settings``: the ``PET_*`` variables set, as (name, value) pairs (torchrun's arguments, which Kubeflow's
+    jobs set in each pod).
     """
 
     launcher: Launcher = "none"
@@ -220,7 +221,7 @@ class LaunchEnvironment:
     agent_store: bool = False
     slurm: SlurmLayout | None = None
     sources: tuple[tuple[str, str], ...] = ()
-    torchrun_settings: tuple[str, ...] = ()
+    torchrun_settings: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
@@ -281,7 +282,7 @@ class LaunchEnvironment:
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
             slurm=slurm,
             sources=tuple(sources),
-            torchrun_settings=tuple(sorted(name for name in env if name.startswith("PET_"))),
+            torchrun_settings=tuple(sorted((name, value) for name, value in env.items() if name.startswith("PET_"))),
         )
 
     def source(self, attribute: str) -> str | None:
@@ -402,7 +403,8 @@ class LaunchEnvironment:
 
     def check_detected(self, cluster_environment: ClusterEnvironment) -> None:
         """Raises :class:`InvalidLaunchError` when a launcher started this process but Lightning's default
-        environment (no launcher) was chosen: ``mpirun`` without ``mpi4py``, or a Kubeflow pod without torchrun."""
+        environment (no launcher) was chosen: ``mpirun`` without ``mpi4py``, or a pod of a multi-node Kubeflow job
+        started without torchrun."""
         from lightning.fabric.plugins.environments import LightningEnvironment
 
         if type(cluster_environment) is not LightningEnvironment:
@@ -418,12 +420,14 @@ class LaunchEnvironment:
             raise InvalidLaunchError(
                 f"{started} {cause}: every rank would train on its own. {fix}, or launch with torchrun or SLURM."
             )
-        if self.launcher == "none" and self.torchrun_settings:
+        settings = dict(self.torchrun_settings)
+        if self.launcher == "none" and settings.get("PET_NNODES", "1") not in ("1", "1:1"):
+            listed = ", ".join(f"{name}={value}" for name, value in self.torchrun_settings)
             raise InvalidLaunchError(
-                f"This pod is set up for torchrun ({', '.join(self.torchrun_settings)} are torchrun's settings, set by"
-                " Kubeflow's TrainJob/PyTorchJob), but the script was started without it: every pod would train on"
-                " its own. Start the command with `torchrun` (it reads the PET_* variables), e.g. `torchrun"
-                " examples/train.py ...` or `torchrun -m lightning_gaudi.cli fit ...`."
+                f"This pod is set up for torchrun ({listed}: torchrun's settings, set by Kubeflow's TrainJob or"
+                " PyTorchJob), but the script was started without it: every pod would train on its own. Start the"
+                " command with `torchrun` (it reads the PET_* variables), e.g. `torchrun examples/train.py ...` or"
+                " `torchrun --no-python lightning-gaudi fit ...`."
             )
 
     def _generic(self, attribute: str) -> int | None:

@@ -409,9 +409,13 @@ def test_a_kubeflow_pod_without_torchrun_is_named() -> None:
     from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 
     env = LaunchEnvironment.from_env(KUBEFLOW_POD)
-    assert env.torchrun_settings == tuple(sorted(KUBEFLOW_POD))
-    with pytest.raises(InvalidLaunchError, match=r"set up for torchrun \(PET_MASTER_ADDR, .*Start the command with"):
+    assert env.torchrun_settings == tuple(sorted(KUBEFLOW_POD.items()))
+    with pytest.raises(
+        InvalidLaunchError, match=r"set up for torchrun \(PET_MASTER_ADDR=job-node-0-0.job, .*Start the"
+    ):
         env.check_detected(LightningEnvironment())
+    # one pod: Lightning's own launcher (or the Hydra app's) starts the node's ranks as well as torchrun would
+    LaunchEnvironment.from_env({**KUBEFLOW_POD, "PET_NNODES": "1"}).check_detected(LightningEnvironment())
     # under torchrun its workers still see PET_*, and are torchrun's
     LaunchEnvironment.from_env({**KUBEFLOW_POD, **TORCHRUN}).check_detected(TorchElasticEnvironment())
     LaunchEnvironment.from_env({**KUBEFLOW_POD, **TORCHRUN}).check_detected(LightningEnvironment())
