@@ -284,18 +284,35 @@ def test_two_pytorchjob_pods_on_loopback_train_as_torchrun_does(tmp_path: Path, 
         torch.testing.assert_close(final[key], value, rtol=0, atol=1e-5)
 
 
+def kubeflow_auto_num_proc_per_node(resources: dict[str, dict[str, Any]]) -> int:
+    """What Trainer v2 (2.1 and later) makes of ``numProcPerNode: auto``: the count of a resource whose name contains
+    ``gpu``, else the pod's CPU request (else its limit), at least 1."""
+    for kind in ("requests", "limits"):
+        gpus = [int(v) for name, v in resources.get(kind, {}).items() if "gpu" in name.lower()]
+        if gpus:
+            return gpus[0]
+    cpus = resources.get("requests", {}).get("cpu") or resources.get("limits", {}).get("cpu") or 0
+    return max(1, int(cpus))
+
+
+def test_num_proc_per_node_auto_counts_gpus_only() -> None:
+    assert kubeflow_auto_num_proc_per_node({"limits": {"nvidia.com/gpu": 8, "cpu": 64}}) == 8
+    assert kubeflow_auto_num_proc_per_node({"limits": {GAUDI: 8}, "requests": {"cpu": 64}}) == 64
+
+
 @pytest.mark.subprocess
-def test_num_proc_per_node_auto_on_a_node_without_gpus_is_named(tmp_path: Path) -> None:
-    """Kubeflow's default ``numProcPerNode: auto`` reaches torchrun, which counts CPUs here: more ranks than cards."""
-    cpus = torch._utils.cpu_count()  # what torchrun's auto counts without an accelerator
-    if cpus < 2:
-        pytest.skip(f"torchrun's auto gives {cpus} process here: not more than the 1 emulated card")
-    env = {**trainjob_pod_env("job", 1, 1, 0), "PET_NPROC_PER_NODE": "auto", "PET_MASTER_ADDR": "127.0.0.1"}
-    env["PET_MASTER_PORT"] = str(free_port())
+def test_num_proc_per_node_auto_on_a_gaudi_pod_is_named(tmp_path: Path) -> None:
+    """A TrainJob left at ``numProcPerNode: auto``: Kubeflow gives torchrun the pod's CPU count (2 here), the node has
+    1 card; every rank fails at ``Trainer(...)`` naming the setting, before training."""
+    resources = {"limits": {GAUDI: 1, "cpu": 2}}
+    env = trainjob_pod_env("job", 1, kubeflow_auto_num_proc_per_node(resources), 0)
+    env.update({"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port()), hpu.DEVICES_ENV: "1"})
     command = [sys.executable, "-m", "torch.distributed.run", str(FIT), str(tmp_path / "job")]
     command += ["--num-nodes", "1", "--devices", "1"]
-    codes, log = run_nodes(tmp_path / "job", [command], [loopback_env(**env, **{hpu.DEVICES_ENV: "1"})])
+    codes, log = run_nodes(tmp_path / "job", [command], [loopback_env(**env)])
     assert codes != [0], log[-4000:]
-    assert f"The launcher starts {cpus} processes on this node (LOCAL_WORLD_SIZE={cpus})" in log, log[-4000:]
+    assert "The launcher starts 2 processes on this node (LOCAL_WORLD_SIZE=2), but the node has 1 HPUs" in log, log[
+        -4000:
+    ]
     assert "numProcPerNode: auto (Kubeflow) and torchrun --nproc-per-node auto count GPUs only" in log
     assert not (tmp_path / "job" / "steps-rank0.txt").exists()  # refused before training
