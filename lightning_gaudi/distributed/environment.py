@@ -3,6 +3,7 @@ and checked against the Trainer's ``num_nodes`` x ``devices`` before any process
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -192,6 +193,9 @@ def _run_id(environ: Mapping[str, str]) -> str | None:
             return f"torchrun-{run_id}"
         # static rendezvous (plain torchrun on one node): the ranks share the elastic agent, their parent process
         return f"torchrun-{environ.get('MASTER_PORT', '0')}-{os.getppid()}"
+    namespace = environ.get("PMIX_NAMESPACE")
+    if namespace and "OMPI_COMM_WORLD_SIZE" in environ:
+        return f"mpi-{namespace}"  # Open MPI: one PMIx namespace per mpirun job, the same on every node
     return None
 
 
@@ -201,6 +205,8 @@ class LaunchEnvironment:
 
     Each rank value comes from the generic variable where set (``WORLD_SIZE``, ``RANK``, ...), else from the detected
     launcher's own; :meth:`source` names it. ``agent_store``: ``TORCHELASTIC_USE_AGENT_STORE=True``.
+    ``torchrun_settings``: the ``PET_*`` variables set, as (name, value) pairs (torchrun's arguments, which Kubeflow's
+    jobs set in each pod).
     """
 
     launcher: Launcher = "none"
@@ -215,13 +221,15 @@ class LaunchEnvironment:
     agent_store: bool = False
     slurm: SlurmLayout | None = None
     sources: tuple[tuple[str, str], ...] = ()
+    torchrun_settings: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
         """Parses ``environ`` (``os.environ`` when ``None``); a malformed variable raises :class:`InvalidLaunchError`.
 
         The run id is ``LIGHTNING_GAUDI_RUN_ID``, else ``slurm-<job>[-<step>]``, else ``torchrun-<run id>`` (for a
-        static rendezvous ``torchrun-<MASTER_PORT>-<parent pid>``), else ``None``.
+        static rendezvous ``torchrun-<MASTER_PORT>-<parent pid>``), else ``mpi-<PMIx namespace>`` under Open MPI's
+        ``mpirun``, else ``None``.
         """
         env: Mapping[str, str] = os.environ if environ is None else environ
         slurm = SlurmLayout.from_env(env)
@@ -259,7 +267,7 @@ class LaunchEnvironment:
             pick("world_size", (("OMPI_COMM_WORLD_SIZE", 1), ("PMI_SIZE", 1)))
             pick("global_rank", (("OMPI_COMM_WORLD_RANK", 0), ("PMI_RANK", 0)))
             pick("local_rank", (("OMPI_COMM_WORLD_LOCAL_RANK", 0), ("MPI_LOCALRANKID", 0)))
-            pick("node_rank", (("OMPI_COMM_WORLD_NODE_RANK", 0),))
+            # no node index: Open MPI's OMPI_COMM_WORLD_NODE_RANK is the process's rank among those on its node
             pick("local_world_size", (("OMPI_COMM_WORLD_LOCAL_SIZE", 1), ("MPI_LOCALNRANKS", 1)))
         return cls(
             launcher=launcher,
@@ -274,6 +282,7 @@ class LaunchEnvironment:
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
             slurm=slurm,
             sources=tuple(sources),
+            torchrun_settings=tuple(sorted((name, value) for name, value in env.items() if name.startswith("PET_"))),
         )
 
     def source(self, attribute: str) -> str | None:
@@ -299,10 +308,20 @@ class LaunchEnvironment:
             return str(self.global_rank)
         return f"{self.node_rank or 0}.{self.local_rank or 0}"
 
-    def validate(self, num_devices: int, num_nodes: int, devices_on_node: int, slurm: bool | None = None) -> None:
-        """Raises :class:`InvalidLaunchError` unless ``devices`` fit the node and the rank variables (and, when
-        ``slurm`` or SLURM launched this process, :meth:`SlurmLayout.check`) agree with ``num_nodes`` x ``devices``."""
+    def validate(
+        self,
+        num_devices: int,
+        num_nodes: int,
+        devices_on_node: int,
+        slurm: bool | None = None,
+        mpi: bool | None = None,
+    ) -> None:
+        """Raises :class:`InvalidLaunchError` unless the launcher starts no more processes on the node than it has
+        HPUs, ``devices`` fit the node, and the rank variables agree with ``num_nodes`` x ``devices``: the generic
+        ones always, SLURM's (:meth:`SlurmLayout.check`) and MPI's when ``slurm``/``mpi`` or, where ``None``, when
+        that launcher started this process."""
         world = num_devices * num_nodes
+        self._check_processes_per_node(devices_on_node)
         if num_devices > devices_on_node:
             raise InvalidLaunchError(
                 f"devices={num_devices} asks for more HPUs than this node has ({devices_on_node}). Pass devices <="
@@ -341,6 +360,75 @@ class LaunchEnvironment:
             )
         if (self.launcher == "slurm" if slurm is None else slurm) and self.slurm is not None:
             self.slurm.check(num_devices, num_nodes)
+        if (self.launcher == "mpi") if mpi is None else mpi:
+            self._check_mpi(num_devices, num_nodes)
+
+    def _check_processes_per_node(self, devices_on_node: int) -> None:
+        """Names a launch that starts more processes on this node than it has HPUs, with the launcher's fix."""
+        per_node = self.local_world_size
+        if per_node is None or per_node <= devices_on_node:
+            return
+        n = devices_on_node
+        if self.launcher == "slurm":
+            fix = f"Allocate with `--ntasks-per-node={n}` (one task per HPU)."
+        elif self.launcher == "mpi":
+            fix = f"Start `mpirun --map-by ppr:{n}:node` (one process per HPU)."
+        else:
+            fix = (
+                "numProcPerNode: auto (Kubeflow) and torchrun --nproc-per-node auto count GPUs only (on a node"
+                " without them, CPUs): set it to the number of Gaudi cards (numProcPerNode:"
+                f" {n}, torchrun --nproc-per-node {n})."
+            )
+        raise InvalidLaunchError(
+            f"The launcher starts {per_node} processes on this node ({self.source('local_world_size')}={per_node}),"
+            f" but the node has {n} HPUs and each process drives one. {fix}"
+        )
+
+    def _check_mpi(self, num_devices: int, num_nodes: int) -> None:
+        world = num_devices * num_nodes
+        fix = (
+            f" Start `mpirun -np {world} --map-by ppr:{num_devices}:node` (one process per HPU), or set the Trainer's"
+            " devices/num_nodes to match."
+        )
+        if self.world_size is not None and self.world_size != world:
+            raise InvalidLaunchError(
+                f"mpirun starts {self.world_size} process(es) ({self.source('world_size')}), but the Trainer has"
+                f" num_nodes={num_nodes} x devices={num_devices} = {world} processes.{fix}"
+            )
+        if self.local_world_size is not None and self.local_world_size != num_devices:
+            raise InvalidLaunchError(
+                f"mpirun starts {self.local_world_size} process(es) on this node ({self.source('local_world_size')}),"
+                f" but the Trainer has devices={num_devices}.{fix}"
+            )
+
+    def check_detected(self, cluster_environment: ClusterEnvironment) -> None:
+        """Raises :class:`InvalidLaunchError` when a launcher started this process but Lightning's default
+        environment (no launcher) was chosen: ``mpirun`` without ``mpi4py``, or a pod of a multi-node Kubeflow job
+        started without torchrun."""
+        from lightning.fabric.plugins.environments import LightningEnvironment
+
+        if type(cluster_environment) is not LightningEnvironment:
+            return
+        if self.launcher == "mpi":
+            started = f"mpirun started this process ({self.source('world_size')}={self.world_size}), but"
+            if importlib.util.find_spec("mpi4py") is None:
+                cause = "Lightning sees MPI only through mpi4py, which is not installed"
+                fix = "`pip install mpi4py` (scripts/install-mpi.sh)"
+            else:
+                cause = "mpi4py reports a single process: it loads another MPI library than the one mpirun runs"
+                fix = "Reinstall mpi4py against the MPI of this mpirun (`pip install --no-binary mpi4py mpi4py`)"
+            raise InvalidLaunchError(
+                f"{started} {cause}: every rank would train on its own. {fix}, or launch with torchrun or SLURM."
+            )
+        settings = dict(self.torchrun_settings)
+        if self.launcher == "none" and settings.get("PET_NNODES", "1") not in ("1", "1:1"):
+            listed = ", ".join(f"{name}={value}" for name, value in self.torchrun_settings)
+            raise InvalidLaunchError(
+                f"This pod is set up for torchrun ({listed}: torchrun's settings, set by Kubeflow's TrainJob or"
+                " PyTorchJob), but the script was started without it: every pod would train on its own. Start the"
+                " command with `torchrun` (it reads the PET_* variables), e.g. `torchrun examples/train.py ...` or"
+                " `torchrun --no-python lightning-gaudi fit ...`."
+            )
 
     def _generic(self, attribute: str) -> int | None:
         """``attribute``'s value when a generic variable set it."""
@@ -351,9 +439,16 @@ class LaunchEnvironment:
 def validate_launch(
     cluster_environment: ClusterEnvironment, num_devices: int, num_nodes: int, devices_on_node: int
 ) -> None:
-    """:meth:`LaunchEnvironment.validate` of this process; the SLURM checks apply under ``SLURMEnvironment``."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
+    """:meth:`LaunchEnvironment.check_detected` and :meth:`LaunchEnvironment.validate` of this process; the SLURM and
+    MPI checks apply under ``SLURMEnvironment`` and ``MPIEnvironment``."""
+    from lightning.fabric.plugins.environments import MPIEnvironment, SLURMEnvironment
 
-    LaunchEnvironment.from_env().validate(
-        num_devices, num_nodes, devices_on_node, slurm=isinstance(cluster_environment, SLURMEnvironment)
+    launch = LaunchEnvironment.from_env()
+    launch.check_detected(cluster_environment)
+    launch.validate(
+        num_devices,
+        num_nodes,
+        devices_on_node,
+        slurm=isinstance(cluster_environment, SLURMEnvironment),
+        mpi=isinstance(cluster_environment, MPIEnvironment),
     )

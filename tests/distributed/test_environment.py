@@ -48,7 +48,7 @@ OPEN_MPI = {
     "OMPI_COMM_WORLD_RANK": "2",
     "OMPI_COMM_WORLD_LOCAL_RANK": "0",
     "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    "OMPI_COMM_WORLD_NODE_RANK": "0",  # not the node's index: the rank among the processes on this node
 }
 INTEL_MPI = {"PMI_SIZE": "2", "PMI_RANK": "1", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
 #: what Lightning's popen launcher gives local rank 1 of 2
@@ -130,7 +130,7 @@ def test_lsf() -> None:
     assert env.run_id is None
 
 
-@pytest.mark.parametrize(("environ", "ranks"), [(OPEN_MPI, (4, 2, 0, 1, 2)), (INTEL_MPI, (2, 1, 1, None, 2))])
+@pytest.mark.parametrize(("environ", "ranks"), [(OPEN_MPI, (4, 2, 0, None, 2)), (INTEL_MPI, (2, 1, 1, None, 2))])
 def test_mpi(environ: dict[str, str], ranks: tuple[int | None, ...]) -> None:
     env = LaunchEnvironment.from_env(environ)
     assert env.launcher == "mpi"
@@ -243,6 +243,8 @@ def test_parse_slurm_tasks_per_node(text: str, expected: list[int]) -> None:
         ({"SLURM_JOB_ID": "777", "SLURM_STEP_ID": "", "SLURM_PROCID": "1"}, "slurm-777-"),
         ({"SLURM_JOB_ID": "777"}, None),  # a job without tasks (sbatch's shell): no shared id
         ({"TORCHELASTIC_RUN_ID": "abc"}, "torchrun-abc"),
+        ({**OPEN_MPI, "PMIX_NAMESPACE": "2067595265"}, "mpi-2067595265"),
+        ({"PMIX_NAMESPACE": "2067595265"}, None),  # PMIx without Open MPI's ranks: e.g. srun --mpi=pmix
         ({}, None),
     ],
 )
@@ -308,3 +310,113 @@ def test_slurm_counts_are_not_checked_as_generic_variables() -> None:
     """``srun --ntasks-per-node=1`` starting Lightning's own launcher: SLURM's task count is not the world size."""
     env = LaunchEnvironment.from_env({**SRUN, "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)"})
     env.validate(num_devices=4, num_nodes=2, devices_on_node=8, slurm=False)
+
+
+# ------------------------------------------------- more processes on the node than it has cards, launches not seen
+
+#: what torchrun gives local rank 0 of node 1 when Kubeflow's numProcPerNode: auto counted 64 CPUs (2 nodes)
+TORCHRUN_AUTO = {**TORCHRUN, "WORLD_SIZE": "128", "RANK": "64", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "64"}
+
+
+@pytest.mark.parametrize("devices", [8, 2])
+def test_more_processes_on_the_node_than_cards_names_nproc_per_node_auto(devices: int) -> None:
+    """Checked before the Trainer's layout: whatever ``devices`` is, the launch itself is the mistake."""
+    with pytest.raises(InvalidLaunchError) as raised:
+        LaunchEnvironment.from_env(TORCHRUN_AUTO).validate(num_devices=devices, num_nodes=2, devices_on_node=8)
+    message = str(raised.value)
+    assert "starts 64 processes on this node (LOCAL_WORLD_SIZE=64), but the node has 8 HPUs" in message
+    assert "numProcPerNode: auto (Kubeflow) and torchrun --nproc-per-node auto count GPUs only" in message
+    assert "numProcPerNode: 8, torchrun --nproc-per-node 8" in message
+
+
+def test_as_many_processes_as_cards_is_not_too_many() -> None:
+    env = LaunchEnvironment.from_env({**TORCHRUN, "WORLD_SIZE": "16", "RANK": "9", "LOCAL_WORLD_SIZE": "8"})
+    env.validate(num_devices=8, num_nodes=2, devices_on_node=8)
+
+
+@pytest.mark.parametrize(
+    ("environ", "fix"),
+    [
+        ({**SRUN, "SLURM_NTASKS": "32", "SLURM_TASKS_PER_NODE": "16(x2)"}, "--ntasks-per-node=8"),
+        ({**OPEN_MPI, "OMPI_COMM_WORLD_SIZE": "32", "OMPI_COMM_WORLD_LOCAL_SIZE": "16"}, "--map-by ppr:8:node"),
+    ],
+)
+def test_more_tasks_than_cards_names_the_launchers_own_fix(environ: dict[str, str], fix: str) -> None:
+    with pytest.raises(InvalidLaunchError, match=r"starts 16 processes on this node .* 8 HPUs") as raised:
+        LaunchEnvironment.from_env(environ).validate(num_devices=8, num_nodes=2, devices_on_node=8)
+    assert fix in str(raised.value)
+    assert "numProcPerNode" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"OMPI_COMM_WORLD_SIZE": "6"},
+            r"mpirun starts 6 process\(es\) \(OMPI_COMM_WORLD_SIZE\), but .* = 4 processes",
+        ),
+        ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, r"mpirun starts 1 process\(es\) on this node .* devices=2"),
+    ],
+)
+def test_mpi_checks(changes: dict[str, str], message: str) -> None:
+    env = LaunchEnvironment.from_env({**OPEN_MPI, **changes})
+    with pytest.raises(InvalidLaunchError, match=message) as raised:
+        env.validate(num_devices=2, num_nodes=2, devices_on_node=8)  # mpi=None: mpirun launched it, so they apply
+    assert "mpirun -np 4 --map-by ppr:2:node" in str(raised.value)
+    env.validate(num_devices=2, num_nodes=2, devices_on_node=8, mpi=False)  # another cluster environment
+    LaunchEnvironment.from_env(OPEN_MPI).validate(num_devices=2, num_nodes=2, devices_on_node=8)
+
+
+@pytest.mark.parametrize(
+    ("installed", "message"),
+    [(False, "mpi4py, which is not installed"), (True, "mpi4py reports a single process: it loads another MPI")],
+)
+def test_mpirun_that_lightning_does_not_see_is_named(
+    monkeypatch: pytest.MonkeyPatch, installed: bool, message: str
+) -> None:
+    """Lightning sees mpirun only through mpi4py: without it, or with it on another MPI, the default environment is
+    chosen and every rank would train alone."""
+    import importlib.util
+
+    from lightning.fabric.plugins.environments import LightningEnvironment, MPIEnvironment
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        if name == "mpi4py":
+            return real_find_spec("os") if installed else None
+        return real_find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    env = LaunchEnvironment.from_env(OPEN_MPI)
+    with pytest.raises(InvalidLaunchError, match=r"mpirun started this process \(OMPI_COMM_WORLD_SIZE=4\)") as raised:
+        env.check_detected(LightningEnvironment())
+    assert message in str(raised.value)
+    env.check_detected(MPIEnvironment.__new__(MPIEnvironment))  # detected: nothing to say (not built: needs mpi4py)
+
+
+#: what Kubeflow Trainer v2 sets in a TrainJob's pods (node 1 of 2): torchrun's settings, nothing for the script
+KUBEFLOW_POD = {
+    "PET_NNODES": "2",
+    "PET_NPROC_PER_NODE": "8",
+    "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "job-node-0-0.job",
+    "PET_MASTER_PORT": "29500",
+}
+
+
+def test_a_kubeflow_pod_without_torchrun_is_named() -> None:
+    from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
+
+    env = LaunchEnvironment.from_env(KUBEFLOW_POD)
+    assert env.torchrun_settings == tuple(sorted(KUBEFLOW_POD.items()))
+    with pytest.raises(
+        InvalidLaunchError, match=r"set up for torchrun \(PET_MASTER_ADDR=job-node-0-0.job, .*Start the"
+    ):
+        env.check_detected(LightningEnvironment())
+    # one pod: Lightning's own launcher (or the Hydra app's) starts the node's ranks as well as torchrun would
+    LaunchEnvironment.from_env({**KUBEFLOW_POD, "PET_NNODES": "1"}).check_detected(LightningEnvironment())
+    # under torchrun its workers still see PET_*, and are torchrun's
+    LaunchEnvironment.from_env({**KUBEFLOW_POD, **TORCHRUN}).check_detected(TorchElasticEnvironment())
+    LaunchEnvironment.from_env({**KUBEFLOW_POD, **TORCHRUN}).check_detected(LightningEnvironment())
+    LaunchEnvironment.from_env({}).check_detected(LightningEnvironment())

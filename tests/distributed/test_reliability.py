@@ -6,9 +6,7 @@ The torchrun jobs run ``tests/reliability_helpers/elastic_fit.py``; see its docs
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,60 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.loopback_nodes import FIT, JOB_TIMEOUT_S, run_two_node_job, two_node_job
+from helpers.loopback_nodes import loopback_env as _env
 from helpers.shared_job import run_once
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_gaudi import hpu, resume
 
-HELPERS = Path(__file__).parents[1] / "reliability_helpers"
-FIT = HELPERS / "elastic_fit.py"
+HELPERS = FIT.parent
 sys.path.insert(0, str(HELPERS))
 import elastic_fit  # noqa: E402
-
-JOB_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK"):
-        env.pop(name, None)
-    env.update({hpu.EMULATE_ENV: "eager", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    return env
-
-
-def _wait(procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> list[int]:
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    try:
-        return [proc.wait(timeout=max(deadline - time.monotonic(), 1)) for proc in procs]
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)  # each agent leads its own session: this ends its workers too
-        text = "\n".join(f"--- {log}\n{log.read_text()[-4000:]}" for log in logs)
-        pytest.fail(f"torchrun job still running after {JOB_TIMEOUT_S}s\n{text}")
-
-
-def run_two_node_job(out: Path, *args: str, max_restarts: int = 3) -> tuple[list[int], str]:
-    """Two torchrun agents, one process each, meeting on 127.0.0.1 (a 2-node job on one machine)."""
-    out.mkdir(parents=True)
-    endpoint = f"127.0.0.1:{_free_port()}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
-    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", out.name]
-    cmd += ["--max-restarts", str(max_restarts), "--monitor-interval", "0.2", str(FIT), str(out), *args]
-    logs = [out / f"agent{node}.log" for node in range(2)]
-    procs = []
-    for log in logs:
-        with open(log, "wb") as f:
-            procs.append(subprocess.Popen(cmd, env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
-    codes = _wait(procs, logs)
-    return codes, "\n".join(log.read_text() for log in logs)
 
 
 def _records(out: Path, name: str, rank: int) -> list[tuple[int, int]]:
@@ -86,14 +41,9 @@ def _assert_weights(out: Path, steps: int) -> None:
         torch.testing.assert_close(finals[0][name], expected, rtol=0, atol=1e-5)
 
 
-def _two_node_job(out: Path) -> None:
-    codes, log = run_two_node_job(out, "--max-steps", "10", "--every", "5")
-    assert codes == [0, 0], log[-6000:]
-
-
 @pytest.fixture(scope="module")
 def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_once(tmp_path_factory, "two-nodes", _two_node_job)
+    return run_once(tmp_path_factory, "two-nodes", two_node_job)
 
 
 @pytest.mark.subprocess

@@ -12,6 +12,7 @@ What each rank writes under ``OUT_DIR``:
 
 - ``steps-rank<r>.txt``: one line ``<attempt> <global_step>`` after every optimizer step;
 - ``resumed-rank<r>.txt``: one line ``<attempt> <global_step restored from the checkpoint, or 0>`` per attempt;
+- ``environment-rank<r>.txt``: ``<Lightning's cluster environment class> <the launch's run id>``, one line per attempt;
 - ``final-rank<r>.pt``: the weights at the end of a run that reached ``--max-steps``.
 
 ``--kill-rank R --kill-step S``: rank R SIGKILLs itself after optimizer step S in the first attempt
@@ -40,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_gaudi import HPUParallelStrategy, resume
 from lightning_gaudi.callbacks import PreemptionCheckpoint
+from lightning_gaudi.distributed import LaunchEnvironment
 
 FEATURES = 8
 LR = 0.05
@@ -118,6 +120,8 @@ class Recorder(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._append("resumed", trainer, f"{self.attempt} {trainer.global_step}")
+        environment = type(trainer.strategy.cluster_environment).__name__
+        self._append("environment", trainer, f"{environment} {LaunchEnvironment.from_env().run_id}")
         if self.args.hang_rank == trainer.global_rank:
             time.sleep(3600)  # alive but silent: the peers' next collective must time out
         trainer.strategy.barrier("recorder")

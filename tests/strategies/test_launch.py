@@ -201,3 +201,22 @@ def test_torchrun_with_the_wrong_process_count_fails_before_training(tmp_path: P
     )
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == [], written  # no checkpoint, no step: nothing ran
+
+
+def test_more_processes_on_the_node_than_cards_fails_at_the_trainer(launch_env: pytest.MonkeyPatch) -> None:
+    """What every rank of a Kubeflow job with ``numProcPerNode: auto`` meets: torchrun counted 64 CPUs on the node."""
+    launch_env.setenv(hpu.DEVICES_ENV, "8")
+    hpu._backends.clear()
+    _torchrun_env(launch_env, world=128, rank=64, local_world=64, group_rank=1)
+    with pytest.raises(InvalidLaunchError, match=r"starts 64 processes on this node .* the node has 8 HPUs") as raised:
+        _trainer(devices=8, num_nodes=2)
+    assert "set it to the number of Gaudi cards (numProcPerNode: 8, torchrun --nproc-per-node 8)" in str(raised.value)
+
+
+def test_a_kubeflow_pod_started_without_torchrun_fails_at_the_trainer(launch_env: pytest.MonkeyPatch) -> None:
+    """Kubeflow Trainer v2 sets only torchrun's PET_* variables: a plain ``python train.py`` would train alone."""
+    pod = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1", "PET_MASTER_PORT": "29500"}
+    for name, value in pod.items():
+        launch_env.setenv(name, value)
+    with pytest.raises(InvalidLaunchError, match=r"set up for torchrun .*Start the command with `torchrun`"):
+        _trainer(devices=2, num_nodes=2)
