@@ -24,6 +24,8 @@ from lightning_gaudi import hpu, resume
 
 PREEMPT_FIT = FIT.parent / "preempt_fit.py"
 START_TIMEOUT_S = 120
+#: Where scripts/install-mpi.sh puts mpi4py: on the ranks' PYTHONPATH only (see that script).
+MPI4PY_DIR = Path(__file__).parents[2] / ".mpi4py"
 
 
 def _open_mpi() -> str | None:
@@ -34,7 +36,7 @@ def _open_mpi() -> str | None:
     version = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=60).stdout
     if "Open MPI" not in version:
         return f"mpirun is not Open MPI's ({version.strip()[:80]!r}): the tests use Open MPI's options"
-    if importlib.util.find_spec("mpi4py") is None:
+    if importlib.util.find_spec("mpi4py") is None and not (MPI4PY_DIR / "mpi4py").is_dir():
         return "mpi4py is not installed, so Lightning cannot see an mpirun launch (scripts/install-mpi.sh installs it)"
     return None
 
@@ -50,9 +52,11 @@ def _mpirun(*args: str, np: int = 2) -> list[str]:
 
 def _env(**extra: str) -> dict[str, str]:
     """Loopback environment for mpirun: 2 emulated cards on the node; root may run it (containers, CI)."""
-    return loopback_env(
+    env = loopback_env(
         **{hpu.DEVICES_ENV: "2", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}, **extra
     )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(MPI4PY_DIR), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 @pytest.fixture(scope="module")
