@@ -307,11 +307,16 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
             raise CheckpointDamagedError(text, f"incomplete: {tag or 'latest'!r} holds no DeepSpeed model states")
         step = infos[model]
         world = _deepspeed_world_size(os.path.join(folder, model))
-        optimizer_files = [n for n in states if n.endswith("optim_states.pt")]
-        if optimizer_files and world is not None and len(optimizer_files) != world:
-            raise CheckpointDamagedError(
-                text, f"incomplete: {len(optimizer_files)} of its {world} ranks' optimizer states are there"
-            )
+        # ZeRO-3 writes every rank's model states (zero_pp_rank_<r>_mp_rank_<m>_model_states.pt), as every stage
+        # writes every rank's optimizer states
+        for what, files in (
+            ("model", [n for n in states if n.startswith("zero_pp_rank_") and n.endswith("model_states.pt")]),
+            ("optimizer", [n for n in states if n.endswith("optim_states.pt")]),
+        ):
+            if files and world is not None and len(files) != world:
+                raise CheckpointDamagedError(
+                    text, f"incomplete: {len(files)} of its {world} ranks' {what} states are there"
+                )
         return CheckpointInfo(text, step.global_step, step.epoch, mtime_ns, all(i.crc_checked for i in infos.values()))
     raise CheckpointDamagedError(text, "a directory without the metadata of a sharded or DeepSpeed checkpoint")
 

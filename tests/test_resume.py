@@ -265,12 +265,14 @@ def _sharded(path: Path, step: int) -> Path:
     return path
 
 
-def _deepspeed(path: Path, step: int, ranks: int = 2) -> Path:
-    """A folder as DeepSpeed writes it: ``latest`` naming a folder of per-rank states."""
+def _deepspeed(path: Path, step: int, ranks: int = 2, stage: int = 2) -> Path:
+    """A folder as DeepSpeed writes it: ``latest`` naming a folder of per-rank states (ZeRO-3: model states too)."""
     tag = path / "checkpoint"
     tag.mkdir(parents=True)
     (path / "latest").write_text("checkpoint")
-    torch.save({"global_step": step, "epoch": 0, "dp_world_size": ranks}, tag / "mp_rank_00_model_states.pt")
+    model_files = [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(ranks)] if stage == 3 else []
+    for name in model_files or ["mp_rank_00_model_states.pt"]:
+        torch.save({"global_step": step, "epoch": 0, "dp_world_size": ranks}, tag / name)
     for rank in range(ranks):
         torch.save({"state": torch.zeros(4)}, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
     return path
@@ -312,6 +314,19 @@ def test_a_deepspeed_folder_missing_a_ranks_state_is_skipped(tmp_path: Path) -> 
     (tmp_path / "plain.ckpt").mkdir()
     with pytest.raises(resume.CheckpointDamagedError, match="without the metadata of a sharded or DeepSpeed"):
         resume.verify_checkpoint(tmp_path / "plain.ckpt")
+
+
+def test_a_zero3_folder_missing_a_ranks_model_states_is_skipped(tmp_path: Path) -> None:
+    good = _deepspeed(tmp_path / "epoch=0-step=4.ckpt", 4, stage=3)
+    folder = _deepspeed(tmp_path / "epoch=0-step=6.ckpt", 6, stage=3)
+    assert resume.verify_checkpoint(folder).global_step == 6
+    (folder / "checkpoint" / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    with pytest.raises(resume.CheckpointDamagedError, match=r"1 of its 2 ranks' model states are there"):
+        resume.verify_checkpoint(folder)
+    assert resume.resolve_ckpt_path("auto", tmp_path) == str(good)
+    (good / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt").unlink()  # rank 0's: the step is in rank 1's
+    with pytest.raises(resume.CheckpointDamagedError, match=r"1 of its 2 ranks' model states are there"):
+        resume.verify_checkpoint(good)
 
 
 def test_staging_folders_are_not_checkpoints(tmp_path: Path) -> None:
