@@ -15,12 +15,14 @@ CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor stor
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import pickle
 import posixpath
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import IO, Any, TypeAlias
 
@@ -32,6 +34,7 @@ from lightning_gaudi.checkpoint_io import _filesystem
 
 __all__ = [
     "CHECKPOINT_SUFFIX",
+    "CHECKSUMS_FILENAME",
     "POLICIES",
     "REQUEUE_PREFIX",
     "CheckpointDamagedError",
@@ -244,6 +247,11 @@ def _last(dirpath: str) -> str:
 _INCOMPLETE = "incomplete (not a whole torch.save archive: a copy or save was interrupted)"
 _MISSING = "missing (no such file, or a link to one)"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip member's local header (the "PK\x03\x04" record)
+#: The checksum index of a sharded checkpoint: JSON, ``{"algorithm": "crc32", "files": {name: {"crc32": "<8 hex
+#: digits>", "size": bytes}}}`` for every file torch's writer wrote (the shards and ``.metadata``), computed as they
+#: were written (:class:`lightning_gaudi.strategies._staged.ChecksummedWriter`).
+CHECKSUMS_FILENAME = ".checksums"
+_CRC_CHUNK = 8 * 2**20
 
 
 def _inspect(text: str, verify_data: bool) -> CheckpointInfo:
@@ -276,6 +284,7 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
     there, whole (shards as long as the metadata says; archives checked as single-file checkpoints)."""
     entries = set(os.listdir(text))
     if ".metadata" in entries:
+        checksums = _check_files(text, entries, verify_data)
         info = _inspect(os.path.join(text, "meta.pt"), verify_data)
         with open(os.path.join(text, ".metadata"), "rb") as f:
             try:
@@ -294,7 +303,10 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
             if size < end:
                 what = "missing" if size < 0 else f"truncated ({size} of at least {end} bytes)"
                 raise CheckpointDamagedError(text, f"incomplete: the shard {name!r} is {what}")
-        return CheckpointInfo(text, info.global_step, info.epoch, mtime_ns, info.crc_checked)
+            if checksums is not None and name not in checksums:
+                raise CheckpointDamagedError(text, f"damaged: the shard {name!r} is not in its checksum index")
+        crc_checked = info.crc_checked and checksums is not None
+        return CheckpointInfo(text, info.global_step, info.epoch, mtime_ns, crc_checked)
     if "latest" in entries:
         with open(os.path.join(text, "latest")) as f:
             tag = f.read().strip()
@@ -319,6 +331,48 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
                 )
         return CheckpointInfo(text, step.global_step, step.epoch, mtime_ns, all(i.crc_checked for i in infos.values()))
     raise CheckpointDamagedError(text, "a directory without the metadata of a sharded or DeepSpeed checkpoint")
+
+
+def _check_files(text: str, entries: set[str], verify_data: bool) -> dict[str, Any] | None:
+    """The files a sharded checkpoint's checksum index (:data:`CHECKSUMS_FILENAME`) lists, each checked: its size
+    always, its CRC-32 when ``verify_data``; ``None`` for a checkpoint without an index (an older one), verified by its
+    shards' lengths alone."""
+    if CHECKSUMS_FILENAME not in entries:
+        log.debug("lightning_gaudi: %s has no checksum index: its shards are checked by their lengths", text)
+        return None
+    try:
+        with open(os.path.join(text, CHECKSUMS_FILENAME)) as f:
+            index = json.load(f)
+        files = {str(name): (int(entry["crc32"], 16), int(entry["size"])) for name, entry in index["files"].items()}
+        if index.get("algorithm") != "crc32":
+            raise ValueError(f"unknown checksum algorithm {index.get('algorithm')!r}")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointDamagedError(
+            text, f"damaged: its checksum index ({CHECKSUMS_FILENAME}) cannot be read ({type(error).__name__}: {error})"
+        ) from None
+    for name, (crc, size) in sorted(files.items()):
+        path = os.path.join(text, name)
+        actual = os.path.getsize(path) if name in entries else -1
+        if actual != size:
+            what = "missing" if actual < 0 else f"{actual} bytes long, not the {size} written"
+            raise CheckpointDamagedError(text, f"incomplete: the file {name!r} is {what}")
+        if verify_data and _crc32(path) != crc:
+            raise CheckpointDamagedError(
+                text,
+                f"damaged: the file {name!r} does not match the CRC-32 recorded when it was written (its bytes"
+                " changed afterwards: an interrupted copy or a disk error)",
+            )
+    return files
+
+
+def _crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(_CRC_CHUNK)
+        view = memoryview(buffer)
+        while read := f.readinto(buffer):
+            crc = zlib.crc32(view[:read], crc)
+    return crc
 
 
 def _deepspeed_world_size(path: str) -> int | None:
