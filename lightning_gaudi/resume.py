@@ -23,14 +23,17 @@ import posixpath
 import struct
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, TypeAlias
 
 from fsspec import AbstractFileSystem
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
+from torch.distributed.checkpoint import CheckpointException
 
 from lightning_gaudi.checkpoint_io import _filesystem
+from lightning_gaudi.distributed import CollectiveError
 
 __all__ = [
     "CHECKPOINT_SUFFIX",
@@ -41,6 +44,7 @@ __all__ = [
     "CheckpointInfo",
     "is_complete_checkpoint",
     "latest",
+    "load_or_fall_back",
     "read_checkpoint_info",
     "resolve_ckpt_path",
     "resolve_in_checkpoint_dir",
@@ -155,8 +159,11 @@ def resolve_ckpt_path(
             chosen = latest(dirpath, requeue_dir)
             if chosen is None and requeue_dir is not None and SLURMEnvironment.detect():
                 _refuse_damaged_requeue(os.fspath(requeue_dir))
-            return chosen
+            return _chosen_by("auto", chosen, dirpath, requeue_dir)
         text = _last(os.fspath(dirpath))
+        policy = "last"
+    else:
+        policy = None
     fs, path = _filesystem(text)
     if not (os.path.exists(path) if fs is None else fs.exists(path)):
         raise FileNotFoundError(
@@ -167,7 +174,7 @@ def resolve_ckpt_path(
         verify_checkpoint(text)
     except CheckpointDamagedError as error:
         raise CheckpointDamagedError(text, error.reason, _TRY_INSTEAD) from None
-    return text
+    return text if policy is None else _chosen_by(policy, text, dirpath, requeue_dir)
 
 
 def resolve_in_checkpoint_dir(
@@ -177,8 +184,112 @@ def resolve_in_checkpoint_dir(
     has no folder yet."""
     dirpath = getattr(checkpoint, "dirpath", None)
     if dirpath is None and ckpt_path is not None and os.fspath(ckpt_path) == "auto":
-        return None if requeue_dir is None else latest(None, requeue_dir)
+        return None if requeue_dir is None else _chosen_by("auto", latest(None, requeue_dir), None, requeue_dir)
     return resolve_ckpt_path(ckpt_path, dirpath, requeue_dir)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    policy: str
+    dirpath: str | None
+    requeue_dir: str | None
+
+
+#: The checkpoints the policies chose in this process, by path: what :func:`load_or_fall_back` may fall back from.
+_chosen: dict[str, _Choice] = {}
+#: What a checkpoint that failed to load is renamed to (``<name>.unloadable``, then ``-2``...): not a ``*.ckpt``.
+UNLOADABLE_SUFFIX = ".unloadable"
+_WHY_LENGTH = 300  # of an error quoted in the warning's one line
+
+
+def _chosen_by(policy: str, path: str | None, dirpath: _PATH | None, requeue_dir: _PATH | None) -> str | None:
+    if path is not None:
+        folders = (None if d is None else os.fspath(d) for d in (dirpath, requeue_dir))
+        _chosen[path] = _Choice(policy, *folders)
+    return path
+
+
+def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """``load(checkpoint_path)`` on every rank; when it fails on any rank and a resume policy (``"auto"``, ``"last"``)
+    chose the checkpoint, rank 0 moves it aside (renamed to ``<name>.unloadable``, never deleted), one warning says so,
+    and every rank loads the next newest checkpoint that verifies under the same policy instead, until one loads.
+
+    A checkpoint given by path is not moved: its error is logged naming it, and raised. A peer lost or a collective
+    timing out (:class:`~lightning_gaudi.distributed.CollectiveError`) is no fault of the checkpoint and propagates.
+
+    Raises:
+        CheckpointDamagedError: the policy's checkpoints all failed to load (each moved aside: a restart starts
+            fresh under ``"auto"``).
+    """
+    path = os.fspath(checkpoint_path)
+    moved: list[str] = []
+    while True:
+        error: Exception | None = None
+        try:
+            checkpoint = load(path)
+        except CollectiveError:
+            raise
+        except (Exception, CheckpointException) as caught:  # torch's CheckpointException is a BaseException
+            error = caught
+        failed_anywhere = strategy.reduce_boolean_decision(error is not None, all=False)
+        if not failed_anywhere:
+            return checkpoint
+        choice = _chosen.get(path)
+        why = _first_line(error) if error is not None else "it failed to load on another rank"
+        if choice is None:
+            log.error("lightning_gaudi: could not load the checkpoint %s (%s).%s", path, why, _TRY_INSTEAD)
+            if error is None:
+                raise RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
+            raise error
+        aside = _move_aside(strategy, path)
+        moved.append(f"{path} (now {aside})")
+        following = _next_choice(choice)
+        if strategy.is_global_zero:
+            log.warning(
+                "lightning_gaudi: could not load the checkpoint %s (%s): moved it aside to %s; %s",
+                path,
+                why,
+                aside,
+                f"resuming from {following}" if following else "no other checkpoint verifies",
+            )
+        if following is None:
+            raise CheckpointDamagedError(
+                ", ".join(moved),
+                f"unloadable (the last: {why})",
+                " Each was moved aside, never deleted; a restart with ckpt_path='auto' starts fresh.",
+            ) from error
+        path = following
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    line = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return line if len(line) <= _WHY_LENGTH else f"{line[: _WHY_LENGTH - 3]}..."
+
+
+def _move_aside(strategy: Any, path: str) -> str:
+    """Renames the checkpoint ``path`` (on rank 0) to a free ``<name>.unloadable[-N]``; every rank gets that name."""
+    aside = None
+    if strategy.is_global_zero:
+        aside = f"{path}{UNLOADABLE_SUFFIX}"
+        number = 1
+        while os.path.lexists(aside):
+            number += 1
+            aside = f"{path}{UNLOADABLE_SUFFIX}-{number}"
+        os.rename(path, aside)
+    aside = strategy.broadcast(aside)
+    strategy.barrier("resume: checkpoint moved aside")
+    return str(aside)
+
+
+def _next_choice(choice: _Choice) -> str | None:
+    """The checkpoint ``choice``'s policy picks now (the one that failed moved aside), or ``None``."""
+    if choice.policy == "auto":
+        return _chosen_by("auto", latest(choice.dirpath, choice.requeue_dir), choice.dirpath, choice.requeue_dir)
+    try:
+        return resolve_ckpt_path(choice.policy, choice.dirpath, choice.requeue_dir)
+    except (FileNotFoundError, CheckpointDamagedError):
+        return None
 
 
 def _checkpoint_paths(text: str, prefix: str = "") -> list[str]:
@@ -479,7 +590,3 @@ class _Probe(pickle.Unpickler):
         if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage":
             self.storages.add(str(pid[2]))
         return _Opaque()
-
-
-def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Any) -> dict[str, Any]:
-    return load(checkpoint_path)  # type: ignore[no-any-return]
