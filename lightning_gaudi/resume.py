@@ -224,7 +224,7 @@ def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Callable[[str
     path = os.fspath(checkpoint_path)
     moved: list[str] = []
     while True:
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             checkpoint = load(path)
         except CollectiveError:
