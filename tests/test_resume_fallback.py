@@ -7,13 +7,12 @@ In one process (one rank); the 2-process cases are in ``tests/strategies/test_fs
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers.damage import make_unloadable
 from helpers.models import RegressionModel, trainer_kwargs
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -41,21 +40,6 @@ def _fit(root: Path, strategy: Any, epochs: int = EPOCHS, ckpt_path: str | None 
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def _unpicklable(path: Path) -> None:
-    """Rewrites the checkpoint file ``path`` so that it verifies (whole, CRC-32s right, its pickle parses) but does not
-    load: it holds an object of a class whose module is gone (a checkpoint of another version of the code)."""
-    module = types.ModuleType("lightning_gaudi_vanished")
-    exec("class Gone:\n    pass", module.__dict__)
-    module.Gone.__module__ = module.__name__
-    sys.modules[module.__name__] = module
-    try:
-        checkpoint = torch.load(path, weights_only=False)
-        checkpoint["gone"] = module.Gone()
-        torch.save(checkpoint, path)
-    finally:
-        del sys.modules[module.__name__]
-
-
 def _assert_same(resumed: dict[str, torch.Tensor], uninterrupted: dict[str, torch.Tensor]) -> None:
     assert resumed.keys() == uninterrupted.keys()
     for name, tensor in uninterrupted.items():
@@ -71,7 +55,7 @@ def test_a_file_checkpoint_that_fails_to_load_is_moved_aside(
     _fit(run, SingleHPUStrategy, epochs=2)
     ckpt = run / "ckpt"
     newest = ckpt / "epoch=1-step=16.ckpt"
-    _unpicklable(newest)
+    make_unloadable(newest)
     assert resume.verify_checkpoint(newest).global_step == 16  # nothing in its bytes tells
     chosen = resume.resolve_ckpt_path("auto", ckpt)
     assert chosen == str(newest)
@@ -94,7 +78,7 @@ def test_a_file_checkpoint_that_fails_to_load_is_moved_aside(
 def test_a_checkpoint_given_by_path_is_not_moved(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
     _fit(tmp_path, SingleHPUStrategy, epochs=1)
     checkpoint = tmp_path / "ckpt" / "epoch=0-step=8.ckpt"
-    _unpicklable(checkpoint)
+    make_unloadable(checkpoint)
     with pytest.raises(Exception, match="lightning_gaudi_vanished"):
         _fit(tmp_path, SingleHPUStrategy, ckpt_path=str(checkpoint))
     assert checkpoint.is_file()
@@ -107,7 +91,7 @@ def test_when_no_checkpoint_loads_each_is_moved_aside_and_the_error_says_so(
     _fit(tmp_path, SingleHPUStrategy, epochs=2)
     ckpt = tmp_path / "ckpt"
     for path in ckpt.iterdir():
-        _unpicklable(path)
+        make_unloadable(path)
     with pytest.raises(
         resume.CheckpointDamagedError, match=r"(?s)unloadable.*a restart with ckpt_path='auto' starts fresh"
     ):
