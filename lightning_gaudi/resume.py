@@ -9,7 +9,12 @@ of per-rank shards (sharded FSDP, model-parallel and DeepSpeed checkpoints).
 
 A named policy or path wins over Lightning's SLURM rule (``hpc_ckpt_<N>.ckpt`` when ``ckpt_path`` is ``None``).
 "Newest": the highest ``global_step``, then ``epoch``, then mtime. A checkpoint verifies when its members match their
-CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor storages are present.
+CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor storages are present; a sharded folder
+when every file of its checksum index (:data:`CHECKSUMS_FILENAME`) matches its size and CRC-32 (folders without an
+index: when its shards are as long as its metadata says), a DeepSpeed folder when every rank's states are there.
+
+A checkpoint a policy chose that fails to load anyway is moved aside and the next one loaded
+(:func:`load_or_fall_back`, which the HPU strategies' ``load_checkpoint`` runs), so a restart never loops on it.
 """
 
 from __future__ import annotations
