@@ -7,11 +7,13 @@ In one process (one rank); the 2-process cases are in ``tests/strategies/test_fs
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from helpers.damage import make_unloadable
 from helpers.models import RegressionModel, trainer_kwargs
 from lightning.pytorch import Trainer
@@ -19,6 +21,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_gaudi import HPUFSDPStrategy, SingleHPUStrategy, hpu, resume
 from lightning_gaudi.strategies._staged import METADATA_FILENAME
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left() -> Iterator[None]:
+    """The one-rank process group a sharded fit forms stays after it: gone before the next test."""
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
 
 EPOCHS = 3  # a checkpoint at the end of each: resuming from any of them repeats the uninterrupted run exactly
 
