@@ -247,6 +247,10 @@ def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Callable[[str
                 raise RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
             raise error
         aside = _move_aside(strategy, path)
+        if aside is None:  # it stays where the policy would pick it again: fail, as without a fallback
+            if error is None:
+                raise RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
+            raise error
         moved.append(f"{path} (now {aside})")
         following = _next_choice(choice)
         if strategy.is_global_zero:
@@ -272,19 +276,30 @@ def _first_line(error: BaseException) -> str:
     return line if len(line) <= _WHY_LENGTH else f"{line[: _WHY_LENGTH - 3]}..."
 
 
-def _move_aside(strategy: Any, path: str) -> str:
-    """Renames the checkpoint ``path`` (on rank 0) to a free ``<name>.unloadable[-N]``; every rank gets that name."""
+def _move_aside(strategy: Any, path: str) -> str | None:
+    """Renames the checkpoint ``path`` (on rank 0) to a free ``<name>.unloadable[-N]``; every rank gets that name, or
+    ``None`` when it could not be renamed (said in an error line)."""
     aside = None
     if strategy.is_global_zero:
-        aside = f"{path}{UNLOADABLE_SUFFIX}"
+        fs, inner = _filesystem(path)
+        exists = os.path.lexists if fs is None else fs.exists
         number = 1
-        while os.path.lexists(aside):
+        aside = f"{path}{UNLOADABLE_SUFFIX}"
+        while exists(_filesystem(aside)[1]):
             number += 1
             aside = f"{path}{UNLOADABLE_SUFFIX}-{number}"
-        os.rename(path, aside)
+        try:
+            if fs is None:
+                os.rename(inner, _filesystem(aside)[1])
+            else:
+                fs.mv(inner, _filesystem(aside)[1], recursive=True)
+        except OSError as error:
+            log.error("lightning_gaudi: could not move the unloadable checkpoint %s aside: %s", path, error)
+            aside = None
     aside = strategy.broadcast(aside)
     strategy.barrier("resume: checkpoint moved aside")
-    return str(aside)
+    _chosen.pop(path, None)
+    return None if aside is None else str(aside)
 
 
 def _next_choice(choice: _Choice) -> str | None:

@@ -20,6 +20,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_gaudi import HPUFSDPStrategy, SingleHPUStrategy, hpu, resume
+from lightning_gaudi.checkpoint_io import atomic_torch_save
+from lightning_gaudi.distributed import PeerLostError
 from lightning_gaudi.strategies._staged import METADATA_FILENAME
 
 
@@ -155,3 +157,77 @@ def test_a_damaged_sharded_checkpoint_resumes_from_the_intact_older_one(
         assert len(moved) == 1
         assert str(newest) in moved[0]
         assert Path(f"{newest}.unloadable").is_dir()
+
+
+class _OneRank:
+    is_global_zero = True
+
+    @staticmethod
+    def reduce_boolean_decision(decision: bool, all: bool = True) -> bool:
+        return decision
+
+    @staticmethod
+    def broadcast(obj: Any, src: int = 0) -> Any:
+        return obj
+
+    @staticmethod
+    def barrier(name: str | None = None) -> None:
+        return None
+
+
+def _two_checkpoints(root: str) -> tuple[str, str]:
+    older, newer = f"{root}/epoch=0-step=2.ckpt", f"{root}/epoch=0-step=4.ckpt"
+    atomic_torch_save({"global_step": 2, "epoch": 0}, older)
+    atomic_torch_save({"global_step": 4, "epoch": 0}, newer)
+    return older, newer
+
+
+def _load_all_but(bad: str) -> Any:
+    def load(path: str) -> dict[str, Any]:
+        if path == bad:
+            raise RuntimeError("cannot load this one")
+        return {"loaded": path}
+
+    return load
+
+
+def test_the_fallback_on_an_fsspec_url() -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    older, newer = _two_checkpoints("memory://fallback")
+    try:
+        chosen = resume.resolve_ckpt_path("auto", "memory://fallback")
+        assert chosen == newer
+        assert resume.load_or_fall_back(_OneRank(), chosen, _load_all_but(newer)) == {"loaded": older}
+        assert fs.exists(f"/fallback/epoch=0-step=4.ckpt{resume.UNLOADABLE_SUFFIX}")
+        assert not fs.exists("/fallback/epoch=0-step=4.ckpt")
+    finally:
+        fs.rm("/fallback", recursive=True)
+
+
+def test_a_checkpoint_that_cannot_be_moved_aside_fails_as_without_the_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, newer = _two_checkpoints(str(tmp_path))
+    chosen = resume.resolve_ckpt_path("auto", tmp_path)
+
+    def refuse(*args: Any) -> None:
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(resume.os, "rename", refuse)
+    with pytest.raises(RuntimeError, match="cannot load this one"):
+        resume.load_or_fall_back(_OneRank(), chosen, _load_all_but(newer))
+    assert Path(newer).is_file()
+
+
+def test_a_lost_peer_is_no_fault_of_the_checkpoint(tmp_path: Path) -> None:
+    _, newer = _two_checkpoints(str(tmp_path))
+    chosen = resume.resolve_ckpt_path("auto", tmp_path)
+
+    def load(path: str) -> dict[str, Any]:
+        raise PeerLostError("Connection closed by peer")
+
+    with pytest.raises(PeerLostError):
+        resume.load_or_fall_back(_OneRank(), chosen, load)
+    assert Path(newer).is_file()
