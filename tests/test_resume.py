@@ -408,6 +408,25 @@ def test_a_zero3_folder_missing_a_ranks_model_states_is_skipped(tmp_path: Path) 
         resume.verify_checkpoint(good)
 
 
+@pytest.mark.parametrize("name", ["mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"])
+def test_a_deepspeed_folder_with_a_flipped_byte_is_skipped(tmp_path: Path, name: str) -> None:
+    """DeepSpeed's states are torch.save archives: the CRC-32s torch records while writing them catch the change."""
+    good = _deepspeed(tmp_path / "epoch=0-step=4.ckpt", 4)
+    folder = _deepspeed(tmp_path / "epoch=0-step=6.ckpt", 6)
+    states = folder / "checkpoint" / name
+    with zipfile.ZipFile(states) as archive:  # a byte in the middle of the pickle's stored bytes
+        member = next(m for m in archive.infolist() if m.filename.endswith("/data.pkl"))
+    data = bytearray(states.read_bytes())
+    header = member.header_offset  # a local header is 30 bytes, then the name and the extra field
+    name_length = int.from_bytes(data[header + 26 : header + 28], "little")
+    extra_length = int.from_bytes(data[header + 28 : header + 30], "little")
+    data[header + 30 + name_length + extra_length + member.compress_size // 2] ^= 0x01
+    states.write_bytes(bytes(data))
+    with pytest.raises(resume.CheckpointDamagedError, match="does not match the CRC-32"):
+        resume.verify_checkpoint(folder)
+    assert resume.resolve_ckpt_path("auto", tmp_path) == str(good)
+
+
 def test_staging_folders_are_not_checkpoints(tmp_path: Path) -> None:
     _sharded(tmp_path / ".epoch=0-step=6.ckpt.0123abcd-42-0123abcd.tmp", 6)  # a sharded save's staging folder
     _deepspeed(tmp_path / "epoch=0-step=6.ckpt.partial", 6)  # not named .ckpt
