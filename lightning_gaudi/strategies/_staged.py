@@ -2,9 +2,10 @@
 which is renamed into place once all have written (``hpu_fsdp``, ``hpu_model_parallel``, ``hpu_deepspeed``, the
 Fabric counterparts).
 
-The Trainer's torch distributed checkpoints carry a checksum index (:data:`CHECKSUMS_FILENAME`): the CRC-32 and size of
-every file torch's writer wrote, computed as the bytes went to disk (:class:`ChecksummedWriter`), which
-:func:`lightning_gaudi.resume.verify_checkpoint` checks.
+Torch distributed checkpoints (the Trainer's and Fabric's) carry a checksum index
+(:data:`~lightning_gaudi.resume.CHECKSUMS_FILENAME`): the CRC-32 and size of every file torch's writer wrote, computed
+as the bytes went to disk (:class:`ChecksummedWriter`; each rank writes its part, rank 0 merges them before the
+rename), which :func:`lightning_gaudi.resume.verify_checkpoint` checks.
 """
 
 from __future__ import annotations
