@@ -9,35 +9,47 @@ of per-rank shards (sharded FSDP, model-parallel and DeepSpeed checkpoints).
 
 A named policy or path wins over Lightning's SLURM rule (``hpc_ckpt_<N>.ckpt`` when ``ckpt_path`` is ``None``).
 "Newest": the highest ``global_step``, then ``epoch``, then mtime. A checkpoint verifies when its members match their
-CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor storages are present.
+CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor storages are present; a sharded folder
+when every file of its checksum index (:data:`CHECKSUMS_FILENAME`) matches its size and CRC-32 (folders without an
+index: when its shards are as long as its metadata says), a DeepSpeed folder when every rank's states are there.
+
+A checkpoint a policy chose that fails to load anyway is moved aside and the next one loaded
+(:func:`load_or_fall_back`, which the HPU strategies' ``load_checkpoint`` runs), so a restart never loops on it.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import pickle
 import posixpath
 import struct
 import zipfile
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, TypeAlias
 
 from fsspec import AbstractFileSystem
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
+from torch.distributed.checkpoint import CheckpointException
 
 from lightning_gaudi.checkpoint_io import _filesystem
+from lightning_gaudi.distributed import CollectiveError
 
 __all__ = [
     "CHECKPOINT_SUFFIX",
+    "CHECKSUMS_FILENAME",
     "POLICIES",
     "REQUEUE_PREFIX",
     "CheckpointDamagedError",
     "CheckpointInfo",
     "is_complete_checkpoint",
     "latest",
+    "load_or_fall_back",
     "read_checkpoint_info",
     "resolve_ckpt_path",
     "resolve_in_checkpoint_dir",
@@ -152,8 +164,11 @@ def resolve_ckpt_path(
             chosen = latest(dirpath, requeue_dir)
             if chosen is None and requeue_dir is not None and SLURMEnvironment.detect():
                 _refuse_damaged_requeue(os.fspath(requeue_dir))
-            return chosen
+            return _chosen_by("auto", chosen, dirpath, requeue_dir)
         text = _last(os.fspath(dirpath))
+        policy = "last"
+    else:
+        policy = None
     fs, path = _filesystem(text)
     if not (os.path.exists(path) if fs is None else fs.exists(path)):
         raise FileNotFoundError(
@@ -164,7 +179,7 @@ def resolve_ckpt_path(
         verify_checkpoint(text)
     except CheckpointDamagedError as error:
         raise CheckpointDamagedError(text, error.reason, _TRY_INSTEAD) from None
-    return text
+    return text if policy is None else _chosen_by(policy, text, dirpath, requeue_dir)
 
 
 def resolve_in_checkpoint_dir(
@@ -174,8 +189,127 @@ def resolve_in_checkpoint_dir(
     has no folder yet."""
     dirpath = getattr(checkpoint, "dirpath", None)
     if dirpath is None and ckpt_path is not None and os.fspath(ckpt_path) == "auto":
-        return None if requeue_dir is None else latest(None, requeue_dir)
+        return None if requeue_dir is None else _chosen_by("auto", latest(None, requeue_dir), None, requeue_dir)
     return resolve_ckpt_path(ckpt_path, dirpath, requeue_dir)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    policy: str
+    dirpath: str | None
+    requeue_dir: str | None
+
+
+#: The checkpoints the policies chose in this process, by path: what :func:`load_or_fall_back` may fall back from.
+_chosen: dict[str, _Choice] = {}
+#: What a checkpoint that failed to load is renamed to (``<name>.unloadable``, then ``-2``...): not a ``*.ckpt``.
+UNLOADABLE_SUFFIX = ".unloadable"
+_WHY_LENGTH = 300  # of an error quoted in the warning's one line
+
+
+def _chosen_by(policy: str, path: str | None, dirpath: _PATH | None, requeue_dir: _PATH | None) -> str | None:
+    if path is not None:
+        folders = (None if d is None else os.fspath(d) for d in (dirpath, requeue_dir))
+        _chosen[path] = _Choice(policy, *folders)
+    return path
+
+
+def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """``load(checkpoint_path)`` on every rank; when it fails on any rank and a resume policy (``"auto"``, ``"last"``)
+    chose the checkpoint, rank 0 moves it aside (renamed to ``<name>.unloadable``, never deleted), one warning says so,
+    and every rank loads the next newest checkpoint that verifies under the same policy instead, until one loads.
+
+    A checkpoint given by path is not moved: its error is logged naming it, and raised. A peer lost or a collective
+    timing out (:class:`~lightning_gaudi.distributed.CollectiveError`) is no fault of the checkpoint and propagates.
+
+    Raises:
+        CheckpointDamagedError: the policy's checkpoints all failed to load (each moved aside: a restart starts
+            fresh under ``"auto"``).
+    """
+    path = os.fspath(checkpoint_path)
+    moved: list[str] = []
+    while True:
+        error: BaseException | None = None
+        try:
+            checkpoint = load(path)
+        except CollectiveError:
+            raise
+        except (Exception, CheckpointException) as caught:  # torch's CheckpointException is a BaseException
+            error = caught
+        failed_anywhere = strategy.reduce_boolean_decision(error is not None, all=False)
+        if not failed_anywhere:
+            return checkpoint
+        choice = _chosen.get(path)
+        why = _first_line(error) if error is not None else "it failed to load on another rank"
+        if choice is None:
+            log.error("lightning_gaudi: could not load the checkpoint %s (%s).%s", path, why, _TRY_INSTEAD)
+            if error is None:
+                raise RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
+            raise error
+        aside = _move_aside(strategy, path)
+        if aside is None:  # it stays where the policy would pick it again: fail, as without a fallback
+            if error is None:
+                raise RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
+            raise error
+        moved.append(f"{path} (now {aside})")
+        following = _next_choice(choice)
+        if strategy.is_global_zero:
+            log.warning(
+                "lightning_gaudi: could not load the checkpoint %s (%s): moved it aside to %s; %s",
+                path,
+                why,
+                aside,
+                f"resuming from {following}" if following else "no other checkpoint verifies",
+            )
+        if following is None:
+            raise CheckpointDamagedError(
+                ", ".join(moved),
+                f"unloadable (the last: {why})",
+                " Each was moved aside, never deleted; a restart with ckpt_path='auto' starts fresh.",
+            ) from error
+        path = following
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    line = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return line if len(line) <= _WHY_LENGTH else f"{line[: _WHY_LENGTH - 3]}..."
+
+
+def _move_aside(strategy: Any, path: str) -> str | None:
+    """Renames the checkpoint ``path`` (on rank 0) to a free ``<name>.unloadable[-N]``; every rank gets that name, or
+    ``None`` when it could not be renamed (said in an error line)."""
+    aside = None
+    if strategy.is_global_zero:
+        fs, inner = _filesystem(path)
+        exists = os.path.lexists if fs is None else fs.exists
+        number = 1
+        aside = f"{path}{UNLOADABLE_SUFFIX}"
+        while exists(_filesystem(aside)[1]):
+            number += 1
+            aside = f"{path}{UNLOADABLE_SUFFIX}-{number}"
+        try:
+            if fs is None:
+                os.rename(inner, _filesystem(aside)[1])
+            else:
+                fs.mv(inner, _filesystem(aside)[1], recursive=True)
+        except OSError as error:
+            log.error("lightning_gaudi: could not move the unloadable checkpoint %s aside: %s", path, error)
+            aside = None
+    aside = strategy.broadcast(aside)
+    strategy.barrier("resume: checkpoint moved aside")
+    _chosen.pop(path, None)
+    return None if aside is None else str(aside)
+
+
+def _next_choice(choice: _Choice) -> str | None:
+    """The checkpoint ``choice``'s policy picks now (the one that failed moved aside), or ``None``."""
+    if choice.policy == "auto":
+        return _chosen_by("auto", latest(choice.dirpath, choice.requeue_dir), choice.dirpath, choice.requeue_dir)
+    try:
+        return resolve_ckpt_path(choice.policy, choice.dirpath, choice.requeue_dir)
+    except (FileNotFoundError, CheckpointDamagedError):
+        return None
 
 
 def _checkpoint_paths(text: str, prefix: str = "") -> list[str]:
@@ -244,6 +378,11 @@ def _last(dirpath: str) -> str:
 _INCOMPLETE = "incomplete (not a whole torch.save archive: a copy or save was interrupted)"
 _MISSING = "missing (no such file, or a link to one)"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip member's local header (the "PK\x03\x04" record)
+#: The checksum index of a sharded checkpoint: JSON, ``{"algorithm": "crc32", "files": {name: {"crc32": "<8 hex
+#: digits>", "size": bytes}}}`` for every file torch's writer wrote (the shards and ``.metadata``), computed as they
+#: were written (:class:`lightning_gaudi.strategies._staged.ChecksummedWriter`).
+CHECKSUMS_FILENAME = ".checksums"
+_CRC_CHUNK = 8 * 2**20
 
 
 def _inspect(text: str, verify_data: bool) -> CheckpointInfo:
@@ -276,6 +415,7 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
     there, whole (shards as long as the metadata says; archives checked as single-file checkpoints)."""
     entries = set(os.listdir(text))
     if ".metadata" in entries:
+        checksums = _check_files(text, entries, verify_data)
         info = _inspect(os.path.join(text, "meta.pt"), verify_data)
         with open(os.path.join(text, ".metadata"), "rb") as f:
             try:
@@ -294,7 +434,10 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
             if size < end:
                 what = "missing" if size < 0 else f"truncated ({size} of at least {end} bytes)"
                 raise CheckpointDamagedError(text, f"incomplete: the shard {name!r} is {what}")
-        return CheckpointInfo(text, info.global_step, info.epoch, mtime_ns, info.crc_checked)
+            if checksums is not None and name not in checksums:
+                raise CheckpointDamagedError(text, f"damaged: the shard {name!r} is not in its checksum index")
+        crc_checked = info.crc_checked and checksums is not None
+        return CheckpointInfo(text, info.global_step, info.epoch, mtime_ns, crc_checked)
     if "latest" in entries:
         with open(os.path.join(text, "latest")) as f:
             tag = f.read().strip()
@@ -307,13 +450,60 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
             raise CheckpointDamagedError(text, f"incomplete: {tag or 'latest'!r} holds no DeepSpeed model states")
         step = infos[model]
         world = _deepspeed_world_size(os.path.join(folder, model))
-        optimizer_files = [n for n in states if n.endswith("optim_states.pt")]
-        if optimizer_files and world is not None and len(optimizer_files) != world:
-            raise CheckpointDamagedError(
-                text, f"incomplete: {len(optimizer_files)} of its {world} ranks' optimizer states are there"
-            )
+        # ZeRO-3 writes every rank's model states (zero_pp_rank_<r>_mp_rank_<m>_model_states.pt), as every stage
+        # writes every rank's optimizer states
+        for what, files in (
+            ("model", [n for n in states if n.startswith("zero_pp_rank_") and n.endswith("model_states.pt")]),
+            ("optimizer", [n for n in states if n.endswith("optim_states.pt")]),
+        ):
+            if files and world is not None and len(files) != world:
+                raise CheckpointDamagedError(
+                    text, f"incomplete: {len(files)} of its {world} ranks' {what} states are there"
+                )
         return CheckpointInfo(text, step.global_step, step.epoch, mtime_ns, all(i.crc_checked for i in infos.values()))
     raise CheckpointDamagedError(text, "a directory without the metadata of a sharded or DeepSpeed checkpoint")
+
+
+def _check_files(text: str, entries: set[str], verify_data: bool) -> dict[str, Any] | None:
+    """The files a sharded checkpoint's checksum index (:data:`CHECKSUMS_FILENAME`) lists, each checked: its size
+    always, its CRC-32 when ``verify_data``; ``None`` for a checkpoint without an index (an older one), verified by its
+    shards' lengths alone."""
+    if CHECKSUMS_FILENAME not in entries:
+        log.debug("lightning_gaudi: %s has no checksum index: its shards are checked by their lengths", text)
+        return None
+    try:
+        with open(os.path.join(text, CHECKSUMS_FILENAME)) as f:
+            index = json.load(f)
+        files = {str(name): (int(entry["crc32"], 16), int(entry["size"])) for name, entry in index["files"].items()}
+        if index.get("algorithm") != "crc32":
+            raise ValueError(f"unknown checksum algorithm {index.get('algorithm')!r}")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointDamagedError(
+            text, f"damaged: its checksum index ({CHECKSUMS_FILENAME}) cannot be read ({type(error).__name__}: {error})"
+        ) from None
+    for name, (crc, size) in sorted(files.items()):
+        path = os.path.join(text, name)
+        actual = os.path.getsize(path) if name in entries else -1
+        if actual != size:
+            what = "missing" if actual < 0 else f"{actual} bytes long, not the {size} written"
+            raise CheckpointDamagedError(text, f"incomplete: the file {name!r} is {what}")
+        if verify_data and _crc32(path) != crc:
+            raise CheckpointDamagedError(
+                text,
+                f"damaged: the file {name!r} does not match the CRC-32 recorded when it was written (its bytes"
+                " changed afterwards: an interrupted copy or a disk error)",
+            )
+    return files
+
+
+def _crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(_CRC_CHUNK)
+        view = memoryview(buffer)
+        while read := f.readinto(buffer):
+            crc = zlib.crc32(view[:read], crc)
+    return crc
 
 
 def _deepspeed_world_size(path: str) -> int | None:

@@ -5,8 +5,11 @@ The restart-proof process-group handshake and the collective errors are tested i
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import zipfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,8 @@ import torch
 from torch.utils.serialization import config as serialization_config
 
 from lightning_gaudi import resume
-from lightning_gaudi.checkpoint_io import atomic_torch_save
+from lightning_gaudi.checkpoint_io import HPUCheckpointIO, atomic_torch_save
+from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 
 
 def _save(path: Path, step: int, mtime: float, epoch: int = 0) -> Path:
@@ -265,18 +269,50 @@ def _sharded(path: Path, step: int) -> Path:
     return path
 
 
-def _deepspeed(path: Path, step: int, ranks: int = 2) -> Path:
-    """A folder as DeepSpeed writes it: ``latest`` naming a folder of per-rank states."""
+class _OneRank:
+    """What the sharded save reads of a strategy, for one process."""
+
+    is_global_zero = True
+    global_rank = 0
+    timeout = timedelta(seconds=30)
+    checkpoint_io = HPUCheckpointIO()
+
+    @staticmethod
+    def broadcast(obj: Any, src: int = 0) -> Any:
+        return obj
+
+    @staticmethod
+    def barrier(name: str | None = None) -> None:
+        return None
+
+
+def _checksummed(path: Path, step: int) -> Path:
+    """A folder as the Trainer's sharded strategies write it now: with its checksum index."""
+    state = {"state_dict": {"w": torch.arange(64.0), "b": torch.ones(3)}, "global_step": step, "epoch": 0}
+    save_sharded_checkpoint(_OneRank(), state, path, None, model_key="model")
+    return path
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _deepspeed(path: Path, step: int, ranks: int = 2, stage: int = 2) -> Path:
+    """A folder as DeepSpeed writes it: ``latest`` naming a folder of per-rank states (ZeRO-3: model states too)."""
     tag = path / "checkpoint"
     tag.mkdir(parents=True)
     (path / "latest").write_text("checkpoint")
-    torch.save({"global_step": step, "epoch": 0, "dp_world_size": ranks}, tag / "mp_rank_00_model_states.pt")
+    model_files = [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(ranks)] if stage == 3 else []
+    for name in model_files or ["mp_rank_00_model_states.pt"]:
+        torch.save({"global_step": step, "epoch": 0, "dp_world_size": ranks}, tag / name)
     for rank in range(ranks):
         torch.save({"state": torch.zeros(4)}, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
     return path
 
 
-@pytest.mark.parametrize("write", [_sharded, _deepspeed])
+@pytest.mark.parametrize("write", [_sharded, _checksummed, _deepspeed])
 def test_a_folder_checkpoint_verifies_and_auto_and_last_resume_from_it(tmp_path: Path, write: Any) -> None:
     _save(tmp_path / "epoch=0-step=2.ckpt", step=2, mtime=1000)
     folder = write(tmp_path / "epoch=0-step=6.ckpt", 6)
@@ -303,6 +339,51 @@ def test_a_sharded_folder_with_a_lost_or_truncated_shard_is_skipped(tmp_path: Pa
         resume.verify_checkpoint(folder)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's single-process warning for distributed checkpoints
+def test_a_sharded_folder_with_a_flipped_byte_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The checksum index written with the shards catches a change that keeps every file's length."""
+    good = _checksummed(tmp_path / "epoch=0-step=2.ckpt", 2)
+    folder = _checksummed(tmp_path / "epoch=0-step=6.ckpt", 6)
+    assert resume.verify_checkpoint(folder).crc_checked
+    index = json.loads((folder / resume.CHECKSUMS_FILENAME).read_text())
+    assert sorted(index["files"]) == [".metadata", "__0_0.distcp"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".checksums-")]  # the ranks' parts are merged
+    for name in ("__0_0.distcp", ".metadata"):
+        copy = tmp_path / f"copy-{name}.ckpt"
+        shutil.copytree(folder, copy)
+        _flip_a_byte(copy / name)
+        with pytest.raises(resume.CheckpointDamagedError, match=rf"the file '{name}' does not match the CRC-32"):
+            resume.verify_checkpoint(copy)
+        shutil.rmtree(copy)
+    _flip_a_byte(folder / "__0_0.distcp")
+    assert resume.read_checkpoint_info(folder).global_step == 6  # the sizes are right: only the bytes tell
+    with caplog.at_level("WARNING", logger="lightning_gaudi.resume"):
+        assert resume.resolve_ckpt_path("auto", tmp_path) == str(good)
+    assert "does not match the CRC-32" in caplog.text
+    with pytest.raises(resume.CheckpointDamagedError, match=r"does not match the CRC-32"):
+        resume.resolve_ckpt_path(folder)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_sharded_folders_checksum_index_is_checked(tmp_path: Path) -> None:
+    folder = _checksummed(tmp_path / "epoch=0-step=6.ckpt", 6)
+    index = folder / resume.CHECKSUMS_FILENAME
+    shard = folder / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes() + b"more")
+    with pytest.raises(resume.CheckpointDamagedError, match=r"'__0_0.distcp' is \d+ bytes long, not the \d+ written"):
+        resume.read_checkpoint_info(folder)
+    original = json.loads(index.read_text())
+    del original["files"]["__0_0.distcp"]
+    index.write_text(json.dumps(original))
+    with pytest.raises(resume.CheckpointDamagedError, match=r"'__0_0.distcp' is not in its checksum index"):
+        resume.read_checkpoint_info(folder)
+    index.write_text("{not json")
+    with pytest.raises(resume.CheckpointDamagedError, match=r"checksum index \(.checksums\) cannot be read"):
+        resume.read_checkpoint_info(folder)
+    index.unlink()  # as an older checkpoint: checked by its shards' lengths
+    assert not resume.verify_checkpoint(folder).crc_checked
+
+
 def test_a_deepspeed_folder_missing_a_ranks_state_is_skipped(tmp_path: Path) -> None:
     folder = _deepspeed(tmp_path / "epoch=0-step=6.ckpt", 6)
     (folder / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
@@ -312,6 +393,38 @@ def test_a_deepspeed_folder_missing_a_ranks_state_is_skipped(tmp_path: Path) -> 
     (tmp_path / "plain.ckpt").mkdir()
     with pytest.raises(resume.CheckpointDamagedError, match="without the metadata of a sharded or DeepSpeed"):
         resume.verify_checkpoint(tmp_path / "plain.ckpt")
+
+
+def test_a_zero3_folder_missing_a_ranks_model_states_is_skipped(tmp_path: Path) -> None:
+    good = _deepspeed(tmp_path / "epoch=0-step=4.ckpt", 4, stage=3)
+    folder = _deepspeed(tmp_path / "epoch=0-step=6.ckpt", 6, stage=3)
+    assert resume.verify_checkpoint(folder).global_step == 6
+    (folder / "checkpoint" / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    with pytest.raises(resume.CheckpointDamagedError, match=r"1 of its 2 ranks' model states are there"):
+        resume.verify_checkpoint(folder)
+    assert resume.resolve_ckpt_path("auto", tmp_path) == str(good)
+    (good / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt").unlink()  # rank 0's: the step is in rank 1's
+    with pytest.raises(resume.CheckpointDamagedError, match=r"1 of its 2 ranks' model states are there"):
+        resume.verify_checkpoint(good)
+
+
+@pytest.mark.parametrize("name", ["mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"])
+def test_a_deepspeed_folder_with_a_flipped_byte_is_skipped(tmp_path: Path, name: str) -> None:
+    """DeepSpeed's states are torch.save archives: the CRC-32s torch records while writing them catch the change."""
+    good = _deepspeed(tmp_path / "epoch=0-step=4.ckpt", 4)
+    folder = _deepspeed(tmp_path / "epoch=0-step=6.ckpt", 6)
+    states = folder / "checkpoint" / name
+    with zipfile.ZipFile(states) as archive:  # a byte in the middle of the pickle's stored bytes
+        member = next(m for m in archive.infolist() if m.filename.endswith("/data.pkl"))
+    data = bytearray(states.read_bytes())
+    header = member.header_offset  # a local header is 30 bytes, then the name and the extra field
+    name_length = int.from_bytes(data[header + 26 : header + 28], "little")
+    extra_length = int.from_bytes(data[header + 28 : header + 30], "little")
+    data[header + 30 + name_length + extra_length + member.compress_size // 2] ^= 0x01
+    states.write_bytes(bytes(data))
+    with pytest.raises(resume.CheckpointDamagedError, match="does not match the CRC-32"):
+        resume.verify_checkpoint(folder)
+    assert resume.resolve_ckpt_path("auto", tmp_path) == str(good)
 
 
 def test_staging_folders_are_not_checkpoints(tmp_path: Path) -> None:

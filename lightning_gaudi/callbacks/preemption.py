@@ -7,6 +7,7 @@ import glob
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -279,7 +280,10 @@ def _remove_own_temporaries(path: str) -> None:
     directory, name = os.path.split(path)
     for tmp in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}*-{os.getpid()}-*.tmp")):
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            if os.path.isdir(tmp) and not os.path.islink(tmp):
+                shutil.rmtree(tmp)  # a sharded save's staging folder, named for rank 0
+            else:
+                os.unlink(tmp)
 
 
 def add_default_preemption(trainer: pl.Trainer) -> PreemptionCheckpoint | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -19,15 +20,20 @@ from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.fabric._base import FabricParallelCore
+from lightning_gaudi.patches import fabric_checkpoint_writer
 from lightning_gaudi.precision import check_precision_supported
-from lightning_gaudi.strategies._staged import save_staged
+from lightning_gaudi.resume import load_or_fall_back
+from lightning_gaudi.strategies._staged import ChecksummedWriter, save_staged
 from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, fsdp_device, has_meta_tensors, refuse_lazy_mode
 
 
 class FabricShardedCore(FabricParallelCore):
     """What Fabric's sharded HPU strategies add: sharded checkpoints staged and renamed into place
-    (:func:`~lightning_gaudi.strategies._staged.save_staged`)."""
+    (:func:`~lightning_gaudi.strategies._staged.save_staged`) with their checksum index, and loads that fall back from
+    a checkpoint the resume policy chose that fails to load."""
+
+    global_rank: int
 
     def save_checkpoint(
         self,
@@ -43,7 +49,26 @@ class FabricShardedCore(FabricParallelCore):
         ):
             save(path, state, storage_options, filter)
             return
-        save_staged(self, path, lambda staging: save(staging, state, storage_options, filter))
+
+        def write(staging: Path) -> None:
+            with fabric_checkpoint_writer.storage_writer(ChecksummedWriter) as writers:
+                save(staging, state, storage_options, filter)
+            for writer in writers:  # the checksum index (none where the patch is not in effect)
+                writer.write_checksums(self.global_rank)
+
+        save_staged(self, path, write)
+
+    def load_checkpoint(
+        self,
+        path: _PATH,
+        state: Any = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Loads the checkpoint ``path`` into ``state``; one the resume policy chose that fails to load is moved aside
+        and the next newest that verifies is loaded instead (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
+        load: Callable[..., dict[str, Any]] = super().load_checkpoint  # type: ignore[misc]
+        return load_or_fall_back(self, path, lambda chosen: load(chosen, state, strict, weights_only))
 
 
 class HPUFSDPPrecision(FSDPPrecision):

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from lightning_gaudi.patches import (
     connector,
     deepspeed_strategy,
+    fabric_checkpoint_writer,
     fabric_connector,
     fp8_precision_name,
     signals,
@@ -36,6 +37,7 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             fp8_precision_name.PATCH,
             signals.PATCH,
             deepspeed_strategy.PATCH,
+            fabric_checkpoint_writer.PATCH,
         )
     }
 )

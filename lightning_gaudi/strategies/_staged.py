@@ -1,25 +1,40 @@
 """Sharded checkpoints written as one step for readers: every rank writes into a staging directory beside the target,
 which is renamed into place once all have written (``hpu_fsdp``, ``hpu_model_parallel``, ``hpu_deepspeed``, the
-Fabric counterparts)."""
+Fabric counterparts).
+
+Torch distributed checkpoints (the Trainer's and Fabric's) carry a checksum index
+(:data:`~lightning_gaudi.resume.CHECKSUMS_FILENAME`): the CRC-32 and size of every file torch's writer wrote, computed
+as the bytes went to disk (:class:`ChecksummedWriter`; each rank writes its part, rank 0 merges them before the
+rename), which :func:`lightning_gaudi.resume.verify_checkpoint` checks.
+"""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
+import threading
 import uuid
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from lightning.fabric.utilities.types import _PATH
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 from lightning_gaudi.checkpoint_io import remove_stale_temporaries, temporary_name
 from lightning_gaudi.distributed import collective_errors
+from lightning_gaudi.resume import CHECKSUMS_FILENAME
 
 #: Written by rank 0 into a sharded checkpoint beside the shards: everything but the model and optimizer states.
 #: Lightning recognises a sharded checkpoint directory by this file.
 METADATA_FILENAME = "meta.pt"
+_CHECKSUM_PART = ".checksums-rank"  # each rank's part of the index, merged by rank 0 before the rename
 
 
 def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -> None:
@@ -56,6 +71,7 @@ def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -
             shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, stays as it was
         raise
     if strategy.is_global_zero:
+        _merge_checksums(staging)
         _replace(staging, path)
     strategy.barrier("sharded checkpoint: in place")
 
@@ -72,7 +88,9 @@ def save_sharded_checkpoint(
         state[f"optimizer_{index}"] = optimizer_state
 
     def write(staging: Path) -> None:
-        dcp.save(state, checkpoint_id=staging)
+        writer = ChecksummedWriter(staging)
+        dcp.save(state, storage_writer=writer)
+        writer.write_checksums(strategy.global_rank)
         if strategy.is_global_zero:
             strategy.checkpoint_io.save_checkpoint(checkpoint, staging / METADATA_FILENAME)
 
@@ -91,3 +109,89 @@ def _replace(staging: Path, path: Path) -> None:
             shutil.rmtree(previous)
         else:
             previous.unlink()
+
+
+class ChecksummedWriter(FileSystemWriter):
+    """torch's file-system writer of distributed checkpoints, recording the CRC-32 and size of every file it writes
+    as the bytes go to disk (no second read); :meth:`write_checksums` writes this rank's part of the index."""
+
+    def __init__(self, path: _PATH) -> None:
+        super().__init__(path)
+        self.fs = _ChecksummedFileSystem()
+
+    def write_checksums(self, rank: int) -> None:
+        """Writes what this rank wrote into ``<checkpoint>/.checksums-rank<rank>`` (merged by :func:`save_staged`)."""
+        assert isinstance(self.fs, _ChecksummedFileSystem)
+        part = Path(self.path) / f"{_CHECKSUM_PART}{rank}"
+        part.write_text(json.dumps(self.fs.written))
+
+
+class _ChecksummedFileSystem(FileSystem):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()  # torch's writer may write several files at once, one per thread
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
+        with super().create_stream(path, mode) as raw:
+            if "w" not in mode:
+                yield raw
+                return
+            stream = _CRC32Stream(raw)
+            yield stream
+        with self._lock:
+            self.written[Path(path).name] = {"crc32": f"{stream.crc:08x}", "size": stream.size}
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)  # torch writes .metadata as a temporary and renames it
+        with self._lock:
+            entry = self.written.pop(Path(path).name, None)
+            if entry is not None:
+                self.written[Path(new_path).name] = entry
+
+
+class _CRC32Stream(io.IOBase):
+    """A file being written, with the CRC-32 and count of the bytes written so far."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.crc = 0
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written: int = self._raw.write(view)
+        self.crc = zlib.crc32(view[:written], self.crc)
+        self.size += written
+        return written
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+    def fileno(self) -> int:
+        return int(self._raw.fileno())
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            super().close()
+            self._raw.close()
+
+
+def _merge_checksums(staging: Path) -> None:
+    """Merges the ranks' parts of the checksum index into :data:`CHECKSUMS_FILENAME` (nothing when none was written)."""
+    parts = sorted(staging.glob(f"{_CHECKSUM_PART}*"))
+    if not parts:
+        return
+    files: dict[str, Any] = {}
+    for part in parts:
+        files.update(json.loads(part.read_text()))
+    (staging / CHECKSUMS_FILENAME).write_text(json.dumps({"algorithm": "crc32", "files": files}, sort_keys=True))
+    for part in parts:
+        part.unlink()

@@ -40,6 +40,7 @@ from lightning_gaudi.distributed import (
     validate_launch,
 )
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
+from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
 from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
@@ -399,6 +400,16 @@ class TrainerCore(HPUStrategyCore):
         backend = hpu.get_backend()
         if backend.emulated and backend.is_lazy():
             disable_inference_mode(trainer)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Loads the checkpoint to resume from (:meth:`load_checkpoint_files`); one the resume policy chose that fails
+        to load is moved aside, and the next newest that verifies is loaded instead
+        (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
+        return load_or_fall_back(self, checkpoint_path, lambda path: self.load_checkpoint_files(path, weights_only))
+
+    def load_checkpoint_files(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Loads one checkpoint: Lightning's strategy's ``load_checkpoint``."""
+        return super().load_checkpoint(checkpoint_path, weights_only)  # type: ignore[misc, no-any-return]
 
     def model_to_device(self) -> None:
         move_keeping_ties(self.model, self.root_device)  # type: ignore[attr-defined]  # Module.to unties on lazy tensors

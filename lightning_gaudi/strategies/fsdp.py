@@ -5,19 +5,25 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import os
 from collections.abc import Callable, Generator, Iterable
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
+import torch.distributed.checkpoint as dcp
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import FSDPPrecision, Precision
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.optimizer import load_sharded_optimizer_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffload,
@@ -26,6 +32,8 @@ from torch.distributed.fsdp import (
     FullyShardedDataParallel,
     MixedPrecision,
     OptimStateKeyType,
+    ShardedOptimStateDictConfig,
+    ShardedStateDictConfig,
     ShardingStrategy,
     StateDictType,
 )
@@ -347,6 +355,35 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
             if self.is_global_zero:  # keyed by parameter index, as a plain optimizer's: loads without FSDP too
                 state = FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
             return state
+
+    @override
+    def load_checkpoint_files(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(self.broadcast(os.fspath(checkpoint_path)))
+        if not (path.is_dir() and (path / METADATA_FILENAME).is_file()):
+            return super().load_checkpoint_files(checkpoint_path, weights_only)
+        # A sharded checkpoint, loaded as Lightning does but for a stateless optimizer (SGD without momentum): torch
+        # distributed checkpoint keeps no empty "state", and FSDP refuses an optimizer state without one
+        assert self.model is not None
+        assert self.lightning_module is not None
+        with FullyShardedDataParallel.state_dict_type(
+            self.model,
+            StateDictType.SHARDED_STATE_DICT,
+            ShardedStateDictConfig(offload_to_cpu=True),
+            ShardedOptimStateDictConfig(offload_to_cpu=True),
+        ):
+            module_state = {"model": self.model.state_dict()}
+            dcp.load(module_state, checkpoint_id=path)
+            self.model.load_state_dict(module_state["model"], strict=self.lightning_module.strict_loading)
+            if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
+                reader = FileSystemReader(path)
+                for index, optimizer in enumerate(self.optimizers):
+                    key = f"optimizer_{index}"
+                    state = load_sharded_optimizer_state_dict(module_state["model"], key, reader)[key]
+                    state.setdefault("state", {})
+                    optimizer.load_state_dict(
+                        FullyShardedDataParallel.optim_state_dict_to_load(self.model, optimizer, state)
+                    )
+        return torch.load(path / METADATA_FILENAME, weights_only=weights_only)  # type: ignore[no-any-return]
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:

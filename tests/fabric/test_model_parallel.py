@@ -77,10 +77,18 @@ def test_two_processes_match_one_and_a_sharded_checkpoint_resumes(tmp_path: Path
     # one file per rank plus the metadata, renamed into place complete: no staging directory left
     assert {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= set(ranks[0]["checkpoint_files"])
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["newest.ckpt.unloadable", "older.ckpt"]
     rows = [sorted({row for facts in ranks for row in facts["rows"][step]}) for step in range(TOTAL)]
     expected = _reference(ranks[0]["initial"], rows)
     for facts in ranks:
         assert facts["loaded_step"] == STEPS
+        # the newest checkpoint damaged: skipped by its checksums, or (without) moved aside once it failed to load;
+        # every rank resumes from the intact older one, to the uninterrupted weights
+        for checksums in (True, False):
+            damaged = facts[f"damaged-checksums-{checksums}"]
+            assert damaged["chosen"] == ("older.ckpt" if checksums else "newest.ckpt")
+            assert damaged["loaded_step"] == STEPS
+            assert damaged["resumed"] == facts["uninterrupted"]
         for name, tensor in expected.items():
             torch.testing.assert_close(torch.tensor(facts["uninterrupted"][name]), tensor, rtol=1e-5, atol=1e-6)
             assert facts["resumed"][name] == facts["uninterrupted"][name], name  # resumed: the same, bit for bit

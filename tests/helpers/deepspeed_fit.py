@@ -8,7 +8,8 @@ popen launcher re-runs this script for rank 1. ``STRATEGY`` is a registered name
   samples with the same Trainer (``OUT_DIR/rank<r>.eval.json``: both losses and how many rows this rank predicted);
 - ``checkpointed``: 2 epochs of 2 steps (16 samples), a checkpoint directory written at the end of each epoch into
   ``OUT_DIR/ckpt``;
-- ``resume``: the same 2 epochs, resumed from the directory ``CKPT``.
+- ``resume``: the same 2 epochs, resumed from the directory ``CKPT`` (``auto:<folder>``: the one the ``"auto"`` resume
+  policy picks in that folder).
 
 Each rank writes ``OUT_DIR/rank<r>.json``: its weights before and after training (gathered in full under ZeRO-3), the
 batches it trained on, and how many parameter elements it held during training.
@@ -28,6 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwargs
 
 import lightning_gaudi  # noqa: F401  (registers the names)
+from lightning_gaudi.resume import resolve_ckpt_path
 
 
 def _weights(module: torch.nn.Module) -> dict[str, list[Any]]:
@@ -87,7 +89,10 @@ def main() -> None:
         loader = regression_loader(samples=16, batch_size=4)
         callbacks.append(ModelCheckpoint(dirpath=out / "ckpt", every_n_epochs=1, save_top_k=-1))
     trainer = Trainer(accelerator="hpu", strategy=strategy, devices=2, callbacks=callbacks, **kwargs)
-    trainer.fit(model, train_dataloaders=loader, ckpt_path=sys.argv[4] if mode == "resume" else None)
+    ckpt_path = sys.argv[4] if mode == "resume" else None
+    if ckpt_path is not None and ckpt_path.startswith("auto:"):  # the resume policy over that folder
+        ckpt_path = resolve_ckpt_path("auto", ckpt_path.removeprefix("auto:"))
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
     if mode == "fit":
         evaluate_after_fit(trainer, model, loader, out / f"rank{trainer.global_rank}.eval.json")
 

@@ -5,9 +5,10 @@ Run as ``python fabric_sharded.py OUT_DIR STRATEGY STEPS TOTAL`` with ``LIGHTNIN
 launcher re-runs it for rank 1). ``STRATEGY`` is ``tp`` (``HPUModelParallelStrategy``, tensor parallelism on 2
 cards), ``fsdp2`` (the same, FSDP2 over 2 data-parallel ranks) or ``fsdp`` (``"hpu_fsdp"``). Each rank trains
 ``STEPS`` steps with gradient clipping, saves a sharded checkpoint with ``fabric.save``, trains on to ``TOTAL``, then
-loads the checkpoint into a fresh model and optimizer with ``fabric.load`` and trains the same steps again. It
-writes ``OUT_DIR/rank<r>.json``: the initial weights, the global rows each step trained on, and the full weights of
-both runs.
+loads the checkpoint into a fresh model and optimizer with ``fabric.load`` and trains the same steps again. Then it
+damages rank 1's shard of a checkpoint saved at ``TOTAL`` in ``OUT_DIR/ckpt`` and resumes with the ``"auto"`` policy
+there, with the checkpoint's checksum index and without. It writes ``OUT_DIR/rank<r>.json``: the initial weights, the
+global rows each step trained on, and the full weights of every run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from lightning_gaudi.fabric import HPUModelParallelStrategy
+from lightning_gaudi.resume import CHECKSUMS_FILENAME, resolve_ckpt_path
 
 BATCH, MOMENTUM, CLIP = 8, 0.9, 0.5
 
@@ -83,8 +85,11 @@ def main() -> None:
     facts: dict[str, Any] = {"initial": full_weights(model), "strategy": type(fabric.strategy).__name__}
     facts["rows"] = train(model, optimizer, 0, steps)
     fabric.save(out / "sharded.ckpt", {"model": model, "optimizer": optimizer, "step": steps})
+    ckpt = out / "ckpt"  # for the resume policy: the same state, then the state at TOTAL (damaged below)
+    fabric.save(ckpt / "older.ckpt", {"model": model, "optimizer": optimizer, "global_step": steps})
     facts["rows"] += train(model, optimizer, steps, total)
     facts["uninterrupted"] = full_weights(model)
+    fabric.save(ckpt / "newest.ckpt", {"model": model, "optimizer": optimizer, "global_step": total})
 
     model, optimizer = build()
     state = {"model": model, "optimizer": optimizer, "step": 0}
@@ -93,6 +98,28 @@ def main() -> None:
     train(model, optimizer, state["step"], total)
     facts["resumed"] = full_weights(model)
     facts["checkpoint_files"] = sorted(p.name for p in (out / "sharded.ckpt").iterdir())
+
+    # Rank 1's shard of the newest checkpoint damaged, its length kept. With its checksum index the resume policy skips
+    # it; without (an older checkpoint) it verifies, fails to load, and fabric.load moves it aside and loads the older
+    if fabric.global_rank == 0:
+        shard = ckpt / "newest.ckpt" / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[:8] = bytes(b ^ 0xFF for b in data[:8])
+        shard.write_bytes(bytes(data))
+    for checksums in (True, False):
+        if not checksums and fabric.global_rank == 0:
+            (ckpt / "newest.ckpt" / CHECKSUMS_FILENAME).unlink()
+        fabric.barrier()
+        chosen = resolve_ckpt_path("auto", ckpt)  # on every rank, as a restarted job does
+        model, optimizer = build()
+        state = {"model": model, "optimizer": optimizer, "global_step": 0}
+        fabric.load(chosen, state)
+        train(model, optimizer, state["global_step"], total)
+        facts[f"damaged-checksums-{checksums}"] = {
+            "chosen": Path(str(chosen)).name,
+            "loaded_step": state["global_step"],
+            "resumed": full_weights(model),
+        }
     (out / f"rank{fabric.global_rank}.json").write_text(json.dumps(facts))
 
 

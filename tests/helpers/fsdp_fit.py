@@ -3,9 +3,11 @@
 Run as ``python fsdp_fit.py OUT_DIR MODE STEPS [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
 launcher re-runs it for rank 1. ``MODE`` is ``fit`` (train ``STEPS`` steps, then save the run as a sharded checkpoint
 ``OUT_DIR/sharded.ckpt`` and as a full one ``OUT_DIR/full.ckpt``, then validate, test and predict:
-``OUT_DIR/rank<r>.eval.json``) or ``resume`` (resume from ``CKPT`` up to ``STEPS``
-steps). Each rank writes ``OUT_DIR/<MODE>-rank<r>.json``: its batches, how many parameter and optimizer-state elements
-it held during training, and the full weights (gathered) at the start and the end of training.
+``OUT_DIR/rank<r>.eval.json``), ``resume`` (resume from ``CKPT`` up to ``STEPS`` steps), ``checkpointed`` (``STEPS``
+epochs, a sharded checkpoint after each in ``OUT_DIR/ckpt``) or ``resume-auto`` (the same, resumed from what the
+``"auto"`` resume policy picks in ``OUT_DIR/ckpt``). Each rank writes ``OUT_DIR/<MODE>-rank<r>.json``: its batches, how
+many parameter and optimizer-state elements it held during training, and the full weights (gathered) at the start and
+the end of training.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwargs
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from lightning_gaudi import HPUFSDPStrategy
+from lightning_gaudi.resume import resolve_ckpt_path
 
 MOMENTUM = 0.9
 
@@ -72,11 +76,18 @@ def main() -> None:
     model = MomentumModel()
     probe = FSDPProbe()
     strategy = HPUFSDPStrategy(state_dict_type="sharded")
-    trainer = Trainer(
-        accelerator="hpu", strategy=strategy, devices=2, callbacks=[probe], **trainer_kwargs(max_steps=steps)
-    )
+    callbacks: list[Callback] = [probe]
+    kwargs = trainer_kwargs(max_steps=steps)
+    if mode in ("checkpointed", "resume-auto"):  # STEPS epochs, a sharded checkpoint after each in OUT_DIR/ckpt
+        callbacks.append(ModelCheckpoint(dirpath=out / "ckpt", every_n_epochs=1, save_top_k=-1))
+        kwargs = trainer_kwargs(max_steps=-1, max_epochs=steps, enable_checkpointing=True)
+    trainer = Trainer(accelerator="hpu", strategy=strategy, devices=2, callbacks=callbacks, **kwargs)
     loader = regression_loader(samples=32, batch_size=4)
-    if mode == "fit":
+    if mode == "checkpointed":
+        trainer.fit(model, train_dataloaders=loader)
+    elif mode == "resume-auto":  # each rank asks the resume policy, as a restarted job does
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=resolve_ckpt_path("auto", out / "ckpt"))
+    elif mode == "fit":
         probe.facts["initial"] = {name: t.tolist() for name, t in model.state_dict().items()}
         trainer.fit(model, train_dataloaders=loader)
         trainer.save_checkpoint(out / "sharded.ckpt")

@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from lightning_gaudi import HPUModelParallelStrategy
+from lightning_gaudi.resume import resolve_ckpt_path
 
 MOMENTUM = 0.9
 CLIP = 0.5
@@ -108,7 +109,10 @@ def main() -> None:
         strategy._save_distributed_checkpoint = False
         trainer.save_checkpoint(out / "full.ckpt")
     else:
-        trainer.fit(model, train_dataloaders=loader, ckpt_path=sys.argv[7])
+        ckpt_path = sys.argv[7]
+        if ckpt_path.startswith("auto:"):  # the resume policy over that folder, on every rank
+            ckpt_path = resolve_ckpt_path("auto", ckpt_path.removeprefix("auto:"))
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
     (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
 
 

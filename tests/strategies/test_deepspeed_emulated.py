@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,11 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.damage import make_unloadable
 from helpers.models import regression_data
 from lightning_utilities.core.imports import RequirementCache
 
-from lightning_gaudi import hpu
+from lightning_gaudi import hpu, resume
 from strategies.test_fsdp_emulated import assert_evaluated
 from strategies.test_parallel_emulated import _reference, _rows
 
@@ -119,3 +121,31 @@ def test_a_checkpoint_directory_resumes_to_the_same_weights(tmp_path: Path) -> N
             # only 2 of the 4 steps ran here: equal weights mean the first 2 came from the checkpoint
             torch.testing.assert_close(again[name], tensor, rtol=0, atol=0)
     assert not list((straight / "ckpt").glob(".*.tmp")), "a staging directory was left behind"
+
+
+def test_a_checkpoint_that_fails_to_load_is_moved_aside_on_every_rank(tmp_path: Path) -> None:
+    """The newest checkpoint verifies but fails to load on both ranks: it is moved aside, named once, and both ranks
+    resume from the older one, to the uninterrupted run's weights."""
+    straight = tmp_path / "straight"
+    resumed = tmp_path / "resumed"
+    straight.mkdir()
+    ckpt = resumed / "ckpt"
+    ckpt.mkdir(parents=True)
+    _run(straight, "hpu_deepspeed_stage_3", "checkpointed")
+    shutil.copytree(straight / "ckpt" / "epoch=0-step=2.ckpt", ckpt / "epoch=0-step=2.ckpt")
+    broken = Path(shutil.copytree(straight / "ckpt" / "epoch=1-step=4.ckpt", ckpt / "epoch=1-step=4.ckpt"))
+    for states in (broken / "checkpoint").glob("*model_states.pt"):
+        make_unloadable(states)
+    assert resume.resolve_ckpt_path("auto", ckpt) == str(broken)  # nothing in its bytes tells
+    proc = _run(resumed, "hpu_deepspeed_stage_3", "resume", f"auto:{ckpt}")
+    warnings = [line for line in proc.stderr.splitlines() if "could not load the checkpoint" in line]
+    assert len(warnings) == 1, proc.stderr[-4000:]
+    assert str(broken) in warnings[0]
+    assert f"resuming from {ckpt / 'epoch=0-step=2.ckpt'}" in warnings[0]
+    assert (ckpt / "epoch=1-step=4.ckpt.unloadable" / "checkpoint").is_dir()  # moved, not deleted
+    facts_straight, facts_resumed = _ranks(straight), _ranks(resumed)
+    assert facts_resumed[0]["batches"] == facts_straight[0]["batches"][2:]  # from step 2, on both ranks
+    for rank in (0, 1):
+        final, again = _tensors(facts_straight[rank]["final"]), _tensors(facts_resumed[rank]["final"])
+        for name, tensor in final.items():
+            torch.testing.assert_close(again[name], tensor, rtol=0, atol=0)

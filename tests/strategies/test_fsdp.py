@@ -170,8 +170,8 @@ def test_a_sharded_checkpoint_is_renamed_into_place_complete(
     torch.testing.assert_close(saved["w"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no staging or old copy left
 
-    def crash(state: Any, checkpoint_id: Path) -> None:
-        (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half a shard")
+    def crash(state: Any, storage_writer: Any) -> None:
+        (Path(storage_writer.path) / "__0_0.distcp").write_bytes(b"half a shard")
         raise OSError("disk full")
 
     monkeypatch.setattr("torch.distributed.checkpoint.save", crash)
@@ -312,3 +312,31 @@ def test_a_peer_lost_during_a_sharded_save_is_a_peer_lost_error_and_leaves_nothi
     with pytest.raises(PeerLostError, match="sharded checkpoint save"):
         save_staged(_OneRank(), tmp_path / "step=20.ckpt", write)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's single-process warnings, Lightning's mid-epoch resume
+def test_a_sharded_checkpoint_of_a_stateless_optimizer_resumes(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
+    """SGD without momentum has no per-parameter state: its sharded checkpoint resumes (torch distributed checkpoint
+    keeps no empty ``state``, which torch's FSDP loading requires), with its learning rate restored."""
+    from helpers.models import RegressionModel, trainer_kwargs
+
+    def fit(model: RegressionModel, steps: int, ckpt_path: Path | None = None) -> Trainer:
+        trainer = Trainer(
+            accelerator="hpu",
+            devices=1,
+            strategy=HPUFSDPStrategy(state_dict_type="sharded"),
+            **trainer_kwargs(max_steps=steps),
+        )
+        trainer.fit(model, ckpt_path=ckpt_path)
+        return trainer
+
+    checkpoint = tmp_path / "sharded.ckpt"
+    try:
+        fit(RegressionModel(lr=0.1), 2).save_checkpoint(checkpoint)
+        assert checkpoint.is_dir()
+        resumed = fit(RegressionModel(lr=0.5), 3, checkpoint)
+    finally:
+        if dist.is_initialized():  # the one-rank group the fits formed
+            dist.destroy_process_group()
+    assert resumed.global_step == 3
+    assert resumed.optimizers[0].param_groups[0]["lr"] == 0.1  # the checkpoint's, not the new model's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from helpers.models import make_net, regression_data
 from helpers.shared_job import run_once
 
-from lightning_gaudi import hpu
+from lightning_gaudi import hpu, resume
 
 MOMENTUM = 0.9  # helpers/fsdp_fit.py's optimizer
 STEPS = 4
@@ -154,3 +155,34 @@ def test_a_checkpoint_resumes_to_the_same_weights(fitted: tuple[Path, str], tmp_
     for name, tensor in expected.items():
         assert torch.equal(final0[name], final1[name])
         torch.testing.assert_close(final0[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.subprocess
+def test_a_damaged_sharded_checkpoint_resumes_from_the_intact_older_one_on_every_rank(tmp_path: Path) -> None:
+    """Rank 1's shard of the newest checkpoint has bytes flipped (its length kept). With its checksum index, every
+    rank's resume policy skips it; an older folder without one verifies, fails to load (on every rank, as torch's
+    reader gathers the error) and is moved aside. Both resume from the intact older checkpoint to the uninterrupted
+    run's weights."""
+    straight = tmp_path / "straight"
+    _run(straight, "checkpointed", "3")
+    written = sorted(p.name for p in (straight / "ckpt").iterdir())
+    assert written == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt"]
+    final = _ranks(straight, "checkpointed")[0]["final"]
+    for checksums in (True, False):
+        run = tmp_path / f"checksums-{checksums}"
+        for name in written[:2]:
+            shutil.copytree(straight / "ckpt" / name, run / "ckpt" / name)
+        newest = run / "ckpt" / written[1]
+        shard = newest / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[:8] = bytes(b ^ 0xFF for b in data[:8])
+        shard.write_bytes(bytes(data))
+        if not checksums:
+            (newest / resume.CHECKSUMS_FILENAME).unlink()
+        proc = _run(run, "resume-auto", "3")
+        moved = [line for line in proc.stderr.splitlines() if "could not load the checkpoint" in line]
+        assert len(moved) == (0 if checksums else 1), proc.stderr[-4000:]
+        assert Path(f"{newest}.unloadable").is_dir() is not checksums  # moved aside, never deleted
+        for rank, facts in enumerate(_ranks(run, "resume-auto")):
+            assert facts["start_step"] == 4, f"rank {rank} did not resume from the intact older checkpoint"
+            assert facts["final"] == final, f"rank {rank} ended elsewhere than the uninterrupted run"

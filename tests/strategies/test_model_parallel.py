@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from helpers.shared_job import run_once
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from lightning_gaudi import HPUCheckpointIO, HPUModelParallelStrategy, HPUPrecision, hpu
+from lightning_gaudi import HPUCheckpointIO, HPUModelParallelStrategy, HPUPrecision, hpu, resume
 from lightning_gaudi.strategies.model_parallel import clip_grad_norm_
 
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
@@ -201,13 +202,25 @@ def test_a_checkpoint_saved_mid_run_resumes_to_the_uninterrupted_result(
     if plan == "both":
         pytest.skip("resuming is covered by the tp and fsdp layouts")
     checkpoint = out / f"{kind}.ckpt"
-    if kind == "sharded":  # one shard per rank, renamed into place complete: no staging directory left
-        assert {p.name for p in checkpoint.iterdir()} == {"__0_0.distcp", "__1_0.distcp", ".metadata", "meta.pt"}
+    target = str(checkpoint)
+    if kind == "sharded":  # one shard per rank and the checksum index, renamed into place complete: no staging left
+        files = {"__0_0.distcp", "__1_0.distcp", ".metadata", resume.CHECKSUMS_FILENAME, "meta.pt"}
+        assert {p.name for p in checkpoint.iterdir()} == files
         assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+        # beside it a newer copy with bytes of rank 1's shard flipped: every rank's resume policy skips it
+        shutil.copytree(checkpoint, tmp_path / "ckpt" / "intact.ckpt")
+        newer = Path(shutil.copytree(checkpoint, tmp_path / "ckpt" / "newer.ckpt"))
+        meta = torch.load(newer / "meta.pt", weights_only=False)
+        torch.save({**meta, "global_step": meta["global_step"] + 1}, newer / "meta.pt")
+        shard = newer / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[:8] = bytes(b ^ 0xFF for b in data[:8])
+        shard.write_bytes(bytes(data))
+        target = f"auto:{tmp_path / 'ckpt'}"
     else:  # the full weights, plain names, for inference
         state = torch.load(checkpoint, weights_only=False)
         assert set(state["state_dict"]) == set(ranks_facts(out, "fit")[0]["initial"])
-    run_helper("model_parallel_fit.py", tmp_path, "resume", str(dp), str(tp), plan, str(RESUMED_STEPS), str(checkpoint))
+    run_helper("model_parallel_fit.py", tmp_path, "resume", str(dp), str(tp), plan, str(RESUMED_STEPS), target)
     fitted_ranks, resumed = ranks_facts(out, "fit"), ranks_facts(tmp_path, "resume")
     for facts in resumed:
         assert facts["start_step"] == STEPS
