@@ -186,15 +186,15 @@ class FusedLlamaAttention(nn.Module):
 
     def __init__(self, attention: nn.Module, kernels: Kernels) -> None:
         super().__init__()
-        for name in ("config", "layer_idx", "head_dim", "num_key_value_groups", "scaling", "attention_dropout"):
-            setattr(self, name, getattr(attention, name))
-        self.is_causal = getattr(attention, "is_causal", True)
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            attention.q_proj,
-            attention.k_proj,
-            attention.v_proj,
-            attention.o_proj,
-        )
+        self.config, self.layer_idx = attention.config, attention.layer_idx
+        self.head_dim: int = attention.head_dim  # type: ignore[assignment]
+        self.scaling: float = attention.scaling  # type: ignore[assignment]
+        self.attention_dropout: float = attention.attention_dropout  # type: ignore[assignment]
+        self.is_causal: bool = getattr(attention, "is_causal", True)
+        self.q_proj: nn.Module = attention.q_proj  # type: ignore[assignment]
+        self.k_proj: nn.Module = attention.k_proj  # type: ignore[assignment]
+        self.v_proj: nn.Module = attention.v_proj  # type: ignore[assignment]
+        self.o_proj: nn.Module = attention.o_proj  # type: ignore[assignment]
         self._kernels = (kernels,)
 
     @classmethod
