@@ -1,7 +1,7 @@
 """Training-loop callbacks for Gaudi."""
 
 from lightning_gaudi.callbacks.autocast import BF16Autocast
-from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics, LazyModeDiagnostics
+from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics
 from lightning_gaudi.callbacks.fp8_inference import FP8Inference
 from lightning_gaudi.callbacks.fused_kernels import FusedKernels
 from lightning_gaudi.callbacks.fused_optimizers import FusedOptimizers
@@ -20,7 +20,6 @@ __all__ = [
     "HPUCompile",
     "HPUGraphs",
     "HPUThroughputMonitor",
-    "LazyModeDiagnostics",
     "MarkStep",
     "MemoryStats",
     "PreemptionCheckpoint",

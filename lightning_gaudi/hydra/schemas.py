@@ -68,7 +68,6 @@ CALLBACK_CONFIG_NAMES: dict[str, str] = {
     "memory_stats": "MemoryStats",
     "throughput": "HPUThroughputMonitor",
     "graph_diagnostics": "GraphDiagnostics",
-    "lazy_diagnostics": "LazyModeDiagnostics",  # the earlier name of GraphDiagnostics, for existing recipes
     "hpu_graphs": "HPUGraphs",
     "compile": "HPUCompile",
     "preemption": "PreemptionCheckpoint",
