@@ -14,8 +14,10 @@ from types import MappingProxyType
 from lightning_gaudi.patches import (
     connector,
     deepspeed_strategy,
+    fabric_backward_sync,
     fabric_connector,
     fp8_precision_name,
+    module_forward,
     signals,
     sync_free_logging,
     tuner_oom,
@@ -36,6 +38,8 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             fp8_precision_name.PATCH,
             signals.PATCH,
             deepspeed_strategy.PATCH,
+            fabric_backward_sync.PATCH,
+            module_forward.PATCH,
         )
     }
 )
