@@ -63,7 +63,6 @@ FORWARDED: dict[type, tuple[tuple[Callable[..., Any], tuple[str, ...]], ...]] = 
 CALLBACK_CONFIG_NAMES: dict[str, str] = {
     "mark_step": "MarkStep",
     "bf16_autocast": "BF16Autocast",
-    "fused_optimizers": "FusedOptimizers",
     "fused_kernels": "FusedKernels",
     "memory_stats": "MemoryStats",
     "throughput": "HPUThroughputMonitor",
