@@ -56,6 +56,12 @@ class Kernels:
         self._pending: set[str] = set()
         self._warned: set[str] = set()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Kernels:
+        return self  # flags and the seam, no tensors: a copied model shares them
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a pickled model loads with the seam of the process that loads it
+        return Kernels, (self.sdpa_enabled, self.sdpa_recompute, self.rms_norm_enabled, self.rope_enabled)
+
     @staticmethod
     def check_flags(**flags: Any) -> None:
         """Raises ``TypeError`` naming the first flag that is not a bool."""
@@ -285,6 +291,7 @@ def fuse_kernels(
         if not (isinstance(key, type) and issubclass(key, nn.Module)):
             raise TypeError(f"fuse_kernels(mapping=...): keys are nn.Module types, got {key!r}.")
     report = KernelReport(kernels)
+    fused = sum(isinstance(m, FusedRMSNorm | FusedLlamaAttention) for m in model.modules())
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             factory = mapping.get(type(child))
@@ -294,5 +301,7 @@ def fuse_kernels(
             if new is not child:
                 parent.register_module(name, new)
                 report.replaced[f"{type(child).__name__} -> {type(new).__name__}"] += 1
-    rank_zero_info(report.summary())
+    rank_zero_info(
+        report.summary() if report.replaced or not fused else f"Fused kernels: {fused} modules fused already."
+    )
     return report

@@ -155,6 +155,19 @@ def test_against_the_models_eager_attention(eager_hpu: hpu.Backend, mask: bool) 
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-3, atol=1e-5)
 
 
+def test_a_fused_model_copies_and_pickles(eager_hpu: hpu.Backend) -> None:
+    import copy
+    import pickle
+
+    torch.manual_seed(0)
+    model, ids = llama(), torch.randint(0, 128, (2, 12))
+    fuse_kernels(model)
+    expected = model(input_ids=ids).logits
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert isinstance(other.model.norm, FusedRMSNorm)
+        torch.testing.assert_close(other(input_ids=ids).logits, expected)
+
+
 def test_generation_through_the_cache(eager_hpu: hpu.Backend) -> None:
     torch.manual_seed(0)
     model, ids = llama().eval(), torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(1))
