@@ -14,7 +14,8 @@ from lightning_gaudi.fabric import HPUParallelStrategy
 from lightning_gaudi.patches import fabric_backward_sync
 
 
-def test_fabric_asks_the_strategys_control(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fabric_asks_the_strategys_control(isolated_env: pytest.MonkeyPatch, monkeypatch: pytest.MonkeyPatch) -> None:
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")  # the launch exports WORLD_SIZE and the rest: restored after
     assert fabric_backward_sync.missing_targets() == []
     assert fabric_backward_sync.installed()
     entered: list[Any] = []

@@ -58,7 +58,10 @@ class _Deep(LightningModule):
 
 
 @pytest.mark.parametrize("bucket_cap_mb", [0.25, 0.5, 1.0, None])
-def test_all_reduces_per_step_follow_bucket_cap_mb(eager_hpu: hpu.Backend, bucket_cap_mb: float | None) -> None:
+def test_all_reduces_per_step_follow_bucket_cap_mb(
+    isolated_env: pytest.MonkeyPatch, bucket_cap_mb: float | None
+) -> None:
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")  # the launch exports WORLD_SIZE and the rest: restored after
     calls: list[int] = []
 
     def counting(state, bucket):  # type: ignore[no-untyped-def]  # torch checks the annotations, as objects
