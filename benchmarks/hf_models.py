@@ -24,7 +24,7 @@ the same code differ on this machine, the noise floor of every ratio:
    (whole, cold, its own empty cache) is the A/A control of the cold compile time. Backend ``inductor``
    (``--backend aot_eager`` traces without generating code: the graph counts hold, the times and the cache do not).
 4. **Lazy host syncs** (``LIGHTNING_GAUDI_EMULATE=lazy``): ``stock`` (a ``MarkStep`` callback and Lightning's own
-   logging and progress bar, as :mod:`benchmarks.lazy_mode` runs it), ``stock_again`` (A/A) and ``plugin`` (the
+   logging and progress bar), ``stock_again`` (A/A) and ``plugin`` (the
    defaults), no logger; host syncs and mark_steps per step, graph compilations after warm-up and CPU fallbacks per
    step from the seam's ``lazy_counters()``, and speed. A model that Lazy Tensor Core cannot run is reported with
    its error.

@@ -91,7 +91,7 @@ def _rss() -> int:
 
 
 class WideMLPAdamW(WideMLP):
-    """:class:`~benchmarks.ddp_worker.WideMLP` trained with AdamW: two moments per parameter, the state sharding
+    """:class:`WideMLP` trained with AdamW: two moments per parameter, the state sharding
     is for."""
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
