@@ -67,7 +67,7 @@ class Kernels:
         """Raises ``TypeError`` naming the first flag that is not a bool."""
         for name, value in flags.items():
             if not isinstance(value, bool):
-                raise TypeError(f"FusedKernels({name}={value!r}): `{name}` takes True or False.")
+                raise TypeError(f"FusedKernels({name}={value!r}) must be True or False.")
 
     def _fallback(self, reason: str) -> None:
         if reason not in self._warned:
@@ -93,13 +93,12 @@ class Kernels:
         scale: float | None = None,
     ) -> Tensor:
         """``F.scaled_dot_product_attention`` on FusedSDPA; ``k`` and ``v`` may have fewer heads than ``q`` (grouped
-        queries: repeated, FusedSDPA has no grouped-query flag)."""
+        queries: repeated, FusedSDPA has no grouped-query flag; a head count that does not divide gets torch's
+        error)."""
         if k.size(-3) != q.size(-3):
-            if q.size(-3) % k.size(-3) or v.size(-3) != k.size(-3):
-                raise ValueError(
-                    f"Grouped-query attention needs the query's heads to be a multiple of the key's and value's, got"
-                    f" {q.size(-3)} query, {k.size(-3)} key and {v.size(-3)} value heads. Check the model's"
-                    " num_attention_heads and num_key_value_heads."
+            if q.size(-3) % k.size(-3) or v.size(-3) != k.size(-3):  # torch's error says what is wrong
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True
                 )
             k, v = (t.repeat_interleave(q.size(-3) // t.size(-3), dim=-3) for t in (k, v))
         if torch.is_autocast_enabled(q.device.type):  # torch's autocast runs attention in the lower precision

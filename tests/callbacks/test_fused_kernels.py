@@ -281,14 +281,29 @@ def test_torch_rms_norm_modules_and_a_mapping_of_ones_own(
     assert fuse_kernels(nn.Linear(2, 2)).summary().endswith("no module of a mapped type; the model is unchanged.")
 
 
+@pytest.mark.parametrize("setting", [{"sdpa": "no"}, {"rope": 0}, {"rms_norm": None}, {"sdpa_recompute": "False"}])
+def test_a_switch_that_is_not_a_bool_is_refused(setting: dict[str, Any]) -> None:
+    """``FusedKernels(sdpa="no")`` counted as on: a switch takes ``True`` or ``False`` only."""
+    name, value = next(iter(setting.items()))
+    with pytest.raises(TypeError, match=rf"FusedKernels\({name}={value!r}\) must be True or False"):
+        FusedKernels(**setting)
+    with pytest.raises(TypeError, match=rf"FusedKernels\({name}={value!r}\) must be True or False"):
+        fuse_kernels(nn.Linear(2, 2), **setting)
+
+
+def test_an_invalid_grouped_query_head_count_keeps_torchs_error(eager_hpu: hpu.Backend) -> None:
+    """6 query heads over 4 key-value heads: torch's own error, not a shape mismatch of repeated heads."""
+    q, kv = torch.randn(1, 6, 4, 8), torch.randn(1, 4, 4, 8)
+    with pytest.raises(RuntimeError, match="Number of heads in key and value must divide") as plain:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    with pytest.raises(RuntimeError, match="Number of heads in key and value must divide") as routed:
+        Kernels().sdpa(q, kv, kv)
+    assert str(routed.value) == str(plain.value)
+
+
 def test_bad_input(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(TypeError, match=r"FusedKernels\(sdpa='no'\): `sdpa` takes True or False"):
-        FusedKernels(sdpa="no")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"keys are nn\.Module types, got 'RMSNorm'"):
         fuse_kernels(nn.Linear(2, 2), {"RMSNorm": FusedRMSNorm.from_module})  # type: ignore[dict-item]
-    q, kv = torch.randn(1, 6, 4, 8), torch.randn(1, 4, 4, 8)
-    with pytest.raises(ValueError, match="6 query, 4 key and 4 value heads"):
-        Kernels().sdpa(q, kv, kv)
     assert fuse_kernels(llama(), rms_norm=False, sdpa=False, rope=False).replaced == {}
     attention = fuse_kernels(llama(), rms_norm=False, rope=False)
     assert attention.replaced == {"LlamaAttention -> FusedLlamaAttention": LAYERS}
