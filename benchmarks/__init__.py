@@ -1,11 +1,8 @@
-"""The measured suite: what lightning_gaudi costs and what its Gaudi defaults buy. See ``benchmarks/README.md``.
+"""What a user decides with, measured on the emulated HPU. See ``benchmarks/README.md``.
 
-Run ``python -m benchmarks.run`` from the repository root. One module per measurement:
-
-- :mod:`benchmarks.overhead`: steps/s of a hand-written loop, stock Lightning on CPU and the plugin on an HPU;
-- :mod:`benchmarks.lazy_mode`: host syncs, compilations and mark_steps per step in lazy mode;
-- :mod:`benchmarks.ddp_knobs`: all-reduce calls against ``bucket_cap_mb``, memory with ``gradient_as_bucket_view``,
-  step time with ``static_graph`` (2 processes);
-- :mod:`benchmarks.fused`: fused against unfused optimizer step time;
-- :mod:`benchmarks.scaling`: samples/s with 1 and 2 processes.
+- :mod:`benchmarks.run`: the suite, :mod:`benchmarks.overhead` (one process) and :mod:`benchmarks.ddp_overhead`
+  (two processes), the plugin against stock Lightning;
+- :mod:`benchmarks.sharded`: memory per rank for each sharded strategy;
+- :mod:`benchmarks.hf_models`: the Hugging Face models against stock, compile cold and warm, lazy host syncs;
+- :mod:`benchmarks.gaudi`: the suite on a Gaudi node.
 """

@@ -6,15 +6,10 @@ goes to ``habana_frameworks`` through the seam, and prints the same table. Diffe
 
 - overhead: no ``stock`` variants (stock Lightning 2.6 has no HPU; a CPU figure would not compare), so the table
   shows the plugin against the hand-written loop (which calls ``mark_step`` itself in lazy mode);
-- lazy: runs only with ``PT_HPU_LAZY_MODE=1``; graph compilations come from the bridge's metrics, host syncs and
-  mark_steps are not counted by the bridge ("not counted");
-- DDP: 2 cards over HCCL; memory is the card's ``memory_stats()["InUse"]`` at the end of backward;
+- ddp: ``hpu_parallel`` on 2 cards over HCCL, against stock Lightning DDP on the CPU;
 - torch keeps its own thread count.
 
-Then it runs :mod:`benchmarks.features` (fused kernels on and off, ``hpu_fast_ddp`` against ``hpu_parallel`` in
-compile mode, regional against whole compile) the same way: the seam and the compiler are the bridge's, the compiled
-runs are fresh processes with ``PT_HPU_LAZY_MODE=0`` and ``hpu_backend``, and here the times are what the features
-buy. It writes ``features.json`` and ``features.md`` beside the suite's results.
+For the Hugging Face models and memory per rank, run :mod:`benchmarks.hf_models` and :mod:`benchmarks.sharded`.
 
 Usage on a node with at least 2 cards, inside Intel's PyTorch container (or with its packages installed)::
 
@@ -45,14 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = run.parse_args(argv, gaudi=True)
     if args.out == run.HERE / "results":
         args.out = run.HERE / "results-gaudi"
-    if not hpu.get_backend().is_lazy() and "lazy" in args.only:
-        print("PT_HPU_LAZY_MODE=0 (eager): leaving out the lazy section; set PT_HPU_LAZY_MODE=1 to run it.")
-        args.only = [name for name in args.only if name != "lazy"]
     results = run.run_suite(args, gaudi=True)
     print(run.write(results, args.out))
-    from benchmarks import features
-
-    print(features.table(features.run(args.quick, args.out, gaudi=True)))
     return 0
 
 

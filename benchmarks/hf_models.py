@@ -24,7 +24,7 @@ the same code differ on this machine, the noise floor of every ratio:
    (whole, cold, its own empty cache) is the A/A control of the cold compile time. Backend ``inductor``
    (``--backend aot_eager`` traces without generating code: the graph counts hold, the times and the cache do not).
 4. **Lazy host syncs** (``LIGHTNING_GAUDI_EMULATE=lazy``): ``stock`` (a ``MarkStep`` callback and Lightning's own
-   logging and progress bar, as :mod:`benchmarks.lazy_mode` runs it), ``stock_again`` (A/A) and ``plugin`` (the
+   logging and progress bar), ``stock_again`` (A/A) and ``plugin`` (the
    defaults), no logger; host syncs and mark_steps per step, graph compilations after warm-up and CPU fallbacks per
    step from the seam's ``lazy_counters()``, and speed. A model that Lazy Tensor Core cannot run is reported with
    its error.
@@ -52,7 +52,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -364,7 +364,6 @@ def compile_table(settings: Settings, backend: str, scratch: Path) -> dict[str, 
 
 
 def _fit_lazy(name: str, variant: str, steps: int, warmup: int) -> dict[str, Any]:
-    from benchmarks.lazy_mode import LazyWindow, _stock_logging
     from lightning_gaudi.callbacks import MarkStep
 
     seed_everything(0, verbose=False)
@@ -608,3 +607,70 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class LazyWindow(Callback):
+    """Lazy counters and time over training batches ``warmup`` .. ``last`` (inclusive), every callback included.
+
+    Read at the start of batch ``warmup`` and at the start of batch ``last + 1`` (so the fit needs one more batch):
+    whatever any callback does at the end of batch ``last`` (the progress bar refreshing) falls inside the window.
+    """
+
+    def __init__(self, warmup: int, last: int) -> None:
+        from lightning_gaudi import hpu
+
+        self.backend = hpu.get_backend()
+        self.warmup = warmup
+        self.last = last
+        self.begin: Any = None
+        self.end: Any = None
+        self.start_time = self.end_time = self.start_cpu = self.end_cpu = 0.0
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx == self.warmup:
+            self.backend.synchronize()
+            self.begin = self.backend.lazy_counters()
+            self.start_time, self.start_cpu = time.perf_counter(), time.process_time()
+
+        if batch_idx == self.last + 1:
+            self.backend.synchronize()
+            self.end_time, self.end_cpu = time.perf_counter(), time.process_time()
+            self.end = self.backend.lazy_counters()
+
+    def result(self) -> dict[str, Any]:
+        if self.begin is None or self.end is None:
+            raise RuntimeError(f"the lazy window never closed (warmup={self.warmup}, last={self.last})")
+        steps = self.last - self.warmup + 1
+
+        def per_step(name: str) -> float | None:  # the real bridge cannot count host syncs and mark_steps
+            end, begin = getattr(self.end, name), getattr(self.begin, name)
+            return None if end is None or begin is None else (end - begin) / steps
+
+        fallbacks = {
+            op: count - self.begin.cpu_fallbacks.get(op, 0)
+            for op, count in self.end.cpu_fallbacks.items()
+            if count - self.begin.cpu_fallbacks.get(op, 0)
+        }
+        return {
+            "steps": steps,
+            "steps_per_s": steps / (self.end_time - self.start_time),
+            "steps_per_cpu_s": steps / (self.end_cpu - self.start_cpu),
+            "compilations_after_warmup": self.end.graph_compilations - self.begin.graph_compilations,
+            "host_syncs_per_step": per_step("host_syncs"),
+            "mark_steps_per_step": per_step("mark_steps"),
+            "cpu_fallbacks_per_step": sum(fallbacks.values()) / steps,
+            "cpu_fallback_ops": sorted(fallbacks),
+        }
+
+
+@contextlib.contextmanager
+def _stock_logging() -> Iterator[None]:
+    """The plugin's logging wrappers stand aside: Lightning's own per-step behaviour (as in the plugin's tests)."""
+    from lightning_gaudi.patches import sync_free_logging
+
+    on_hpu = sync_free_logging._on_hpu
+    sync_free_logging._on_hpu = lambda trainer: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sync_free_logging._on_hpu = on_hpu

@@ -10,6 +10,7 @@ for ``hpu_model_parallel`` (:class:`WideMLPParallel`): ``fsdp2`` or ``tp``.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -29,11 +30,68 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from benchmarks.common import StepTimer, quiet, trainer_kwargs
-from benchmarks.ddp_worker import WideMLP, _malloc_in_use, wide_loader
+
+
+class WideMLP(LightningModule):
+    """``layers`` square linear layers with ReLU (``width=2048, layers=24``: 100.7M parameters); plain SGD."""
+
+    def __init__(self, width: int, layers: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(*(m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = ((self.net(x).mean(dim=1, keepdim=True) - y) ** 2).mean()
+        self.log("loss", loss, prog_bar=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+
+def wide_loader(width: int, batch: int, steps: int) -> torch.utils.data.DataLoader:
+    x = torch.randn(steps * batch, width, generator=torch.Generator().manual_seed(0))
+    dataset = torch.utils.data.TensorDataset(x, x.mean(dim=1, keepdim=True))
+    return torch.utils.data.DataLoader(dataset, batch_size=batch, drop_last=True)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _malloc_in_use() -> int | None:
+    """Bytes glibc's allocator has handed out and not taken back (heap in use plus mmapped chunks), if glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class WideMLPAdamW(WideMLP):
-    """:class:`~benchmarks.ddp_worker.WideMLP` trained with AdamW: two moments per parameter, the state sharding
+    """:class:`WideMLP` trained with AdamW: two moments per parameter, the state sharding
     is for."""
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

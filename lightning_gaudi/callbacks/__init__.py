@@ -1,10 +1,9 @@
 """Training-loop callbacks for Gaudi."""
 
 from lightning_gaudi.callbacks.autocast import BF16Autocast
-from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics, LazyModeDiagnostics
+from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics
 from lightning_gaudi.callbacks.fp8_inference import FP8Inference
 from lightning_gaudi.callbacks.fused_kernels import FusedKernels
-from lightning_gaudi.callbacks.fused_optimizers import FusedOptimizers
 from lightning_gaudi.callbacks.inference import HPUCompile, HPUGraphs
 from lightning_gaudi.callbacks.mark_step import MarkStep
 from lightning_gaudi.callbacks.memory_stats import MemoryStats
@@ -15,12 +14,10 @@ __all__ = [
     "BF16Autocast",
     "FP8Inference",
     "FusedKernels",
-    "FusedOptimizers",
     "GraphDiagnostics",
     "HPUCompile",
     "HPUGraphs",
     "HPUThroughputMonitor",
-    "LazyModeDiagnostics",
     "MarkStep",
     "MemoryStats",
     "PreemptionCheckpoint",

@@ -684,7 +684,3 @@ def _advice(reason: str, padding_advice: str = PADDING_ADVICE) -> str:
             " compiled once."
         )
     return "Something the graph's guards check changed (a Python value, a dtype, a device, a module attribute)."
-
-
-#: The earlier name of :class:`GraphDiagnostics`.
-LazyModeDiagnostics = GraphDiagnostics

@@ -17,6 +17,7 @@ from typing_extensions import override
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import dynamo
 from lightning_gaudi.hpu import runtime
+from lightning_gaudi.patches import module_forward
 
 EVAL_STAGES = ("validate", "test", "predict")
 
@@ -50,16 +51,13 @@ class HPUGraphs(Callback):
             self._captured = True
             self._wrapped = vars(pl_module).get("forward")
         elif self._wrapped is not None:
-            pl_module.forward = self._wrapped  # type: ignore[method-assign]
+            module_forward.set_forward(pl_module, self._wrapped)
 
     def _leave(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._entered:
             return
         self._entered = False
-        if self._plain is not None:
-            pl_module.forward = self._plain  # type: ignore[method-assign]
-        else:
-            vars(pl_module).pop("forward", None)
+        module_forward.restore_forward(pl_module, self._plain)
         self._plain = None
 
     on_validation_start = functools.partialmethod(_enter, "validate")
@@ -300,9 +298,8 @@ class HPUCompile(Callback):
             )
         compile_fn = functools.partial(torch.compile, backend=name, **self.compile_kwargs)
         for path, module in targets:
-            self._saved[path] = (module, vars(module).get("forward"))
             compiled = CompiledForward(module, compile_fn)
-            module.forward = compiled  # type: ignore[method-assign]
+            self._saved[path] = (module, module_forward.set_forward(module, compiled))
             self.compiled[path] = compiled
         self._log = dynamo.CompilationLog()
         self._check_pending = True
@@ -368,10 +365,7 @@ class HPUCompile(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for module, previous in self._saved.values():
-            if previous is None:
-                vars(module).pop("forward", None)
-            else:
-                module.forward = previous  # type: ignore[method-assign]
+            module_forward.restore_forward(module, previous)
         self._saved.clear()
         for target, key, value in reversed(self._restore):
             setattr(target, key, value)

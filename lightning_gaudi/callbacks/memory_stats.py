@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,23 +26,10 @@ class MemoryStats(DeviceStatsMonitor):
     writes metrics: one row per logging step (``MaxInUse`` holds the peak since). A Trainer without a logger is fine.
 
     Args:
-        log_every_n_steps: deprecated and ignored: the interval is the Trainer's ``log_every_n_steps``.
         cpu_stats: also log the host's CPU statistics (``DeviceStatsMonitor``'s argument).
-
-    Raises:
-        ValueError: a ``log_every_n_steps`` that is not a positive integer.
     """
 
-    def __init__(self, log_every_n_steps: int | None = None, cpu_stats: bool | None = None) -> None:
-        if log_every_n_steps is not None:
-            check_interval("log_every_n_steps", log_every_n_steps)
-            warnings.warn(
-                f"MemoryStats(log_every_n_steps={log_every_n_steps}) is deprecated and ignored: MemoryStats logs on the"
-                f" Trainer's cadence, like DeviceStatsMonitor. Pass `Trainer(log_every_n_steps={log_every_n_steps})`.",
-                FutureWarning,
-                stacklevel=2,
-            )
-        self.log_every_n_steps = log_every_n_steps
+    def __init__(self, cpu_stats: bool | None = None) -> None:
         super().__init__(cpu_stats=cpu_stats)
 
     @override

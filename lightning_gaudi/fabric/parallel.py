@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT
 from lightning_gaudi.fabric._base import FabricParallelCore
+from lightning_gaudi.patches import fabric_backward_sync
 from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.ddp_settings import PARALLEL_VARIANTS, DDPCore, DDPSettings
 
@@ -83,7 +84,7 @@ class HPUParallelStrategy(DDPCore, FabricParallelCore, DDPStrategy):
         self._bind_mark_step()
         if self.ddp_settings.fast_ddp:
             self._fast_ddp_setup(module)
-            self._backward_sync_control = _FastDDPSync(self)  # type: ignore[assignment]  # no_sync: accumulate
+            fabric_backward_sync.set_control(self, _FastDDPSync(self))  # no_backward_sync: accumulate locally
             return module
         # one process drives one card and the bridge binds it: no device_ids
         ddp = DistributedDataParallel(module=module, device_ids=None, **self.ddp_kwargs)

@@ -1,7 +1,7 @@
 """Eager emulation: the HPU code paths on CPU tensors, gloo collectives and CPU bf16 autocast.
 
 Memory statistics are the host's. Unless the user chose a thread count, torch gets :data:`EMULATED_THREADS` (a thread
-per core ran 2.8 to 3.9 times slower on 2 shared cores, ``benchmarks/threads.py``).
+per core ran 2.8 to 3.9 times slower on 2 shared cores, measured with the former ``benchmarks/threads.py``).
 """
 
 from __future__ import annotations

@@ -63,12 +63,10 @@ FORWARDED: dict[type, tuple[tuple[Callable[..., Any], tuple[str, ...]], ...]] = 
 CALLBACK_CONFIG_NAMES: dict[str, str] = {
     "mark_step": "MarkStep",
     "bf16_autocast": "BF16Autocast",
-    "fused_optimizers": "FusedOptimizers",
     "fused_kernels": "FusedKernels",
     "memory_stats": "MemoryStats",
     "throughput": "HPUThroughputMonitor",
     "graph_diagnostics": "GraphDiagnostics",
-    "lazy_diagnostics": "LazyModeDiagnostics",  # the earlier name of GraphDiagnostics, for existing recipes
     "hpu_graphs": "HPUGraphs",
     "compile": "HPUCompile",
     "preemption": "PreemptionCheckpoint",

@@ -14,9 +14,11 @@ from types import MappingProxyType
 from lightning_gaudi.patches import (
     connector,
     deepspeed_strategy,
+    fabric_backward_sync,
     fabric_checkpoint_writer,
     fabric_connector,
     fp8_precision_name,
+    module_forward,
     signals,
     sync_free_logging,
     tuner_oom,
@@ -38,6 +40,8 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             signals.PATCH,
             deepspeed_strategy.PATCH,
             fabric_checkpoint_writer.PATCH,
+            fabric_backward_sync.PATCH,
+            module_forward.PATCH,
         )
     }
 )

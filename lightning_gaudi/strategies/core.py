@@ -12,6 +12,7 @@ import difflib
 import logging
 import os
 import signal
+import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -44,6 +45,9 @@ from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
 from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
+
+#: The Trainers whose start-up line was said (once per Trainer, though each fit sets the strategy up).
+_ANNOUNCED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -391,8 +395,8 @@ class TrainerCore(HPUStrategyCore):
         in lazy mode, :class:`~lightning_gaudi.callbacks.HPUCompile` in compile mode,
         :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` (configured ones win). Under lazy emulation,
         evaluation runs under ``torch.no_grad``: torch's Lazy Tensor Core cannot trace ``torch.inference_mode``."""
-        if not getattr(trainer, "_lightning_gaudi_announced", False):
-            trainer._lightning_gaudi_announced = True  # type: ignore[attr-defined]
+        if trainer not in _ANNOUNCED:
+            _ANNOUNCED.add(trainer)
             rank_zero_info(hpu.device_summary(trainer.num_devices, type(self).__name__, trainer.num_nodes))
         add_default_mark_step(trainer)
         add_default_compile(trainer)

@@ -20,6 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strateg
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_warn
 from lightning_utilities.core.imports import RequirementCache
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ChainedScheduler, SequentialLR
 from typing_extensions import override
 
 from lightning_gaudi import hpu
@@ -161,25 +162,30 @@ def gradient_clipping(config: Mapping[str, Any], clip_val: float | None, algorit
     return wanted
 
 
-class _EveryGroup:
-    """``optimizer`` with the ``param_groups`` it had before DeepSpeed dropped the empty ones in place (Hugging Face's
-    no-decay group on a model without biases), for a scheduler built with them: it keeps a value per group. Otherwise
-    the optimizer itself, to the scheduler and to ``LearningRateMonitor`` (its class, and equal to it)."""
+#: A torch LR scheduler's values by param group, in the order of the optimizer's groups.
+_PER_GROUP = ("base_lrs", "lr_lambdas", "max_lrs", "min_lrs", "base_momentums", "max_momentums")
 
-    def __init__(self, optimizer: Optimizer, param_groups: list[dict[str, Any]]) -> None:
-        self._optimizer, self.param_groups = optimizer, param_groups
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
-
-    @property  # type: ignore[misc]
-    def __class__(self) -> type:
-        return type(self._optimizer)
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or other is self._optimizer
-
-    __hash__ = object.__hash__
+def _drop_empty_groups(optimizer: Optimizer, scheduler: Any) -> None:
+    """Drops ``optimizer``'s empty param groups (Hugging Face's no-decay group on a model without biases) and their
+    values in ``scheduler``, which was built with them: DeepSpeed drops the groups in place, and the scheduler's steps
+    then fail ("zip() argument 2 is longer than argument 1"). Raises ``ValueError`` for a scheduler that keeps values
+    by group elsewhere (chained schedulers)."""
+    groups = optimizer.param_groups
+    keep = [i for i, group in enumerate(groups) if group["params"]]
+    if len(keep) == len(groups):
+        return
+    if isinstance(scheduler, ChainedScheduler | SequentialLR):
+        raise ValueError(
+            f"hpu_deepspeed: the optimizer has {len(groups) - len(keep)} empty param group(s), which DeepSpeed drops,"
+            f" and {type(scheduler).__name__} chains schedulers built with them. Leave the empty groups out of the"
+            " optimizer in configure_optimizers."
+        )
+    for name in _PER_GROUP:
+        values = getattr(scheduler, name, None)
+        if isinstance(values, list) and len(values) == len(groups):
+            setattr(scheduler, name, [values[i] for i in keep])
+    groups[:] = [groups[i] for i in keep]
 
 
 class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
@@ -366,11 +372,9 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
     def _setup_model_and_optimizer(
         self, model: torch.nn.Module, optimizer: Optimizer | None, lr_scheduler: Any = None
     ) -> tuple[Any, Optimizer]:
-        groups = list(getattr(optimizer, "param_groups", ()))
-        engine, deepspeed_optimizer = super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
-        if lr_scheduler is not None and len(groups) > len(lr_scheduler.optimizer.param_groups):
-            lr_scheduler.optimizer = _EveryGroup(lr_scheduler.optimizer, groups)
-        return engine, deepspeed_optimizer
+        if optimizer is not None and lr_scheduler is not None:
+            _drop_empty_groups(optimizer, lr_scheduler)
+        return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
 
     @override
     def save_checkpoint(self, checkpoint: dict, filepath: _PATH, storage_options: Any | None = None) -> None:

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.precision import HalfPrecision, Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from torch import Tensor
 from torch.distributed.tensor import DTensor
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout
+from lightning_gaudi.precision import HPUPrecision
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.core import TrainerParallelCore
-
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
 
 MeshSize = int | Literal["auto"]
 
@@ -75,6 +75,27 @@ def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float, norm_type: fl
     return total
 
 
+class DTensorClipping(Precision):
+    """A precision plugin whose clipping by norm spans every rank's shards (:func:`clip_grad_norm_`): torch's
+    ``clip_grad_norm_``, Lightning's, refuses DTensors of several placements beside plain tensors."""
+
+    @override
+    def clip_grad_by_norm(self, optimizer: Optimizer, clip_val: int | float) -> None:
+        clip_grad_norm_(self.main_params(optimizer), clip_val)
+
+
+class ModelParallelPrecision(DTensorClipping):
+    """``"32-true"`` under ``hpu_model_parallel``."""
+
+
+class ModelParallelHalfPrecision(DTensorClipping, HalfPrecision):
+    """``"bf16-true"``, ``"16-true"`` under ``hpu_model_parallel``."""
+
+
+class ModelParallelMixedPrecision(DTensorClipping, HPUPrecision):
+    """``"bf16-mixed"``, ``"16-mixed"`` under ``hpu_model_parallel`` (the HPU's autocast)."""
+
+
 class LateArguments:
     """Takes the arguments every strategy takes (Lightning's ``ModelParallelStrategy`` takes none of them and lets the
     Trainer or Fabric set them later) and sets those given, after Lightning's ``__init__``; the HPU default timeout."""
@@ -96,7 +117,9 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
     Lightning's :class:`~lightning.pytorch.strategies.ModelParallelStrategy` on the HPU: the 2-D device mesh
     ``(data_parallel, tensor_parallel)`` (HCCL; gloo in emulation) is ``self.device_mesh`` in ``configure_model``,
     where the model applies its plan. ``gradient_clip_val`` clips by the global norm over every shard
-    (:func:`clip_grad_norm_`). Eager and compile mode only (Intel supports DTensor there; lazy mode is refused).
+    (:func:`clip_grad_norm_`, in the precision plugin ``Trainer(precision=...)`` builds: :class:`DTensorClipping`; a
+    plugin of one's own clips as it does). Eager and compile mode only (Intel supports DTensor there; lazy mode is
+    refused).
 
     Checkpoints (``save_distributed_checkpoint``): a directory of shards, staged and renamed into place once every
     rank has written, resumed on the same mesh (``ckpt_path`` the directory); or one full file, for inference.
@@ -131,12 +154,13 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
     def _setup_distributed(self) -> None:
         self._form_process_group()  # HCCL (gloo in emulation); the mesh is then built on the root device's type
 
-    @override
-    def setup(self, trainer: pl.Trainer) -> None:
-        super().setup(trainer)
-        plugin = self.precision_plugin
-        # torch's clip_grad_norm_, Lightning's, refuses DTensors of several placements beside plain tensors
-        plugin.clip_grad_by_norm = lambda optimizer, clip_val: clip_grad_norm_(plugin.main_params(optimizer), clip_val)  # type: ignore[method-assign,assignment]
+    def hpu_precision_plugin(self, precision: str) -> Precision | None:
+        """The precision plugin for ``Trainer(precision=...)`` (the connector asks): one clipping over the shards."""
+        if precision in ("bf16-mixed", "16-mixed"):
+            return ModelParallelMixedPrecision(precision)  # type: ignore[arg-type]
+        if precision in ("bf16-true", "16-true"):
+            return ModelParallelHalfPrecision(precision)  # type: ignore[arg-type]
+        return ModelParallelPrecision() if precision == "32-true" else None
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:

@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor, nn
 
 from lightning_gaudi import hpu
-from lightning_gaudi.callbacks import GraphDiagnostics, HPUCompile, LazyModeDiagnostics, dynamo
+from lightning_gaudi.callbacks import GraphDiagnostics, HPUCompile, dynamo
 from lightning_gaudi.callbacks.diagnostics import BRIDGE_LOG_HINT
 from lightning_gaudi.data import BucketedPadCollate
 
@@ -483,7 +483,6 @@ def test_eager_without_compile_counts_nothing(eager_hpu: hpu.Backend, monkeypatc
     assert diagnostics.summary["graph_compilations"] == 0
 
 
-def test_alias_and_bad_warmup() -> None:
-    assert LazyModeDiagnostics is GraphDiagnostics
+def test_bad_warmup() -> None:
     with pytest.raises(ValueError, match="warmup_steps"):
         GraphDiagnostics(warmup_steps=-2)

@@ -1,5 +1,5 @@
 """fuse_optimizer and HPUPrecision's fused clipping: same numerics as torch's optimizers, schedulers built on the fused
-optimizer, state restored, bad input refused; the deprecated FusedOptimizers callback."""
+optimizer, state restored, bad input refused."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from helpers.workload import Workload, loader, quiet_trainer
 from torch import nn
 
 from lightning_gaudi import HPUPrecision, fuse_optimizer, hpu
-from lightning_gaudi.callbacks import FusedOptimizers
 
 
 class Fusable(Workload):
@@ -244,49 +243,3 @@ def test_16_mixed_fused_clipping_unscales_once_per_step(eager_hpu: hpu.Backend, 
     trainer = _fit(model, fused=True, gradient_clip_val=0.05, plugins=[plugin])
     assert trainer.global_step == 4
     assert all(n == pytest.approx(0.05, rel=1e-3) for n in model.clipped_norms if n > 0.0)
-
-
-# The deprecated callback
-
-
-def _callback(**kwargs: Any) -> FusedOptimizers:
-    with pytest.warns(FutureWarning, match=r"FusedOptimizers is deprecated.*lightning_gaudi.fuse_optimizer"):
-        return FusedOptimizers(**kwargs)
-
-
-def test_deprecated_callback_fuses_an_optimizer_no_scheduler_holds(eager_hpu: hpu.Backend) -> None:
-    torch.manual_seed(0)
-    reference = Fusable("adamw", eps=1e-8)
-    candidate = Fusable("adamw", eps=1e-8)
-    candidate.load_state_dict(reference.state_dict())
-    _fit(reference, fused=False, gradient_clip_val=0.5)
-    trainer = _fit(candidate, fused=False, gradient_clip_val=0.5, callbacks=[_callback()])
-    assert trainer.optimizers[0].defaults["fused"] is True
-    for expected, actual in zip(reference.parameters(), candidate.parameters(), strict=True):
-        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
-    trainer = _fit(Scheduled("adamw"), fused=True, callbacks=[_callback()])  # from the helper: left as it is
-    assert trainer.lr_scheduler_configs[0].scheduler.optimizer is trainer.optimizers[0]
-
-
-def test_deprecated_callback_refuses_a_scheduled_optimizer_with_the_fix(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"cannot replace the AdamW an LR scheduler.*fuse_optimizer\(torch.optim"):
-        _fit(Scheduled("adamw"), fused=False, callbacks=[_callback()])
-
-
-def test_deprecated_callback_bad_configuration_and_other_optimizers(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="cannot replace 'RMSprop'"):
-        _callback(optimizers=["AdamW", "RMSprop"])
-
-    class Rms(Fusable):
-        def configure_optimizers(self) -> Any:
-            return torch.optim.RMSprop(self.parameters(), lr=0.01)
-
-    with pytest.warns(UserWarning, match="leaves RMSprop as it is"):
-        trainer = _fit(Rms(), fused=False, callbacks=[_callback()])
-    assert isinstance(trainer.optimizers[0], torch.optim.RMSprop)
-
-
-def test_deprecated_callback_refuses_fsdp_with_the_fix(eager_hpu: hpu.Backend) -> None:
-    trainer = quiet_trainer(devices=2, strategy="hpu_fsdp")
-    with pytest.raises(ValueError, match=r"FusedOptimizers does not work with HPU.*Remove the FusedOptimizers"):
-        _callback().setup(trainer, nn.Linear(2, 2), "fit")  # type: ignore[arg-type]

@@ -24,8 +24,9 @@ from lightning.pytorch import LightningModule, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
+import lightning_gaudi
 from lightning_gaudi import HPUParallelStrategy, hpu
-from lightning_gaudi.callbacks import FusedOptimizers, HPUCompile, HPUGraphs, dynamo
+from lightning_gaudi.callbacks import HPUCompile, HPUGraphs, dynamo
 from lightning_gaudi.callbacks.inference import CompiledForward, compile_targets
 
 
@@ -281,10 +282,14 @@ def test_compile_with_bf16_fused_optimizers_accumulation_validation_and_predict(
 ) -> None:
     settings: dict[str, Any] = {"precision": "bf16-mixed", "accumulate_grad_batches": 2, "limit_val_batches": 1}
 
+    class Fused(HFStyleClassifier):
+        def configure_optimizers(self) -> Any:
+            return lightning_gaudi.fuse_optimizer(super().configure_optimizers())
+
     def run(callbacks: list[Any]) -> tuple[HFStyleClassifier, Tensor]:
         seed_everything(0, verbose=False)
-        model = HFStyleClassifier()
-        trainer = quiet_trainer(max_steps=2, callbacks=[FusedOptimizers(), *callbacks], **settings)
+        model = Fused()
+        trainer = quiet_trainer(max_steps=2, callbacks=callbacks, **settings)
         trainer.fit(model, token_loader(SAMPLES), token_loader(SAMPLES[:4]))
         predictions = trainer.predict(model, token_loader(SAMPLES[:4]))
         assert predictions is not None

@@ -113,9 +113,6 @@ def test_is_lightnings_device_stats_monitor_and_needs_no_logger(eager_hpu: hpu.B
     assert trainer.global_step == 2
 
 
-def test_log_every_n_steps_is_deprecated_and_still_checked() -> None:
-    with pytest.warns(FutureWarning, match=r"log_every_n_steps=7\) is deprecated.*Trainer\(log_every_n_steps=7\)"):
-        assert MemoryStats(7).log_every_n_steps == 7
-    for value in (0, -5, 2.5, True):
-        with pytest.raises(ValueError, match="log_every_n_steps"):
-            MemoryStats(value)  # type: ignore[arg-type]
+def test_the_interval_is_the_trainers() -> None:
+    with pytest.raises(TypeError, match="log_every_n_steps"):
+        MemoryStats(log_every_n_steps=7)  # type: ignore[call-arg]

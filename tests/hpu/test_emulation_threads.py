@@ -1,6 +1,7 @@
 """The emulator's thread policy: one torch thread per process unless the user chose (``OMP_NUM_THREADS``,
 ``MKL_NUM_THREADS`` or ``torch.set_num_threads``). On a shared 2-core machine torch's default (a thread per core)
-ran the README's job 2.8 to 3.9 times slower (``benchmarks/threads.py``); DDP ranks get their share from Lightning."""
+ran the README's job 2.8 to 3.9 times slower (measured with the former ``benchmarks/threads.py``); DDP ranks get their
+share from Lightning."""
 
 from __future__ import annotations
 

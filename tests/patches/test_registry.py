@@ -24,6 +24,8 @@ MODULES = (
     "fp8_precision_name",
     "signals",
     "deepspeed_strategy",
+    "fabric_backward_sync",
+    "module_forward",
     "fabric_checkpoint_writer",
 )
 

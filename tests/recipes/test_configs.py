@@ -259,7 +259,7 @@ def test_typo_is_an_error_naming_the_key(overrides: list[str], key: str) -> None
     [
         (["strategy=hpu_parallel", "strategy.bucket_cap_mb=big"], "strategy.bucket_cap_mb", "Float"),
         (["strategy=hpu_parallel", "strategy.static_graph=maybe"], "strategy.static_graph", "bool"),
-        (["callbacks.memory_stats.log_every_n_steps=often"], "callbacks.memory_stats.log_every_n_steps", "Integer"),
+        (["callbacks.memory_stats.cpu_stats=maybe"], "callbacks.memory_stats.cpu_stats", "bool"),
         (["runtime.emulate=maybe"], "runtime.emulate", "bool"),
         (["runtime.emulated_devices=many"], "runtime.emulated_devices", "Integer"),
         (["runtime.autocast_fp32_ops=softmax"], "runtime.autocast_fp32_ops", "ListConfig"),

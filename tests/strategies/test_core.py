@@ -176,3 +176,120 @@ def test_hpu_device_refuses_other_kinds(eager_hpu: hpu.Backend) -> None:
         core.hpu_device("cuda:0", "X")
     with pytest.raises(ValueError, match="which is not a device"):
         core.hpu_device("nonsense", "X")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The core's overrides still override: a Lightning base that renames or drops a method the core defines
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: What each core mixin overrides on every Lightning base it is combined with (Trainer and Fabric).
+CORE_OVERRIDES = {
+    "HPUStrategyCore": {"__init__", "accelerator", "register_strategies"},
+    "HPUParallelCore": {
+        "__init__",
+        "root_device",
+        "_get_process_group_backend",
+        "barrier",
+        "broadcast",
+        "all_gather",
+        "backward",
+    },
+    "TrainerCore": {"setup_environment", "model_to_device", "teardown", "on_exception"},
+    "TrainerParallelCore": {
+        "set_world_ranks",
+        "training_step",
+        "validation_step",
+        "test_step",
+        "predict_step",
+        "reduce",
+        "setup",
+    },
+    "FabricCore": {
+        "__init__",
+        "setup_environment",
+        "setup_module",
+        "module_to_device",
+        "setup_optimizer",
+        "backward",
+        "optimizer_step",
+    },
+    "DDPCore": {"optimizer_step"},
+}
+#: Overrides of a method only some bases have, by the bases that must have it.
+PARTIAL_OVERRIDES = {("TrainerParallelCore", "setup_distributed"): {"DDPStrategy", "DeepSpeedStrategy"}}
+#: The mixins' own methods (no Lightning base has them).
+CORE_OWN = {
+    "HPUStrategyCore": {"_check_runnable", "_hpu_device"},
+    "HPUParallelCore": {
+        "timeout",
+        "_check_runnable",
+        "check_launch",
+        "_form_process_group",
+        "_set_ranks",
+        "_after_backward",
+        "_all_reduce",
+    },
+    "TrainerCore": {"_prepare_trainer"},
+    "TrainerParallelCore": {"_set_ranks"},
+    "FabricCore": {"_bind_mark_step"},
+    "DDPCore": {
+        "ddp_kwargs",
+        "_on_ddp_wrapped",
+        "_fast_ddp_setup",
+        "_fast_ddp_accumulating",
+        "_after_backward",
+        "_fast_ddp_buckets",
+    },
+}
+
+
+def _core_mixins() -> dict[str, type]:
+    from lightning_gaudi.fabric._base import FabricCore
+    from lightning_gaudi.strategies import core
+    from lightning_gaudi.strategies.ddp_settings import DDPCore
+
+    names = ("HPUStrategyCore", "HPUParallelCore", "TrainerCore", "TrainerParallelCore")
+    return {**{name: getattr(core, name) for name in names}, "FabricCore": FabricCore, "DDPCore": DDPCore}
+
+
+def _hpu_strategy_classes() -> list[type]:
+    import lightning_gaudi.fabric
+    import lightning_gaudi.strategies
+
+    modules = (lightning_gaudi.strategies, lightning_gaudi.fabric)
+    found = {c for m in modules for c in vars(m).values() if isinstance(c, type) and issubclass(c, object)}
+    return [c for c in found if any(b.__module__.startswith("lightning.") for b in c.__mro__[1:])]
+
+
+def test_every_method_of_the_core_is_classified() -> None:
+    """A method added to the core is declared an override (checked below) or the core's own."""
+    for name, mixin in _core_mixins().items():
+        defined = {n for n, v in vars(mixin).items() if not n.startswith("__") or n == "__init__"}
+        defined = {
+            n
+            for n in defined
+            if callable(vars(mixin)[n]) or isinstance(vars(mixin)[n], property | classmethod | staticmethod)
+        }
+        partial = {n for (m, n) in PARTIAL_OVERRIDES if m == name}
+        assert defined == CORE_OVERRIDES[name] | CORE_OWN[name] | partial, name
+
+
+def test_the_lightning_bases_still_have_every_method_the_core_overrides() -> None:
+    """The core is a mixin for unrelated Lightning bases, so its overrides carry no ``@override`` for mypy to check:
+    if Lightning renamed or dropped one of these methods, the core would silently stop being called."""
+    checked = set()
+    for cls in _hpu_strategy_classes():
+        base = next(b for b in cls.__mro__[1:] if b.__module__.startswith("lightning."))
+        for name, mixin in _core_mixins().items():
+            if mixin not in cls.__mro__:
+                continue
+            for method in CORE_OVERRIDES[name]:
+                assert hasattr(base, method), f"{base.__module__}.{base.__name__} has no {method} ({name} overrides it)"
+            for (owner, method), bases in PARTIAL_OVERRIDES.items():
+                if owner == name and base.__name__ in bases:
+                    assert hasattr(base, method), f"{base.__name__} has no {method} ({name} overrides it)"
+            own = [m for m in CORE_OWN[name] if hasattr(base, m)]
+            assert not own, f"{base.__name__} now has {own}: the core's own methods override it unawares"
+            checked.add((name, base.__module__.split(".")[1]))
+    assert {api for _, api in checked} == {"pytorch", "fabric"}, "Trainer and Fabric bases"
+    assert {name for name, _ in checked} == set(CORE_OVERRIDES)

@@ -336,6 +336,19 @@ class _NoDecayGrouped(RegressionModel):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+def test_a_chained_scheduler_over_an_empty_group_is_refused_with_the_fix() -> None:
+    from lightning_gaudi.strategies.deepspeed import _drop_empty_groups
+
+    optimizer, scheduler = _no_decay_grouped([torch.nn.Parameter(torch.ones(2))])
+    chained = torch.optim.lr_scheduler.ChainedScheduler([scheduler])
+    with pytest.raises(ValueError, match=r"1 empty param group.*Leave the empty groups out"):
+        _drop_empty_groups(optimizer, chained)
+    _drop_empty_groups(optimizer, scheduler)
+    assert (len(optimizer.param_groups), len(scheduler.base_lrs), len(scheduler.lr_lambdas)) == (1, 1, 1)
+    optimizer.step()
+    scheduler.step()
+
+
 @pytest.fixture
 def ds_fit(isolated_env: pytest.MonkeyPatch, ds_cpu: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """``ds_cpu`` for a 1-process fit in this process: the process group and DeepSpeed's copy of it ended after."""
@@ -355,7 +368,7 @@ def test_an_empty_param_group_with_a_step_scheduler_trains_as_without_deepspeed(
 ) -> None:
     """DeepSpeed drops the empty group; the scheduler, built with both, steps (it failed with "zip() argument 2 is
     longer than argument 1") and trains to the weights and rates ``hpu_parallel`` reaches (on one card: AdamW),
-    which ``LearningRateMonitor`` logs under the same names."""
+    which ``LearningRateMonitor`` logs for the one group DeepSpeed trains."""
     import deepspeed
 
     seed_everything(0, verbose=False)
@@ -373,9 +386,9 @@ def test_an_empty_param_group_with_a_step_scheduler_trains_as_without_deepspeed(
         torch.nn.functional.mse_loss(reference(x[4 * step : 4 * step + 4]), y[4 * step : 4 * step + 4]).backward()
         optimizer.step()
         scheduler.step()
-    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == scheduler.get_last_lr()
+    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == scheduler.get_last_lr()[:1]
     assert trainer.optimizers[0].param_groups[0]["lr"] == scheduler.get_last_lr()[0]
-    assert monitor.lrs == {"lr-AdamW/pg1": [1e-3, 5e-4, 1e-3 / 3], "lr-AdamW/pg2": [1e-3, 5e-4, 1e-3 / 3]}
+    assert monitor.lrs == {"lr-AdamW": [1e-3, 5e-4, 1e-3 / 3]}
     params = list(model.net.parameters())
     with deepspeed.zero.GatheredParameters(params, enabled=strategy.endswith("3")):
         for name, tensor in reference.state_dict().items():

@@ -88,6 +88,24 @@ def test_bridge_path_uses_the_hpu_device_hccl_and_hpu_autocast(
         _trainer(strategy="hpu_model_parallel")
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
+def test_the_precision_plugin_clips_over_the_shards(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    """Trainer(precision=...) builds a plugin of the DTensorClipping kind; its clip_grad_by_norm is the shards' one."""
+    from lightning_gaudi.strategies import model_parallel
+
+    trainer = _trainer(strategy="hpu_model_parallel", precision=precision)
+    plugin = trainer.precision_plugin
+    assert isinstance(plugin, model_parallel.DTensorClipping)
+    assert "clip_grad_by_norm" not in vars(plugin), "a method of its class, not set on the instance"
+    calls: list[float] = []
+    monkeypatch.setattr(model_parallel, "clip_grad_norm_", lambda params, clip: calls.append(clip))
+    net = make_net()
+    plugin.clip_grad_by_norm(torch.optim.SGD(net.parameters()), 0.5)
+    assert calls == [0.5]
+
+
 def test_clipping_plain_tensors_matches_torch() -> None:
     nets = [make_net(), make_net()]
     nets[1].load_state_dict(nets[0].state_dict())

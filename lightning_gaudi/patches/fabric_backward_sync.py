@@ -1,0 +1,44 @@
+"""``fabric.no_backward_sync`` through a strategy's own control (``hpu_fast_ddp``: gradients accumulate locally and
+are all-reduced at the next backward outside it); nothing is patched globally.
+
+Fabric asks the strategy's private ``_backward_sync_control`` (Lightning's DDP strategy sets one driving
+``DistributedDataParallel.no_sync``) and offers no public hook for another; :func:`set_control` gives one strategy
+instance its own. :func:`install` checks that Fabric still asks that attribute.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from lightning.fabric import Fabric
+from lightning.fabric.strategies import Strategy
+
+from lightning_gaudi.patches._checked import Checked
+
+_ATTRIBUTE = "_backward_sync_control"
+TARGETS = (
+    "lightning.fabric.fabric.Fabric.no_backward_sync",
+    "lightning.fabric.strategies.strategy._BackwardSyncControl",
+)
+
+
+def missing_targets() -> list[str]:
+    """What the control relies on and this Lightning lacks (empty when everything is as checked)."""
+    method = getattr(Fabric, "no_backward_sync", None)
+    if not inspect.isfunction(method) or f"._strategy.{_ATTRIBUTE}" not in inspect.getsource(method):
+        return [f"{TARGETS[0]} reading the strategy's {_ATTRIBUTE}"]
+    return []
+
+
+_State = Checked(missing_targets, "hpu_fast_ddp's fabric.no_backward_sync all-reduces every backward; DDP works.")
+installed, install = _State.installed, _State.install
+PATCH = _State.patch("fabric_backward_sync", TARGETS)
+
+
+def set_control(strategy: Strategy, control: Any) -> bool:
+    """Makes ``fabric.no_backward_sync`` call ``control.no_backward_sync(module, enabled)`` for ``strategy``; returns
+    whether it does (not where :func:`install`'s check failed)."""
+    if installed():
+        setattr(strategy, _ATTRIBUTE, control)
+    return installed()
