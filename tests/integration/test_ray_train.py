@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -92,6 +93,21 @@ def test_rays_pattern_builds_in_a_worker_with_its_own_card(ray_worker: hpu.Backe
     else:  # documented: `hpu_parallel` runs without prepare_trainer, which accepts Ray's classes only
         with pytest.raises(RuntimeError, match="Invalid strategy class"):
             ray_lightning.prepare_trainer(trainer)
+
+
+def test_on_a_gaudi_the_worker_trains_on_its_card_not_where_ray_would_put_it(
+    bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray's RayDDPStrategy.root_device is ray.train.torch.get_device(): the CPU in a worker without Ray's HPU resource
+    # (and an error outside a worker, as here)
+    bridge_double.configure(device_count=1)  # the bridge under HABANA_VISIBLE_MODULES=<this worker's card>
+    launch = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "0"}
+    for name, value in launch.items():
+        monkeypatch.setenv(name, value)
+    trainer = _trainer(ray_lightning.RayDDPStrategy())
+    assert trainer.num_devices == 1
+    assert trainer.strategy.root_device == torch.device("hpu")
+    assert trainer.strategy._get_process_group_backend() == "hccl"
 
 
 def test_rays_deepspeed_strategy_is_adopted(ray_worker: hpu.Backend) -> None:
