@@ -11,6 +11,8 @@ temporary folder ``RAY_TEMP``), runs two ``TorchTrainer`` jobs of 2 workers and 
    - ``fsdp_hpu``: the same with ``RayFSDPStrategy()`` (stock FSDP refuses the CPU: torch's FSDP needs an accelerator
      device, so its control is ``ddp_cpu``);
    - ``hpu_parallel``: ``strategy="hpu_parallel"`` by name with ``RayLightningEnvironment()``, no ``prepare_trainer``;
+   - ``deepspeed_hpu`` (where DeepSpeed is installed): ``RayDeepSpeedStrategy(stage=2)`` (stock DeepSpeed refuses the
+     CPU: its control is ``ddp_cpu``);
    - ``fabric_cpu`` / ``fabric_hpu``: a Fabric loop with ``strategy="ddp"`` and ``RayLightningEnvironment()``.
    Each worker sees only its own emulated card, as Ray's ``HPU`` resource makes it on a Gaudi: it sets
    ``HABANA_VISIBLE_MODULES`` to its local rank (Ray sets it only for workers given ``HPU``, which emulation lacks).
@@ -21,6 +23,7 @@ temporary folder ``RAY_TEMP``), runs two ``TorchTrainer`` jobs of 2 workers and 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -39,6 +42,7 @@ def _worker(config: dict[str, Any]) -> None:
     from lightning.pytorch import LightningModule, Trainer
     from ray.train.lightning import (
         RayDDPStrategy,
+        RayDeepSpeedStrategy,
         RayFSDPStrategy,
         RayLightningEnvironment,
         RayTrainReportCallback,
@@ -139,12 +143,14 @@ def _worker(config: dict[str, Any]) -> None:
         fit("ddp_hpu", "hpu", RayDDPStrategy())
         fit("fsdp_hpu", "hpu", RayFSDPStrategy())
         fit("hpu_parallel", "hpu", "hpu_parallel", prepare=False)
+        if config["deepspeed"]:
+            fit("deepspeed_hpu", "hpu", RayDeepSpeedStrategy(stage=2))
         fabric_loop("fabric_cpu", "cpu")
         fabric_loop("fabric_hpu", "hpu")
     (out / f"facts.{config['job']}.rank{rank}.json").write_text(json.dumps(facts))
 
 
-CASES = ("ddp_cpu", "ddp_hpu", "fsdp_hpu", "hpu_parallel", "fabric_cpu", "fabric_hpu", "resumed")
+CASES = ("ddp_cpu", "ddp_hpu", "fsdp_hpu", "hpu_parallel", "deepspeed_hpu", "fabric_cpu", "fabric_hpu", "resumed")
 
 
 def main() -> None:
@@ -176,7 +182,14 @@ def main() -> None:
             checkpoint_config=CheckpointConfig(num_to_keep=None),
         )
         result = TorchTrainer(
-            _worker, train_loop_config={"job": "cases", "out": str(out)}, scaling_config=scaling, run_config=run
+            _worker,
+            train_loop_config={
+                "job": "cases",
+                "out": str(out),
+                "deepspeed": importlib.util.find_spec("deepspeed") is not None,
+            },
+            scaling_config=scaling,
+            run_config=run,
         ).fit()
         timings["cases_s"] = time.monotonic() - started - sum(timings.values())
         reported = [(checkpoint, metrics) for checkpoint, metrics in result.best_checkpoints]

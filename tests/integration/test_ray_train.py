@@ -32,6 +32,7 @@ import lightning_gaudi
 from lightning_gaudi import hpu
 from lightning_gaudi.distributed import InvalidLaunchError, is_ray_environment, validate_ray_launch
 from lightning_gaudi.strategies.core import HPUParallelCore
+from lightning_gaudi.strategies.deepspeed import DEEPSPEED_AVAILABLE
 
 ray_lightning = pytest.importorskip(
     "ray.train.lightning", reason="Ray Train is not installed (the `ray` extra: pip install 'lightning-gaudi[ray]')"
@@ -110,8 +111,8 @@ def test_on_a_gaudi_the_worker_trains_on_its_card_not_where_ray_would_put_it(
     assert trainer.strategy._get_process_group_backend() == "hccl"
 
 
+@pytest.mark.skipif(not DEEPSPEED_AVAILABLE, reason="DeepSpeed is not installed (the `deepspeed` extra)")
 def test_rays_deepspeed_strategy_is_adopted(ray_worker: hpu.Backend) -> None:
-    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (the `deepspeed` extra)")
     trainer = _trainer(ray_lightning.RayDeepSpeedStrategy(stage=2))
     assert isinstance(trainer.strategy, lightning_gaudi.HPUDeepSpeedStrategy)
     assert ray_lightning.prepare_trainer(trainer) is trainer
@@ -226,6 +227,11 @@ def test_the_job_ends_and_leaves_no_ray_process(ray_job: Path) -> None:
         ("ddp_hpu", "ddp_cpu"),  # RayDDPStrategy + RayLightningEnvironment + prepare_trainer + devices="auto"
         ("fsdp_hpu", "ddp_cpu"),  # RayFSDPStrategy (stock FSDP refuses the CPU); its full state dict
         ("hpu_parallel", "ddp_cpu"),  # strategy="hpu_parallel" by name, no prepare_trainer
+        pytest.param(
+            "deepspeed_hpu",  # RayDeepSpeedStrategy(stage=2) (stock DeepSpeed refuses the CPU)
+            "ddp_cpu",
+            marks=pytest.mark.skipif(not DEEPSPEED_AVAILABLE, reason="DeepSpeed is not installed (`deepspeed` extra)"),
+        ),
         ("fabric_hpu", "fabric_cpu"),  # Fabric in a Ray worker
     ],
 )
@@ -239,7 +245,8 @@ def test_each_worker_used_its_own_card_and_rays_process_group(ray_job: Path) -> 
         facts = json.loads((ray_job / f"facts.cases.rank{rank}.json").read_text())
         assert facts["ddp_hpu"]["strategy"][:3] == ["RayDDPStrategy", "RayDDPStrategy", "HPUParallelStrategy"]
         assert facts["fsdp_hpu"]["strategy"][2] == "HPUFSDPStrategy"
-        for case in ("ddp_hpu", "fsdp_hpu", "hpu_parallel"):
+        cases = ("ddp_hpu", "fsdp_hpu", "hpu_parallel", *(("deepspeed_hpu",) if DEEPSPEED_AVAILABLE else ()))
+        for case in cases:
             assert facts[case]["num_devices"] == 1
             assert facts[case]["world_size"] == 2
             assert facts[case]["sampler_kwargs"] == {"num_replicas": 2, "rank": rank}
