@@ -407,7 +407,10 @@ class TrainerCore(HPUStrategyCore):
         evaluation runs under ``torch.no_grad``: torch's Lazy Tensor Core cannot trace ``torch.inference_mode``."""
         if not getattr(trainer, "_lightning_gaudi_announced", False):
             trainer._lightning_gaudi_announced = True  # type: ignore[attr-defined]
-            rank_zero_info(hpu.device_summary(trainer.num_devices, type(self).__name__, trainer.num_nodes))
+            strategy = type(self).__name__
+            if is_ray_environment(getattr(self, "cluster_environment", None)):  # devices is per worker: say the world
+                strategy += f" over {trainer.world_size} Ray Train workers"
+            rank_zero_info(hpu.device_summary(trainer.num_devices, strategy, trainer.num_nodes))
         add_default_mark_step(trainer)
         add_default_compile(trainer)
         add_default_preemption(trainer)

@@ -252,6 +252,7 @@ def test_each_worker_used_its_own_card_and_rays_process_group(ray_job: Path) -> 
             assert facts[case]["sampler_kwargs"] == {"num_replicas": 2, "rank": rank}
         assert facts["fabric_hpu"]["strategy"] == "HPUParallelStrategy"
         assert all(fact["kept_rays_group"] for fact in facts.values())
+    assert "using: 1 HPU, strategy RayDDPStrategy over 2 Ray Train workers" in (ray_job / "job.log").read_text()
 
 
 @pytest.mark.subprocess
