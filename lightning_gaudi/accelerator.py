@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -110,6 +111,13 @@ class HPUAccelerator(Accelerator):
             if backend.emulated and backend.is_lazy()
             else ""
         )
+        visible = os.environ.get(hpu.VISIBLE_MODULES_ENV)
+        if visible is not None:
+            note += (
+                f" This process sees only the cards {hpu.VISIBLE_MODULES_ENV}={visible!r} lists: where the launcher"
+                " gives each process its own card (Ray Train's `resources_per_worker={'HPU': 1}`), pass"
+                " devices='auto' and set the number of processes in the launcher (`ScalingConfig(num_workers=N)`)."
+            )
         return _parse_indices(devices, backend.device_count(), note)
 
     @staticmethod

@@ -9,6 +9,8 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -c constraints-ci.txt torch==2.13.0
 .venv/bin/python -m pip install --quiet -c constraints-ci.txt -e ".[dev]"
+# The `ray` extra (tests/integration/test_ray_train.py starts a local Ray cluster): Ray Train pulls no torch.
+.venv/bin/python -m pip install --quiet -c constraints-ci.txt -e ".[ray]"
 # The `deepspeed` extra (the hpu_deepspeed tests): DeepSpeed is a source package. It is built against the torch above
 # (no build isolation: its setup.py imports torch, and an isolated build could fetch another torch) and compiles no
 # ops (DS_BUILD_OPS=0; the CPU emulation uses none). About 35 s on a fresh venv.

@@ -19,6 +19,7 @@ from lightning_gaudi.distributed.errors import (
     translate_error,
 )
 from lightning_gaudi.distributed.launcher import free_port, launch_local_ranks, wait_all
+from lightning_gaudi.distributed.ray_train import is_ray_environment, validate_ray_launch
 from lightning_gaudi.distributed.rendezvous import (
     DEFAULT_TIMEOUT,
     PortInUseError,
@@ -46,11 +47,13 @@ __all__ = [
     "collective_errors",
     "free_port",
     "init_process_group",
+    "is_ray_environment",
     "join_generation",
     "launch_local_ranks",
     "parse_slurm_tasks_per_node",
     "translate_error",
     "uses_agent_store",
     "validate_launch",
+    "validate_ray_launch",
     "wait_all",
 ]

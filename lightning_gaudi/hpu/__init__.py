@@ -13,6 +13,7 @@ from lightning_gaudi.hpu.runtime import (
     DEVICES_ENV,
     EMULATE_ENV,
     EMULATION_MODES,
+    VISIBLE_MODULES_ENV,
     RecipeCache,
     Runtime,
     bridge_installed,
@@ -28,6 +29,7 @@ __all__ = [
     "EMULATION_MODES",
     "GAUDI_NAMES",
     "MEMORY_STAT_KEYS",
+    "VISIBLE_MODULES_ENV",
     "Backend",
     "ClipNorm",
     "HPUUnavailableError",
@@ -92,7 +94,11 @@ def explain_error(error: BaseException) -> bool:
 def get_backend() -> Backend:
     """The backend for this process's settings (one per setting); :class:`HPUUnavailableError` without one."""
     mode = emulation_mode()
-    key = ("habana", 0, "") if mode is None else (mode, runtime.emulated_devices(), runtime.emulated_device_name())
+    key = (
+        ("habana", 0, "")
+        if mode is None
+        else (mode, runtime.visible_emulated_devices(), runtime.emulated_device_name())
+    )
     backend = _backends.get(key)
     if backend is not None:
         return backend

@@ -78,7 +78,8 @@ def host_memory_stats() -> dict[str, int]:
 
 
 class EagerBackend(Backend):
-    """HPU emulation on CPU tensors (``LIGHTNING_GAUDI_EMULATE=eager``): ``devices`` cards of ``device_name``."""
+    """HPU emulation on CPU tensors (``LIGHTNING_GAUDI_EMULATE=eager``): ``devices`` cards of ``device_name``
+    (those ``HABANA_VISIBLE_MODULES`` lets this process see, as on a Gaudi)."""
 
     name = "eager"
     emulated = True

@@ -32,6 +32,7 @@ __all__ = [
     "INT64_ENV",
     "LAZY_MODE_ENV",
     "RECIPE_CACHE_ENV",
+    "VISIBLE_MODULES_ENV",
     "RecipeCache",
     "Runtime",
     "bridge_installed",
@@ -41,11 +42,14 @@ __all__ = [
     "emulated_device_name",
     "emulated_devices",
     "emulation_mode",
+    "visible_emulated_devices",
 ]
 
 EMULATE_ENV = "LIGHTNING_GAUDI_EMULATE"
 DEVICES_ENV = "LIGHTNING_GAUDI_DEVICES"
 DEVICE_NAME_ENV = "LIGHTNING_GAUDI_DEVICE_NAME"
+#: Intel's list of the cards (module ids) a process may use; Ray Train sets it per worker from its ``HPU`` resource.
+VISIBLE_MODULES_ENV = "HABANA_VISIBLE_MODULES"
 LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
 INT64_ENV = "PT_ENABLE_INT64_SUPPORT"
 RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
@@ -113,6 +117,23 @@ def emulated_devices(environ: Mapping[str, str] | None = None) -> int:
     if devices < 1:
         raise ValueError(f"{DEVICES_ENV}={raw!r} must be a positive integer: the number of emulated HPUs per node.")
     return devices
+
+
+def visible_emulated_devices(environ: Mapping[str, str] | None = None) -> int:
+    """The emulated cards this process sees: as on a Gaudi, those ``HABANA_VISIBLE_MODULES`` lists where it is set
+    (none when it is empty), else every card of the emulated node (:func:`emulated_devices`)."""
+    env = _environ(environ)
+    cards = emulated_devices(env)
+    raw = env.get(VISIBLE_MODULES_ENV)
+    if raw is None:
+        return cards
+    ids = [part.strip() for part in raw.split(",") if part.strip()]
+    if not all(i.isdigit() and int(i) < cards for i in ids) or len(set(ids)) != len(ids):
+        raise ValueError(
+            f"{VISIBLE_MODULES_ENV}={raw!r} must list distinct card ids from 0 to {cards - 1}, like '0' or '2,3': the"
+            f" emulated node has {cards} cards ({DEVICES_ENV}). Fix it, or unset it to see every card."
+        )
+    return len(ids)
 
 
 def emulated_device_name(environ: Mapping[str, str] | None = None) -> str:

@@ -27,6 +27,9 @@ class Adoption:
         renamed: argument -> the attribute holding it, where it is neither ``_name`` nor ``name``.
         carried: attributes Lightning derives from arguments and cannot take back, copied as they are.
         refused: argument -> why it has no meaning on the HPU; refused unless left at Lightning's default.
+        prevails: attributes the HPU strategy decides even where the adopted object's own class defines them (Ray's
+            strategies put the model on ``ray.train.torch.get_device()``, the CPU in a worker without Ray's ``HPU``
+            resource); only those an HPU class defines.
     """
 
     extra: str | None = None
@@ -34,6 +37,7 @@ class Adoption:
     renamed: Mapping[str, str] = field(default_factory=dict)
     carried: tuple[str, ...] = ()
     refused: Mapping[str, str] = field(default_factory=dict)
+    prevails: tuple[str, ...] = ("root_device",)
 
 
 def lightning_base(cls: type, counterparts: tuple[type, ...]) -> type | None:
@@ -80,10 +84,15 @@ def _accepted(hpu_cls: Any, arguments: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def adopted_class(cls: Any, hpu_cls: Any) -> Any:
-    """``cls`` with ``hpu_cls`` under it: ``cls``'s own methods first, then the HPU strategy's, then Lightning's."""
+    """``cls`` with ``hpu_cls`` under it: ``cls``'s own methods first (but for what ``hpu_cls.adoption.prevails``
+    names), then the HPU strategy's, then Lightning's."""
     if issubclass(hpu_cls, cls):  # Lightning's class itself: its HPU stand-in is the class to use
         return hpu_cls
     namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__reduce__": _reduce}
+    for name in hpu_cls.adoption.prevails:
+        owner = next((base for base in hpu_cls.__mro__ if name in vars(base)), None)
+        if owner is not None and owner.__module__.split(".")[0] == "lightning_gaudi":
+            namespace[name] = vars(owner)[name]
     return type(cls.__name__, (cls, hpu_cls), namespace)
 
 

@@ -37,8 +37,10 @@ from lightning_gaudi.distributed import (
     check_same_layout,
     coerce_timeout,
     collective_errors,
+    is_ray_environment,
     rendezvous,
     validate_launch,
+    validate_ray_launch,
 )
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
@@ -265,21 +267,34 @@ class HPUParallelCore(HPUStrategyCore):
 
     @property
     def root_device(self) -> torch.device:
-        """This process's device; in emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
-        return self._hpu_device(super().root_device)  # type: ignore[misc]
+        """This process's device: the one it was given (a Ray worker's own card), else the one at its local rank; in
+        emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
+        devices = self.parallel_devices  # type: ignore[attr-defined]
+        return self._hpu_device(devices[0] if devices and len(devices) == 1 else super().root_device)  # type: ignore[misc]
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        strategy: Any = self
+        if is_ray_environment(strategy.cluster_environment):  # num_nodes x devices describe one worker, not the world
+            return {"num_replicas": strategy.world_size, "rank": strategy.global_rank}
+        return super().distributed_sampler_kwargs  # type: ignore[misc,no-any-return]
 
     def check_launch(self) -> None:
-        """Checks the launcher's variables against ``num_nodes`` x devices and this node's HPUs, and that every device
-        is an HPU; runs while the Trainer or Fabric is built, before any process starts, and again in each process.
+        """Checks the launcher's variables against ``num_nodes`` x devices and this node's HPUs (under Ray Train's
+        ``RayLightningEnvironment``: one card per worker), and that every device is an HPU; runs while the Trainer or
+        Fabric is built, before any process starts, and again in each process.
 
         Raises:
             InvalidLaunchError: the launch is malformed or disagrees with the requested layout.
             ValueError: a device that is no HPU.
         """
         strategy: Any = self
-        if strategy.parallel_devices and strategy.cluster_environment is not None:
+        environment = strategy.cluster_environment
+        if strategy.parallel_devices and is_ray_environment(environment):
+            validate_ray_launch(num_devices=strategy.num_processes, world_size=environment.world_size())
+        elif strategy.parallel_devices and environment is not None:
             validate_launch(
-                strategy.cluster_environment,
+                environment,
                 num_devices=strategy.num_processes,
                 num_nodes=strategy.num_nodes,
                 devices_on_node=hpu.get_backend().device_count(),
@@ -397,7 +412,10 @@ class TrainerCore(HPUStrategyCore):
         evaluation runs under ``torch.no_grad``: torch's Lazy Tensor Core cannot trace ``torch.inference_mode``."""
         if trainer not in _ANNOUNCED:
             _ANNOUNCED.add(trainer)
-            rank_zero_info(hpu.device_summary(trainer.num_devices, type(self).__name__, trainer.num_nodes))
+            strategy = type(self).__name__
+            if is_ray_environment(getattr(self, "cluster_environment", None)):  # devices is per worker: say the world
+                strategy += f" over {trainer.world_size} Ray Train workers"
+            rank_zero_info(hpu.device_summary(trainer.num_devices, strategy, trainer.num_nodes))
         add_default_mark_step(trainer)
         add_default_compile(trainer)
         add_default_preemption(trainer)

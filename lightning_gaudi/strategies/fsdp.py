@@ -166,7 +166,14 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     backward_collective = "backward (gradient reduce-scatter)"
     forward_collective = "forward (parameter all-gather)"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
-    adoption = Adoption(extra="kwargs", folded=FSDP_FOLDED, carried=FSDP_CARRIED)
+    adoption = Adoption(
+        extra="kwargs",
+        folded=FSDP_FOLDED,
+        carried=FSDP_CARRIED,
+        # Ray's RayFSDPStrategy gathers a full state dict with offload_to_cpu=True under Lightning < 2.1, which on the
+        # CPU frees the storage the state dict views (see _full_state_dict_context)
+        prevails=("root_device", "lightning_module_state_dict"),
+    )
 
     def __init__(
         self,

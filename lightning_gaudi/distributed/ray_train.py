@@ -1,0 +1,41 @@
+"""Rank processes Ray Train creates and places: Ray's world, each worker driving one card (``docs/ray.md``).
+
+Under ``RayLightningEnvironment`` the world size and ranks come from Ray, not from the Trainer's ``num_nodes`` x
+``devices``: Ray's documented pattern passes ``devices="auto"``, which is one card in a worker that Ray gave one
+(``HABANA_VISIBLE_MODULES``), while Ray runs ``ScalingConfig(num_workers=N)`` workers.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
+
+__all__ = ["is_ray_environment", "validate_ray_launch"]
+
+
+def is_ray_environment(cluster_environment: object) -> bool:
+    """Whether ``cluster_environment`` is Ray Train's ``RayLightningEnvironment`` (Ray is not imported for it: an
+    instance exists only once Ray's module is loaded)."""
+    module = sys.modules.get("ray.train.lightning")
+    cls = getattr(module, "RayLightningEnvironment", None)
+    return isinstance(cls, type) and isinstance(cluster_environment, cls)
+
+
+def validate_ray_launch(num_devices: int, world_size: int) -> None:
+    """Raises :class:`InvalidLaunchError` unless each Ray worker drives one card: ``devices`` is 1 (``"auto"`` in a
+    worker Ray gave one card) or, in a worker that sees every card, the number of workers on this node (as with
+    torchrun, each worker then takes the card at its local rank).
+
+    Ray Train sets ``LOCAL_WORLD_SIZE`` in every worker; ``world_size`` is Ray's, for the message.
+    """
+    workers_here = LaunchEnvironment.from_env().local_world_size
+    if num_devices == 1 or num_devices == workers_here:
+        return
+    here = f", {workers_here} on this node" if workers_here is not None else ""
+    raise InvalidLaunchError(
+        f"Ray Train started {world_size} worker(s){here}, and each drives one HPU, but the Trainer has"
+        f" devices={num_devices} per worker. Pass devices='auto' (the worker's own card, with"
+        " `ScalingConfig(resources_per_worker={'HPU': 1})`) or devices=1, and set the number of workers in"
+        " `ScalingConfig(num_workers=...)`."
+    )
