@@ -120,6 +120,9 @@ class FusedKernels(Callback):
     def __init__(
         self, sdpa: bool = True, sdpa_recompute: bool = True, rms_norm: bool = True, rope: bool = True
     ) -> None:
+        for name, value in {"sdpa": sdpa, "sdpa_recompute": sdpa_recompute, "rms_norm": rms_norm, "rope": rope}.items():
+            if not isinstance(value, bool):
+                raise TypeError(f"FusedKernels({name}={value!r}) must be True or False.")
         self.sdpa, self.sdpa_recompute, self.rms_norm, self.rope = sdpa, sdpa_recompute, rms_norm, rope
         self._fallbacks: set[str] = set()
         self._warned: set[str] = set()
@@ -162,6 +165,8 @@ class FusedKernels(Callback):
             dtype = torch.get_autocast_dtype(q.device.type)
             q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
         if enable_gqa and k.size(-3) != q.size(-3):  # FusedSDPA has no grouped-query flag: repeat the kv heads
+            if q.size(-3) % k.size(-3) or q.size(-3) % v.size(-3):
+                return torch_sdpa(scale=scale, enable_gqa=enable_gqa)  # torch's error says what is wrong
             k, v = (t.repeat_interleave(q.size(-3) // t.size(-3), dim=-3) for t in (k, v))
         reason = _sdpa_refusal(q, k, v, attn_mask, self.sdpa_recompute)
         if reason is not None:

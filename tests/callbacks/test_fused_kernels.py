@@ -221,3 +221,26 @@ def test_by_class_path_on_the_command_line(
         os.environ.update(saved)
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, FusedKernels)]
     assert (callback.sdpa, callback.sdpa_recompute) == (True, False)
+
+
+@pytest.mark.parametrize("setting", [{"sdpa": "no"}, {"rope": 0}, {"rms_norm": None}, {"sdpa_recompute": "False"}])
+def test_a_switch_that_is_not_a_bool_is_refused(setting: dict[str, Any]) -> None:
+    """``FusedKernels(sdpa="no")`` counted as on: a switch takes ``True`` or ``False`` only."""
+    name, value = next(iter(setting.items()))
+    with pytest.raises(TypeError, match=rf"FusedKernels\({name}={value!r}\) must be True or False"):
+        FusedKernels(**setting)
+
+
+def test_an_invalid_grouped_query_head_count_keeps_torchs_error(eager_hpu: hpu.Backend) -> None:
+    """6 query heads over 4 key-value heads: torch's own error, not a shape mismatch of repeated heads."""
+    q, kv = torch.randn(1, 6, 4, 8), torch.randn(1, 4, 4, 8)
+    with pytest.raises(RuntimeError, match="Number of heads in key and value must divide") as plain:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    callback = FusedKernels()
+    with (
+        _set_up(callback, nn.Linear(2, 2)).forward_context(),
+        pytest.raises(RuntimeError, match="Number of heads in key and value must divide") as routed,
+    ):
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    assert str(routed.value) == str(plain.value)
+    callback.teardown(None, None, "fit")  # type: ignore[arg-type]
