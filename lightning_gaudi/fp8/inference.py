@@ -28,7 +28,7 @@ MODES = ("measure", "quantize")
 #: INC's default ``dump_stats_path``: a directory and the prefix of the measurement files.
 DEFAULT_STATS_PATH = "./hqt_output/measure"
 #: INC names its files ``<stats_path>_hooks_<observer>[_<rank>_<world size>].json|.npz``, the emulator its
-#: ``<stats_path>_hooks_maxabs[_<rank>_<world size>].pt``. ``stats_path`` is a prefix: ``"fp8/"`` names files in ``fp8``.
+#: ``<stats_path>_hooks_maxabs[_<rank>_<world size>].pt``. ``stats_path`` is a prefix: ``"fp8/"`` puts them in ``fp8``.
 _HOOKS = "_hooks_"
 _PREPARED, _MEASURED = "_fp8_inference", "_fp8_input_amax"  # set on a prepared module
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from typing_extensions import override
@@ -90,6 +92,29 @@ class LateArguments:
                 setattr(self, name, value)
 
 
+def require_configure_model(strategy_name: str, module: Any) -> None:
+    """Raises ``TypeError`` when ``module`` does not define ``configure_model``, where the parallel plan is applied."""
+    if module is not None and not is_overridden("configure_model", module):
+        raise TypeError(
+            f"{strategy_name!r} needs `configure_model()` in {type(module).__name__}: apply the tensor-parallel plan"
+            " (parallelize_module) or FSDP2 (fully_shard) there, on `self.device_mesh`. No process was started."
+        )
+
+
+class _CheckedLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher of local ranks, which first checks the module, before any rank process starts."""
+
+    def __init__(self, strategy_name: str, *args: Any) -> None:
+        super().__init__(*args)
+        self.strategy_name = strategy_name
+
+    @override
+    def launch(self, function: Any, *args: Any, trainer: pl.Trainer | None = None, **kwargs: Any) -> Any:
+        if trainer is not None:
+            require_configure_model(self.strategy_name, trainer.lightning_module)
+        return super().launch(function, *args, trainer=trainer, **kwargs)
+
+
 class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallelStrategy):
     """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs.
 
@@ -110,6 +135,7 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
     Raises:
         ValueError: a size not a positive int or ``"auto"``, or sizes whose product is not the world size (while the
             Trainer is built, before any process starts); lazy mode; a bad ``timeout``; a non-HPU accelerator.
+        TypeError: a LightningModule without ``configure_model`` (before Lightning's launcher starts any process).
     """
 
     strategy_name = "hpu_model_parallel"
@@ -126,6 +152,10 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
         # runs while the Trainer is built, before any process starts
         mesh_shape(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
         super()._configure_launcher()
+        if type(self._launcher) is _SubprocessScriptLauncher:
+            self._launcher = _CheckedLauncher(
+                self.strategy_name, self.cluster_environment, self.num_processes, self.num_nodes
+            )
 
     @override
     def _setup_distributed(self) -> None:
