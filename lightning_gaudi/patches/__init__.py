@@ -16,6 +16,7 @@ from lightning_gaudi.patches import (
     deepspeed_strategy,
     fabric_connector,
     fp8_precision_name,
+    launcher,
     signals,
     sync_free_logging,
     tuner_oom,
@@ -36,6 +37,7 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             fp8_precision_name.PATCH,
             signals.PATCH,
             deepspeed_strategy.PATCH,
+            launcher.PATCH,
         )
     }
 )

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.distributed.tensor import DTensor
@@ -18,6 +17,7 @@ from typing_extensions import override
 from lightning_gaudi import hpu
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout
+from lightning_gaudi.patches.launcher import checked_launcher
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.core import TrainerParallelCore
 
@@ -101,20 +101,6 @@ def require_configure_model(strategy_name: str, module: Any) -> None:
         )
 
 
-class _CheckedLauncher(_SubprocessScriptLauncher):
-    """Lightning's launcher of local ranks, which first checks the module, before any rank process starts."""
-
-    def __init__(self, strategy_name: str, *args: Any) -> None:
-        super().__init__(*args)
-        self.strategy_name = strategy_name
-
-    @override
-    def launch(self, function: Any, *args: Any, trainer: pl.Trainer | None = None, **kwargs: Any) -> Any:
-        if trainer is not None:
-            require_configure_model(self.strategy_name, trainer.lightning_module)
-        return super().launch(function, *args, trainer=trainer, **kwargs)
-
-
 class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallelStrategy):
     """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs.
 
@@ -152,10 +138,10 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
         # runs while the Trainer is built, before any process starts
         mesh_shape(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
         super()._configure_launcher()
-        if type(self._launcher) is _SubprocessScriptLauncher:
-            self._launcher = _CheckedLauncher(
-                self.strategy_name, self.cluster_environment, self.num_processes, self.num_nodes
-            )
+        name = self.strategy_name
+        self._launcher = checked_launcher(
+            self._launcher, lambda trainer: require_configure_model(name, trainer.lightning_module)
+        )
 
     @override
     def _setup_distributed(self) -> None:

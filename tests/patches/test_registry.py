@@ -24,6 +24,7 @@ MODULES = (
     "fp8_precision_name",
     "signals",
     "deepspeed_strategy",
+    "launcher",
 )
 
 
