@@ -397,14 +397,15 @@ def _vote_ranks(
 
 
 def test_the_vote_stops_every_rank_at_one_step_within_the_latency_when_steps_slow_down() -> None:
-    """The vote is spaced in time: steps of 2 ms (the spacing a step count would be set from), then 80 ms (40x);
-    a request on one rank stops both at the same step within ``latency`` of the signal."""
-    latency = 0.8
-    fast, slow = 0.002, 0.08
-    times = [[fast] * 200 + [slow] * 100 for _ in range(2)]
-    stopped, when, signalled = _vote_ranks(latency, times, signal_at=(1, 215))
-    assert stopped[0] == stopped[1] > 215, stopped
-    assert max(when) - signalled < latency, (when, signalled)
+    """The vote is spaced in time: steps of 5 ms (a step count fixed from them spaced votes 200 steps apart, 40 s of
+    the slow steps), then 200 ms (40x); a request on one rank stops both at the same step within ``latency`` of the
+    signal (plus the step in progress)."""
+    latency = 2.0
+    fast, slow = 0.005, 0.2
+    times = [[fast] * 200 + [slow] * 60 for _ in range(2)]
+    stopped, when, signalled = _vote_ranks(latency, times, signal_at=(1, 203))
+    assert stopped[0] == stopped[1] > 203, stopped
+    assert max(when) - signalled < latency + slow, (when, signalled)
 
 
 def test_the_vote_lets_no_rank_pass_the_agreed_step_when_one_rank_is_far_behind() -> None:
