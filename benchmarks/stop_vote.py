@@ -74,12 +74,13 @@ def run(steps: int, step_ms: float, rounds: int) -> dict[str, Any]:
             _, wall_us, cpu_us = results.get()
             inside.append(wall_us)
             cpu.append(cpu_us)
+    cpu_name = platform.processor() or platform.machine()
     return {
         "steps": steps,
         "step_ms": step_ms,
         "rounds": rounds,
         "torch": torch.__version__,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "machine": f"{cpu_name}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
         "step_wall_us": {"median": statistics.median(inside), "min": min(inside), "max": max(inside)},
         "cpu_beyond_sleep_us": {"median": statistics.median(cpu), "min": min(cpu), "max": max(cpu)},
     }
