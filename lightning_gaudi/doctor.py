@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-benchmarks", action="store_true", help="leave out benchmarks/gaudi.py")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds for each step (default 3600)")
     args = parser.parse_args(argv)
+    _check_writable(parser, args.out)  # before the tests, which take up to an hour on a Gaudi
     print("lightning_gaudi.doctor: reading the stack", file=sys.stderr)
     rows, gaudi = stack()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parts += [f"| {name} | {value} |" for name, value in rows]
     parts.append("")
     results: list[int | str] = []
+    ran_tests = False
     source = (ROOT / "tests" / "conftest.py").is_file() and (ROOT / "benchmarks" / "gaudi.py").is_file()
     if not source:
         parts.append(
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lightning_gaudi.doctor: {' '.join(command[2:])}", file=sys.stderr)
         result = _run(command, args.timeout)
         results.append(result[0])
+        ran_tests = True
         parts.append(_section("Tests", command, result))
         if gaudi and not args.no_benchmarks:
             with tempfile.TemporaryDirectory() as out:
@@ -138,7 +141,18 @@ def main(argv: list[str] | None = None) -> int:
                     parts.append(table.read_text())
     args.out.write_text("\n".join(parts))
     print(f"lightning_gaudi.doctor: wrote {args.out.resolve()}: attach it to your issue", file=sys.stderr)
-    return 0 if all(code == 0 for code in results) else 1
+    return 0 if ran_tests and all(code == 0 for code in results) else 1  # no test run: nothing was shown to work
+
+
+def _check_writable(parser: argparse.ArgumentParser, out: Path) -> None:
+    existed = out.exists()
+    try:
+        with open(out, "a"):
+            pass
+    except OSError as err:
+        parser.error(f"--out {out}: the report cannot be written there ({err.strerror}). Pass a writable path.")
+    if not existed:
+        out.unlink()
 
 
 if __name__ == "__main__":

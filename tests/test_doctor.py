@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -74,9 +75,38 @@ def test_from_a_wheel_it_says_it_needs_a_checkout(
 ) -> None:
     monkeypatch.setattr(doctor, "ROOT", tmp_path)
     out = tmp_path / "report.md"
-    assert doctor.main(["--out", str(out)]) == 0
+    assert doctor.main(["--out", str(out)]) == 1  # no test ran: nothing shown to work
     assert "run the doctor from a source checkout" in out.read_text().lower()
     assert recorded == []
+
+
+def test_without_pytest_it_says_so_and_exits_non_zero(
+    eager_hpu: hpu.Backend, recorded: list[list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    find_spec = doctor.importlib.util.find_spec
+
+    def without_pytest(name: str, *args: Any) -> Any:
+        return None if name == "pytest" else find_spec(name, *args)
+
+    monkeypatch.setattr(doctor.importlib.util, "find_spec", without_pytest)
+    out = tmp_path / "report.md"
+    assert doctor.main(["--out", str(out)]) == 1
+    assert "Tests NOT RUN: pytest or pytest-xdist is not installed" in out.read_text()
+    assert recorded == []
+
+
+def test_an_unwritable_report_path_is_refused_before_anything_runs(
+    eager_hpu: hpu.Backend, recorded: list[list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "no such folder" / "report.md"
+    with pytest.raises(SystemExit) as exited:
+        doctor.main(["--out", str(out)])
+    assert exited.value.code == 2
+    assert f"--out {out}: the report cannot be written there" in capsys.readouterr().err
+    assert recorded == []  # no test ran first
+    writable = tmp_path / "report.md"
+    doctor.main(["--out", str(writable)])
+    assert writable.is_file()
 
 
 @pytest.mark.subprocess

@@ -76,8 +76,9 @@ def _parse_signal(value: str | int) -> signal.Signals:
 class PreemptionCheckpoint(Callback):
     """Saves a checkpoint and stops every rank within ``grace_period`` seconds when the job gets SIGTERM.
 
-    The ranks agree in a background vote (:class:`~lightning_gaudi.distributed.agreement.StopVote`, within a quarter
-    of ``grace_period``), stop at the same optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise
+    The ranks agree in a background vote on the job's rendezvous store
+    (:class:`~lightning_gaudi.distributed.agreement.StopVote`: within a quarter of ``grace_period`` whatever the step
+    time), stop at the same optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise
     :class:`Preempted` (exit 143 for SIGTERM); a rank still running after ``grace_period`` exits at once. It replaces
     Lightning's SIGTERM handling during ``fit``.
 

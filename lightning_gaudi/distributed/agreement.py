@@ -1,93 +1,175 @@
-"""Agreeing on a step at which every rank stops, without a device sync or a blocking collective per step."""
+"""Agreeing on a step at which every rank stops, without a device sync, a collective or a wait in the step."""
 
 from __future__ import annotations
 
+import itertools
+import math
+import os
+import threading
 import time
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from lightning_gaudi.distributed.errors import collective_errors
 
 __all__ = ["StopVote"]
 
+_KEY = "lightning_gaudi/stop"
+_POLL_S = (0.001, 0.02)  # first and longest pause between looks at a round that has not ended
+_setups = itertools.count()  # every rank sets up as many votes, so the n-th one has the same key on every rank
+
+
+def _namespace() -> str:
+    # torchrun's agent store outlives a restart of the workers: each attempt votes under its own keys
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    return f"{_KEY}/{run}/{attempt}/{next(_setups)}"
+
 
 class StopVote:
-    """A vote every few steps on whether (and why) to stop, answered at the next vote, the same on every rank: an async
-    MAX all-reduce of two CPU integers (the request, this rank's time per step) on its own gloo group (``timeout``); in
-    a single process, the request itself.
+    """A vote in wall time on whether (and why) every rank stops, and at which step: the same answer on every rank.
 
-    Votes are ``interval`` steps apart, an interval every rank derives from the slowest rank's step time, so that a
-    request reaches every rank within ``latency`` seconds (two intervals) at a cost of one small all-reduce per
-    ``interval`` steps (at most :data:`MAX_INTERVAL`).
+    A thread on each rank casts a ballot on the job's rendezvous store (the ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``
+    that formed the process group: no extra process group, no gloo) every ``latency / 2`` seconds: this rank's request
+    (0: go on) and the step it commits not to pass before the round ends, a quarter of ``latency`` ahead at its recent
+    step rate. When a round holds a request, every rank stops after the largest committed step. A request thus reaches
+    every rank within ``latency`` however the step time changes; the training step only counts itself under a lock
+    (and waits for a round only if it reaches its commitment first, which a slower step than the round's few store
+    round trips never does). In a single process the request is the answer.
     """
-
-    #: The most steps between two votes, whatever the step time.
-    MAX_INTERVAL = 100
 
     def __init__(self, timeout: timedelta, latency: float = 2.0) -> None:
         self.timeout = timeout
         self.latency = latency
-        self.interval = 1
-        self._group: Any = None
-        self._work: Any = None
-        self._ballot = torch.zeros(2, dtype=torch.int64)  # the request, microseconds per step since the last vote
-        self._countdown = self._span = 1  # steps to the next vote, steps between the last two
-        self._last_vote: float | None = None
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        self._leave = threading.Event()
+        self._steps = 0
+        self._request = 0
+        self._bound: int | None = None  # the step this rank may not pass before the current round ends
+        self._outcome: tuple[int, int] | None = None  # (signal, the step after which every rank stops)
+        self._error: BaseException | None = None
         self._errors = collective_errors("the stop vote (preemption)", timeout)
 
     @property
     def distributed(self) -> bool:
         """Whether the vote runs between processes (:meth:`setup` found a process group of several)."""
-        return self._group is not None
+        return self._thread is not None
 
-    def setup(self) -> None:
-        """Forms the vote's gloo group when a process group of several ranks exists; every rank must call it."""
+    @property
+    def spacing(self) -> float:
+        """Seconds between two rounds of the vote."""
+        return self.latency / 2
+
+    def setup(self, address: tuple[str, int] | None = None) -> None:
+        """Connects to the job's store (``address``, default ``MASTER_ADDR``/``MASTER_PORT``) and starts voting when a
+        process group of several ranks exists; every rank must call it."""
         self.close()
-        self.interval = self._countdown = self._span = 1
-        self._last_vote = None
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            with collective_errors("forming the stop vote's gloo group", self.timeout):
-                self._group = dist.new_group(backend="gloo", timeout=self.timeout)
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        if address is None:
+            host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+            if not host or not port.isdigit():
+                raise RuntimeError(
+                    f"PreemptionCheckpoint: the ranks agree on where to stop through the job's rendezvous store, but"
+                    f" MASTER_ADDR={host!r}, MASTER_PORT={port!r} do not name it (the process group was formed"
+                    " another way). Set both to the store's address, or pass PreemptionCheckpoint(enabled=False)."
+                )
+            address = (host, int(port))
+        with collective_errors("connecting the stop vote to the job's store", self.timeout):
+            store = dist.TCPStore(address[0], address[1], None, False, timeout=self.timeout, wait_for_workers=False)
+        self.start(store, dist.get_rank(), dist.get_world_size(), _namespace())
+
+    def start(self, store: dist.Store, rank: int, world_size: int, namespace: str) -> None:
+        """Starts voting on ``store`` under the keys ``namespace`` (the same on every rank, fresh for this vote)."""
+        self.close()
+        self._leave.clear()
+        self._steps = self._request = 0
+        self._bound = self._outcome = self._error = None
+        self._thread = threading.Thread(
+            target=self._run, args=(store, rank, world_size, namespace), name="lightning_gaudi-stop-vote", daemon=True
+        )
+        self._thread.start()
 
     def step(self, request: int) -> int:
-        """Counts a step and, every :attr:`interval` steps, casts ``request`` (0: go on); returns the largest request
-        of the previous vote on any rank (0 between votes and at first). Every rank must call this once per step."""
-        if self._group is None:
+        """Counts a step; ``request`` (0: go on) is cast at the next round. Returns the agreed signal at the step every
+        rank stops after (0 before it). Every rank must call this once per step."""
+        if self._thread is None:
             return request
-        self._countdown -= 1
-        if self._countdown > 0:
-            return 0
-        now = time.monotonic()
-        result = 0
-        if self._work is not None:
-            with self._errors:
-                self._work.wait()
-            result, slowest_us = (int(value) for value in self._ballot.tolist())  # CPU tensors: no device sync
-            if slowest_us > 0:  # the same on every rank, so every rank keeps the same interval
-                steps = int(self.latency * 1e6 / (2 * slowest_us))
-                self.interval = max(1, min(self.MAX_INTERVAL, steps))
-        per_step_us = 0 if self._last_vote is None else int((now - self._last_vote) * 1e6 / self._span)
-        self._last_vote = now
-        self._countdown = self._span = self.interval
-        self._ballot[0] = request
-        self._ballot[1] = per_step_us
-        with self._errors:
-            self._work = dist.all_reduce(self._ballot, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        return result
+        with self._cond:
+            self._steps = steps = self._steps + 1
+            if request and not self._request:
+                self._request = request
+            while True:
+                if self._error is not None:
+                    with self._errors:
+                        raise self._error
+                if self._outcome is not None:
+                    signum, last = self._outcome
+                    return signum if steps >= last else 0
+                if self._bound is None or steps < self._bound:
+                    return 0
+                self._cond.wait()  # the round ends once every rank's thread cast its ballot; bounded by the timeout
 
     def finish(self) -> None:
-        """Waits for the vote in flight, then :meth:`close`."""
-        if self._work is not None:
-            with self._errors:
-                self._work.wait()
+        """Tells the other ranks that this one votes no more, and stops the thread."""
         self.close()
 
     def close(self) -> None:
-        """Forgets the vote in flight and releases the group (after a failure)."""
-        group, work, self._group, self._work = self._group, self._work, None, None
-        idle = work is None or work.is_completed()  # a group with a vote in flight is left to the process's exit
-        if group is not None and idle and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group(group)
+        """Stops voting (the other ranks carry on without this one)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._leave.set()
+            thread.join(self.spacing + 5.0)
+
+    def _ahead(self, per_step: float) -> int:
+        return 1 if not math.isfinite(per_step) else max(1, math.ceil(self.latency / 4 / per_step))
+
+    def _run(self, store: Any, rank: int, world_size: int, namespace: str) -> None:
+        voters = world_size
+        then, steps_then = time.monotonic(), 0
+        try:
+            for number in itertools.count():
+                key = f"{namespace}/{number}"
+                leaving = self._leave.wait(self.spacing)
+                with self._cond:
+                    steps, request, now = self._steps, self._request, time.monotonic()
+                    per_step = (now - then) / (steps - steps_then) if steps > steps_then else math.inf
+                    commit = -1 if leaving else steps + self._ahead(per_step)
+                    self._bound = None if leaving else commit
+                then, steps_then = now, steps
+                store.append(key, f"{request}:{commit};")
+                if store.add(f"{key}/n", 1) == voters:
+                    store.set(f"{key}/end", "1")
+                if leaving:
+                    return
+                self._wait(store, f"{key}/end")
+                ballots = [b.split(":") for b in store.get(key).decode().split(";") if b]
+                if rank == 0 and number:
+                    for name in ("", "/n", "/end"):
+                        store.delete_key(f"{namespace}/{number - 1}{name}")
+                requests = [int(r) for r, _ in ballots]
+                with self._cond:
+                    if any(requests):
+                        self._outcome = (max(requests), max(int(c) for _, c in ballots))
+                    self._bound = None
+                    self._cond.notify_all()
+                if self._outcome is not None:
+                    return
+                voters -= sum(int(c) < 0 for _, c in ballots)
+        except BaseException as err:  # handed to the training loop at its next step
+            with self._cond:
+                self._error = err
+                self._cond.notify_all()
+
+    def _wait(self, store: dist.Store, key: str) -> None:
+        """Waits until ``key`` exists (the round ended); raises after the timeout."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        pause = _POLL_S[0]
+        while not store.check([key]):
+            if time.monotonic() > deadline:
+                raise dist.DistStoreError(f"the stop vote's round {key!r} timed out after {self.timeout}")
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_S[1])

@@ -9,12 +9,13 @@ Emulated where the backend has no INC: each ``nn.Linear``'s input and weight pas
 from __future__ import annotations
 
 import functools
+import glob
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
 from typing_extensions import override
@@ -26,10 +27,22 @@ from lightning_gaudi.fp8.formats import E4M3, E5M2, FP8Format, quantize_dequanti
 MODES = ("measure", "quantize")
 #: INC's default ``dump_stats_path``: a directory and the prefix of the measurement files.
 DEFAULT_STATS_PATH = "./hqt_output/measure"
-#: INC names its files ``<stats_path>_hooks_<observer>[_<rank>_<world size>].json|.npz``, the emulator its one
-#: ``<stats_path>_hooks_maxabs.pt``.
+#: INC names its files ``<stats_path>_hooks_<observer>[_<rank>_<world size>].json|.npz``, the emulator its
+#: ``<stats_path>_hooks_maxabs[_<rank>_<world size>].pt``. ``stats_path`` is a prefix: ``"fp8/"`` puts them in ``fp8``.
 _HOOKS = "_hooks_"
 _PREPARED, _MEASURED = "_fp8_inference", "_fp8_input_amax"  # set on a prepared module
+
+
+def _measurements(stats_path: str | os.PathLike[str]) -> list[str]:
+    return sorted(glob.glob(f"{glob.escape(os.fspath(stats_path))}{_HOOKS}*"))
+
+
+def _emulated_file(stats_path: str | os.PathLike[str]) -> str:
+    """This rank's file of the emulator's measurements (one per rank in a distributed run, as INC writes)."""
+    rank = ""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        rank = f"_{dist.get_rank()}_{dist.get_world_size()}"
+    return f"{os.fspath(stats_path)}{_HOOKS}maxabs{rank}.pt"
 
 
 def check_fp8_inference(mode: str, stats_path: str | os.PathLike[str] | None = None) -> None:
@@ -37,8 +50,8 @@ def check_fp8_inference(mode: str, stats_path: str | os.PathLike[str] | None = N
     ``quantize`` finds no measurements there."""
     if mode not in MODES:
         raise ValueError(f"FP8 inference got mode={mode!r}; choose 'measure' (first run) or 'quantize' (later runs).")
-    path = Path(stats_path or ".")
-    if mode == "quantize" and stats_path is not None and not list(path.parent.glob(f"{path.name}{_HOOKS}*")):
+    if mode == "quantize" and stats_path is not None and not _measurements(stats_path):
+        path = os.fspath(stats_path)
         raise FileNotFoundError(
             f"FP8 inference mode='quantize' found no measurements at stats_path='{path}' (files {path}{_HOOKS}*)."
             " Run it with mode='measure' and the same stats_path first."
@@ -109,7 +122,7 @@ class EmulatedNeuralCompressor:
 
         for name, layer in _linear_layers(module, config):
             layer.register_forward_pre_hook(functools.partial(record, name))
-        setattr(module, _MEASURED, (f"{config['dump_stats_path']}{_HOOKS}maxabs.pt", amax))
+        setattr(module, _MEASURED, (_emulated_file(config["dump_stats_path"]), amax))
         return module
 
     def finalize_calibration(self, module: nn.Module) -> None:
@@ -120,12 +133,12 @@ class EmulatedNeuralCompressor:
         fmt = {"E4M3": E4M3, "E5M2": E5M2}.get(config["fp8_config"])
         if fmt is None:
             raise ValueError(f"Emulated FP8 inference got fp8_config={config['fp8_config']!r}; use 'E4M3' or 'E5M2'.")
-        path = Path(f"{config['dump_stats_path']}{_HOOKS}maxabs.pt")
-        amax: dict[str, float] = torch.load(path, weights_only=True) if path.is_file() else {}
+        path = _emulated_file(config["dump_stats_path"])
+        amax = _load_measurements(path, config["dump_stats_path"])
         layers = dict(_linear_layers(module, config))
         if unmeasured := sorted(layers.keys() - amax.keys()):
             raise ValueError(
-                f"The FP8 measurements at {str(path)!r} have no input range for {unmeasured}: measure with batches"
+                f"The FP8 measurements at {path!r} have no input range for {unmeasured}: measure with batches"
                 " that run these layers (or this model), or put them in the blocklist."
             )
         new = {id(layer): _FP8InferenceLinear.from_linear(layer, fmt, amax[name]) for name, layer in layers.items()}
@@ -134,6 +147,26 @@ class EmulatedNeuralCompressor:
                 parent, _, attribute = name.rpartition(".")
                 setattr(module.get_submodule(parent), attribute, new[id(child)])
         return module
+
+
+def _load_measurements(path: str, stats_path: str) -> dict[str, float]:
+    if not os.path.isfile(path):
+        found = ", ".join(_measurements(stats_path)) or "none"
+        raise FileNotFoundError(
+            f"FP8 inference mode='quantize' found no measurements for this rank at {path!r} (files found: {found}):"
+            " quantize with as many ranks as measured, or measure again with mode='measure' and the same stats_path."
+        )
+    try:
+        amax = torch.load(path, weights_only=True)
+        if not isinstance(amax, dict) or not all(isinstance(v, float) for v in amax.values()):
+            raise ValueError(f"a {type(amax).__name__}, not a dict of layer names to ranges")
+    except Exception as err:  # torch's own text (a zip reader's, or advice to unpickle anything) would mislead
+        detail = str(err) if isinstance(err, ValueError) else type(err).__name__
+        raise ValueError(
+            f"The FP8 measurements file {path!r} is damaged or not one the measure run wrote ({detail}). Measure"
+            " again: run with mode='measure' and the same stats_path."
+        ) from err
+    return amax
 
 
 def _linear_layers(module: nn.Module, config: Mapping[str, Any]) -> list[tuple[str, nn.Linear]]:

@@ -16,6 +16,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from lightning_gaudi.fp8.inference import DEFAULT_STATS_PATH, check_fp8_inference
 from lightning_gaudi.hydra.prepare import apply_runtime, check_launch, local_world_size, prepare
 from lightning_gaudi.hydra.ranks import Task, launch_ranks, needs_rank_launch
 from lightning_gaudi.hydra.resolvers import register_resolvers
@@ -27,6 +28,7 @@ __all__ = [
     "Task",
     "apply_runtime",
     "check_before_launch",
+    "check_evaluation",
     "check_launch",
     "check_slurm_launcher",
     "instantiate_group",
@@ -75,10 +77,21 @@ def check_before_launch(cfg: DictConfig) -> None:
         gradient_clipping(strategy.config, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
 
 
+def check_evaluation(cfg: DictConfig) -> None:
+    """Refuses, before training, a run that tests (``test=true``) with ``FP8Inference`` quantizing from measurements
+    that are not there: the test after the fit would refuse them."""
+    if not cfg.get("test"):
+        return
+    for node in (cfg.get("callbacks") or {}).values():
+        if isinstance(node, DictConfig) and str(node.get("_target_", "")).rpartition(".")[2] == "FP8Inference":
+            check_fp8_inference(node.get("mode", "quantize"), node.get("stats_path", DEFAULT_STATS_PATH))
+
+
 def run(cfg: DictConfig, task: Task) -> float | None:
     """Runs one Hydra job: :func:`prepare`, then ``task(cfg)`` here or in one process per card; returns the
     :func:`objective`. ``task`` must be a module-level function (rank processes import it by name)."""
     prepare(cfg)
+    check_evaluation(cfg)
     if needs_rank_launch(cfg):
         check_before_launch(cfg)
         results: Mapping[str, Any] = launch_ranks(cfg, Path(cfg.paths.output_dir), task)

@@ -18,6 +18,7 @@ from lightning_gaudi.patches import (
     fabric_checkpoint_writer,
     fabric_connector,
     fp8_precision_name,
+    launcher,
     module_forward,
     signals,
     sync_free_logging,
@@ -42,6 +43,7 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             fabric_checkpoint_writer.PATCH,
             fabric_backward_sync.PATCH,
             module_forward.PATCH,
+            launcher.PATCH,
         )
     }
 )

@@ -86,10 +86,13 @@ class DDPSettings:
             )
         if self.start_method not in START_METHODS:
             raise ValueError(f"`start_method={self.start_method!r}` is not supported on HPU; use 'popen' or 'spawn'.")
-        if self.fast_ddp and (self.comm_hook is not None or self.find_unused_parameters or self.static_graph):
+        if self.fast_ddp and (
+            self.comm_hook is not None or self.find_unused_parameters or self.static_graph or self.broadcast_buffers
+        ):
             raise ValueError(
                 "`fast_ddp=True` all-reduces the gradients itself, without DistributedDataParallel: it takes no"
-                " `ddp_comm_hook`, `find_unused_parameters` or `static_graph`. Remove them, or use fast_ddp=False."
+                " `ddp_comm_hook`, `find_unused_parameters`, `static_graph` or `broadcast_buffers=True` (it broadcasts"
+                " rank 0's buffers once, at set-up). Remove them, or use fast_ddp=False."
             )
 
     @property

@@ -10,6 +10,7 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.precision import HalfPrecision, Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
@@ -18,6 +19,7 @@ from typing_extensions import override
 from lightning_gaudi import hpu
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout
+from lightning_gaudi.patches.launcher import checked_launcher
 from lightning_gaudi.precision import HPUPrecision
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.core import TrainerParallelCore
@@ -111,6 +113,15 @@ class LateArguments:
                 setattr(self, name, value)
 
 
+def require_configure_model(strategy_name: str, module: Any) -> None:
+    """Raises ``TypeError`` when ``module`` does not define ``configure_model``, where the parallel plan is applied."""
+    if module is not None and not is_overridden("configure_model", module):
+        raise TypeError(
+            f"{strategy_name!r} needs `configure_model()` in {type(module).__name__}: apply the tensor-parallel plan"
+            " (parallelize_module) or FSDP2 (fully_shard) there, on `self.device_mesh`. No process was started."
+        )
+
+
 class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallelStrategy):
     """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs.
 
@@ -133,6 +144,7 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
     Raises:
         ValueError: a size not a positive int or ``"auto"``, or sizes whose product is not the world size (while the
             Trainer is built, before any process starts); lazy mode; a bad ``timeout``; a non-HPU accelerator.
+        TypeError: a LightningModule without ``configure_model`` (before Lightning's launcher starts any process).
     """
 
     strategy_name = "hpu_model_parallel"
@@ -149,6 +161,10 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
         # runs while the Trainer is built, before any process starts
         mesh_shape(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
         super()._configure_launcher()
+        name = self.strategy_name
+        self._launcher = checked_launcher(
+            self._launcher, lambda trainer: require_configure_model(name, trainer.lightning_module)
+        )
 
     @override
     def _setup_distributed(self) -> None:

@@ -306,3 +306,59 @@ def test_hugging_face_llama_measured_then_quantized(eager_hpu: hpu.Backend, tmp_
     assert fp8 is not None
     assert fp32 is not None
     _close_but_not_equal(torch.cat(fp8), torch.cat(fp32))  # type: ignore[arg-type]
+
+
+def test_a_folder_as_stats_path_is_found_again(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
+    """``stats_path="fp8dir/"`` (a folder): measure writes ``fp8dir/_hooks_maxabs.pt`` and quantize finds it."""
+    stats = f"{tmp_path / 'fp8dir'}/"
+    model = Mlp()
+    quiet_trainer(callbacks=[FP8Inference(mode="measure", stats_path=stats)]).test(model, _data())
+    assert (tmp_path / "fp8dir" / "_hooks_maxabs.pt").is_file()
+    quantized = _twin(model)
+    quiet_trainer(callbacks=[FP8Inference(stats_path=stats)]).test(quantized, _data())
+    assert type(quantized.net[0]).__name__ == "_FP8InferenceLinear"
+
+
+@pytest.mark.parametrize("damage", [b"", b"not a zip archive at all", None])
+def test_a_damaged_measurements_file_names_itself_and_says_measure_again(
+    eager_hpu: hpu.Backend, tmp_path: Path, damage: bytes | None
+) -> None:
+    stats = tmp_path / "measure"
+    model = Mlp()
+    quiet_trainer(callbacks=[FP8Inference(mode="measure", stats_path=str(stats))]).test(model, _data())
+    path = tmp_path / "measure_hooks_maxabs.pt"
+    if damage is None:
+        torch.save([1.0, 2.0], path)  # a readable file, but not measurements
+    else:
+        path.write_bytes(damage)
+    with pytest.raises(ValueError, match=rf"measurements file '{path}' is damaged.*Measure again"):
+        prepare_fp8_inference(_twin(model), "quantize", stats)
+
+
+def test_each_rank_measures_into_its_own_file_and_quantizes_from_it(
+    eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As INC: on 2 ranks each writes ``<stats_path>_hooks_maxabs_<rank>_2.pt`` with the ranges it saw (one shared
+    file kept the last writer's alone) and quantizes with its own."""
+    from lightning_gaudi.fp8 import inference
+
+    stats = tmp_path / "measure"
+    rank = [0]
+    monkeypatch.setattr(inference.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(inference.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(inference.dist, "get_rank", lambda group=None: rank[0])
+    model = Mlp()
+    for rank[0], scale in ((0, 1.0), (1, 10.0)):  # rank 1 sees inputs 10x larger
+        measured = prepare_fp8_inference(_twin(model), "measure", stats)
+        measured.net(scale * torch.randn(8, 16))
+        finalize_fp8_calibration(measured)
+    ranges = [torch.load(tmp_path / f"measure_hooks_maxabs_{r}_2.pt") for r in (0, 1)]
+    assert ranges[1]["net.0"] > 5 * ranges[0]["net.0"]
+    assert not (tmp_path / "measure_hooks_maxabs.pt").exists()
+    scales = []
+    for rank[0] in (0, 1):
+        scales.append(float(prepare_fp8_inference(_twin(model), "quantize", stats).net[0].input_scale))
+    assert scales[1] < scales[0] / 5  # each from its own rank's range
+    monkeypatch.setattr(inference.dist, "get_world_size", lambda group=None: 4)
+    with pytest.raises(FileNotFoundError, match=r"no measurements for this rank .*_1_4\.pt.*as many ranks as measured"):
+        prepare_fp8_inference(_twin(model), "quantize", stats)

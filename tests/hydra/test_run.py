@@ -25,3 +25,19 @@ def test_a_strategy_typo_stops_the_job_before_any_rank_starts(isolated_env: pyte
     assert "Did you mean" in str(info.value) or "Did you mean" in str(info.value.__cause__)
     assert started == []
     assert not (tmp_path / ranks.RANK_CONFIG_FILE).exists()
+
+
+def test_testing_with_fp8_quantize_and_no_measurements_stops_before_training(
+    isolated_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``test=true`` with ``FP8Inference`` quantizing from a path without measurements: refused before the fit (the
+    test after it would refuse them)."""
+    isolated_env.setenv(hpu.EMULATE_ENV, "eager")
+    stats = tmp_path / "nothing" / "measure"
+    overrides = ["callbacks=[default,fp8_inference]", f"callbacks.fp8_inference.stats_path={stats}"]
+    trained: list[object] = []
+    with pytest.raises(FileNotFoundError, match=rf"no measurements at stats_path='{stats}'.*mode='measure'"):
+        lg_hydra.run(compose_train([*overrides, "test=true"], output_dir=tmp_path), trained.append)
+    assert trained == []
+    lg_hydra.run(compose_train(overrides, output_dir=tmp_path), trained.append)  # no test: fit alone ignores it
+    assert len(trained) == 1

@@ -27,6 +27,7 @@ MODULES = (
     "fabric_backward_sync",
     "module_forward",
     "fabric_checkpoint_writer",
+    "launcher",
 )
 
 

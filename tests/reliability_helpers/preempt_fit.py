@@ -6,7 +6,8 @@
 ``OUT_DIR/rank<r>.step`` (its global step) after every batch (the callbacks' batch-end hooks run first, so a
 checkpoint saved there is one step later) and ``OUT_DIR/rank<r>.ended`` (the time) when ``fit`` returns or raises.
 Checkpoints go to ``OUT_DIR/ckpt`` (the ``ModelCheckpoint`` folder, which saves nothing by itself here).
-``--strategy NAME`` trains with another strategy (``hpu_fsdp``, ``hpu_deepspeed_stage_2``). ``--slow-save S`` makes
+``--strategy NAME`` trains with another strategy (``hpu_fsdp``, ``hpu_deepspeed_stage_2``). ``--slow-after N
+--slow-factor F`` makes every step from global step N on take F times ``--step-sleep``. ``--slow-save S`` makes
 pickling the checkpoint take S seconds (the temporary file is open by then), for a grace period that runs out during
 the save.
 """
@@ -42,17 +43,20 @@ class SlowPickle:
 
 
 class Preemptible(RegressionModel):
-    def __init__(self, out: Path, step_sleep: float, slow_save: float) -> None:
+    def __init__(self, out: Path, step_sleep: float, slow_save: float, slow_after: int, slow_factor: float) -> None:
         super().__init__()
         self.out = out
         self.step_sleep = step_sleep
         self.slow_save = slow_save
+        self.slow_after = slow_after
+        self.slow_factor = slow_factor
 
     def on_train_start(self) -> None:
         (self.out / f"rank{self.global_rank}.pid").write_text(str(os.getpid()))
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
-        time.sleep(self.step_sleep)
+        slower = self.slow_factor if self.trainer.global_step >= self.slow_after else 1.0
+        time.sleep(self.step_sleep * slower)
         return super().training_step(batch, batch_idx)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -70,6 +74,8 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=20.0)
     parser.add_argument("--slow-save", type=float, default=0.0)
     parser.add_argument("--step-sleep", type=float, default=0.05)
+    parser.add_argument("--slow-after", type=int, default=1 << 62, help="from this step on, steps take longer")
+    parser.add_argument("--slow-factor", type=float, default=1.0, help="... this many times longer")
     parser.add_argument("--torchrun", action="store_true")
     parser.add_argument("--strategy", default=None, help="a registered strategy name (default: hpu_parallel)")
     parser.add_argument("--disabled", action="store_true", help="PreemptionCheckpoint(enabled=False)")
@@ -89,7 +95,8 @@ def main() -> None:
         **kwargs,
     )
     try:
-        trainer.fit(Preemptible(args.out, args.step_sleep, args.slow_save), regression_loader())
+        model = Preemptible(args.out, args.step_sleep, args.slow_save, args.slow_after, args.slow_factor)
+        trainer.fit(model, regression_loader())
     finally:
         (args.out / f"rank{trainer.global_rank}.ended").write_text(f"{time.time()}")
         time.sleep(args.linger)

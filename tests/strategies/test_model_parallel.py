@@ -60,6 +60,22 @@ def test_bad_sizes_are_refused_before_any_process_starts(
         _trainer(strategy=HPUModelParallelStrategy(*sizes), devices=devices)
 
 
+def test_a_module_without_configure_model_is_refused_before_any_process_starts(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers.models import RegressionModel, regression_loader
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    def start(self: _SubprocessScriptLauncher) -> None:
+        raise AssertionError("the rank processes were about to start")
+
+    monkeypatch.setattr(_SubprocessScriptLauncher, "_call_children_scripts", start)
+    trainer = _trainer(strategy="hpu_model_parallel", max_steps=1)
+    assert isinstance(trainer.strategy.launcher, _SubprocessScriptLauncher)  # Lightning's checks of it still hold
+    with pytest.raises(TypeError, match=r"'hpu_model_parallel' needs `configure_model\(\)` in RegressionModel"):
+        trainer.fit(RegressionModel(), regression_loader())
+
+
 def test_auto_sizes_are_the_nodes_and_the_cards_per_node(eager_hpu: hpu.Backend) -> None:
     from lightning_gaudi.strategies.model_parallel import mesh_shape
 

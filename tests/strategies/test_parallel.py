@@ -103,6 +103,16 @@ def test_bad_bucket_cap_mb(eager_hpu: hpu.Backend, bucket_cap_mb: Any) -> None:
         HPUParallelStrategy(bucket_cap_mb=bucket_cap_mb)
 
 
+@pytest.mark.parametrize(
+    "knob",
+    [{"broadcast_buffers": True}, {"static_graph": True}, {"find_unused_parameters": True}, {"ddp_comm_hook": print}],
+)
+def test_fast_ddp_refuses_what_only_the_ddp_wrapper_does(eager_hpu: hpu.Backend, knob: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=rf"`fast_ddp=True` .* takes no .*{next(iter(knob))}.*use fast_ddp=False"):
+        HPUParallelStrategy(fast_ddp=True, **knob)
+    HPUParallelStrategy(fast_ddp=True, broadcast_buffers=False)  # what fast_ddp does anyway
+
+
 def test_bad_start_method(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match=r"start_method='fork'.*'popen' or 'spawn'"):
         HPUParallelStrategy(start_method="fork")  # type: ignore[arg-type]
