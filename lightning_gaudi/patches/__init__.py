@@ -14,6 +14,7 @@ from types import MappingProxyType
 from lightning_gaudi.patches import (
     connector,
     deepspeed_strategy,
+    fabric_compile,
     fabric_connector,
     fp8_precision_name,
     signals,
@@ -33,6 +34,7 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             sync_free_logging.PATCH,
             tuner_oom.PATCH,
             fabric_connector.PATCH,
+            fabric_compile.PATCH,
             fp8_precision_name.PATCH,
             signals.PATCH,
             deepspeed_strategy.PATCH,
