@@ -4,9 +4,10 @@
 the arguments Lightning recorded when ``torch.compile`` was called (``OptimizedModule._compile_kwargs``, read by
 ``lightning.fabric.wrappers._unwrap_compiled``). Code written for GPUs (LitGPT's pretraining) passes no backend, so
 torch's default, inductor, would compile for the CPU. :func:`install` wraps ``Fabric.setup`` and
-``Fabric.setup_module`` so that, while they run, a record without a backend names the one :attr:`Hooks.backend`
-answers for the Fabric's strategy (the execution mode's on an HPU strategy, nothing otherwise). A backend the user
-passed is kept, and the record is put back afterwards.
+``Fabric.setup_module`` so that a record without a backend first gets the one :attr:`Hooks.backend` answers for the
+Fabric's strategy (the execution mode's on an HPU strategy, nothing otherwise). A backend the user passed is kept.
+(``OptimizedModule`` keeps attributes on the module it wraps, so the record is shared with the recompiled module,
+which Lightning records again: both then name the backend the model runs with.)
 """
 
 from __future__ import annotations
@@ -73,14 +74,9 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
         filled = _with_backend(self, module)
-        if filled is None:
-            return original(self, module, *args, **kwargs)
-        recorded = getattr(module, RECORD)
-        setattr(module, RECORD, filled)
-        try:
-            return original(self, module, *args, **kwargs)
-        finally:
-            setattr(module, RECORD, recorded)
+        if filled is not None:
+            setattr(module, RECORD, filled)
+        return original(self, module, *args, **kwargs)
 
     return wrapper
 
