@@ -11,9 +11,9 @@ from __future__ import annotations
 import litgpt.pretrain
 import torch
 from lightning.fabric.strategies import FSDPStrategy
+from litgpt.__main__ import main
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.nn import Module
-from litgpt.__main__ import main
 
 
 class CPUFSDPStrategy(FSDPStrategy):

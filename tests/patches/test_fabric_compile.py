@@ -91,7 +91,7 @@ def test_an_unknown_emulated_backend_is_named(eager_hpu: hpu.Backend, monkeypatc
 
 
 def test_lazy_mode_refuses_a_compiled_model(lazy_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="lazy mode, where torch.compile does not run"):
+    with pytest.raises(ValueError, match=r"lazy mode, where torch\.compile does not run"):
         Fabric(accelerator="hpu", devices=1).setup(_compiled())
     Fabric(accelerator="hpu", devices=1).setup(_compiled(backend="aot_eager"))  # a backend chosen is the user's
 
