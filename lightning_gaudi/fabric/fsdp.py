@@ -92,12 +92,6 @@ class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
         return HPUFSDPPrecision(precision)
 
     @override
-    def module_to_device(self, module: Module) -> None:
-        if any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers())):
-            return  # built on the meta device (`fabric.init_module(empty_init=True)`): FSDP materializes it on the card
-        super().module_to_device(module)
-
-    @override
     def setup_module(self, module: Module) -> Module:
         if any(isinstance(child, FullyShardedDataParallel) for child in module.modules()):
             return super().setup_module(module)  # wrapped by the user: Lightning's handling

@@ -88,16 +88,18 @@ def installed() -> bool:
 
 def install() -> bool:
     """Wraps ``Fabric.setup`` and ``Fabric.setup_module`` (idempotent); returns whether the patch is in effect."""
-    cls = fabric_class()
-    if registry.wrapped(cls, WRAPPED, _MARK):
-        return installed()
+    if installed():
+        return True
     fallback = (
         "A model compiled before `fabric.setup` is compiled again with torch's default backend (inductor): pass"
         " `backend=` to torch.compile yourself ('hpu_backend' on a Gaudi)."
     )
-    if cls is None or not registry.supported(missing_targets(), fallback):
+    if not registry.supported(missing_targets(), fallback):
         return False
-    registry.wrap_methods(cls, dict.fromkeys(WRAPPED, _wrap), _MARK)
+    cls = fabric_class()
+    assert cls is not None  # missing_targets names it otherwise
+    if not registry.wrapped(cls, WRAPPED, _MARK):
+        registry.wrap_methods(cls, dict.fromkeys(WRAPPED, _wrap), _MARK)
     return installed()
 
 

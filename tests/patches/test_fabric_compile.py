@@ -104,6 +104,6 @@ def test_install_is_idempotent_and_skips_an_unsupported_lightning(monkeypatch: p
     assert before == {name: cls.__dict__[name] for name in fabric_compile.WRAPPED}
 
     monkeypatch.setattr(fabric_compile, "missing_targets", lambda: ["lightning.fabric.wrappers._unwrap_compiled"])
-    monkeypatch.setattr(registry, "wrapped", lambda *args: False)
+    monkeypatch.setattr(fabric_compile, "installed", lambda: False)
     with pytest.warns(UserWarning, match="compiled again with torch's default backend"):
         assert fabric_compile.install() is False

@@ -21,6 +21,7 @@ MODULES = (
     "sync_free_logging",
     "tuner_oom",
     "fabric_connector",
+    "fabric_compile",
     "fp8_precision_name",
     "signals",
     "deepspeed_strategy",
