@@ -16,7 +16,7 @@ from torch import nn
 
 from lightning_gaudi import hpu
 from lightning_gaudi.hpu.runtime import COMPILE_BACKEND_ENV
-from lightning_gaudi.patches import fabric_compile, registry
+from lightning_gaudi.patches import fabric_compile
 
 BACKEND = "lightning_gaudi_test_recording"
 CALLS: list[str] = []
