@@ -14,16 +14,20 @@ Fabric has strategy classes of its own; these are the HPU ones, sharing their HP
 
 from __future__ import annotations
 
+from typing import Any
+
 from lightning.fabric.accelerators import ACCELERATOR_REGISTRY
 from lightning.fabric.strategies import STRATEGY_REGISTRY
 
 from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.fabric._base import FabricCore
 from lightning_gaudi.fabric.fp8 import HPUFP8Precision
 from lightning_gaudi.fabric.fsdp import HPUFSDPPrecision, HPUFSDPStrategy
 from lightning_gaudi.fabric.model_parallel import HPUModelParallelStrategy
 from lightning_gaudi.fabric.parallel import HPUParallelStrategy
 from lightning_gaudi.fabric.precision import HPUPrecision, check_precision_plugin
 from lightning_gaudi.fabric.single import SingleHPUStrategy
+from lightning_gaudi.patches import fabric_compile
 
 __all__ = [
     "HPUFP8Precision",
@@ -34,8 +38,15 @@ __all__ = [
     "HPUPrecision",
     "SingleHPUStrategy",
     "check_precision_plugin",
+    "compile_backend_for",
     "register",
 ]
+
+
+def compile_backend_for(strategy: Any) -> str | None:
+    """The ``torch.compile`` backend ``fabric.setup`` recompiles a model with on ``strategy``: the execution mode's on
+    an HPU strategy (:meth:`FabricCore.compile_backend`), ``None`` (torch's default) on any other."""
+    return strategy.compile_backend() if isinstance(strategy, FabricCore) else None
 
 
 def register() -> None:
@@ -46,3 +57,4 @@ def register() -> None:
     HPUParallelStrategy.register_strategies(STRATEGY_REGISTRY)
     HPUFSDPStrategy.register_strategies(STRATEGY_REGISTRY)
     HPUModelParallelStrategy.register_strategies(STRATEGY_REGISTRY)
+    fabric_compile.HOOKS.backend = compile_backend_for

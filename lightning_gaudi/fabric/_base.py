@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.callbacks.inference import HPUCompile
 from lightning_gaudi.strategies._tied import move_keeping_ties
 from lightning_gaudi.strategies.core import HPUParallelCore, HPUStrategyCore
 
@@ -54,6 +55,8 @@ class FabricCore(HPUStrategyCore):
     - In lazy mode the graph is cut (``mark_step``) after each ``fabric.backward`` and optimizer step, as
       :class:`~lightning_gaudi.callbacks.MarkStep` does for the Trainer.
     - An error that is a limit of lazy emulation gets the note the Trainer adds, naming the way out.
+    - A model ``torch.compile``d before ``fabric.setup`` is compiled again with :meth:`compile_backend` when it was
+      compiled without a backend (:mod:`lightning_gaudi.patches.fabric_compile`), as LitGPT's pretraining does.
 
     Args:
         mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).
@@ -70,6 +73,25 @@ class FabricCore(HPUStrategyCore):
     def _bind_mark_step(self) -> None:
         backend = hpu.get_backend()
         self._mark = backend.mark_step if self._mark_step and backend.is_lazy() else None
+
+    def compile_backend(self) -> str:
+        """The ``torch.compile`` backend of the execution mode: ``hpu_backend`` on a Gaudi; in eager emulation
+        ``LIGHTNING_GAUDI_COMPILE_BACKEND`` (``inductor`` when unset).
+
+        Raises:
+            ValueError: the HPU runs in lazy mode, which ``torch.compile`` does not run in, or the emulated backend is
+                not one of torch's.
+        """
+        backend = hpu.get_backend()
+        if backend.is_lazy():
+            raise ValueError(
+                "A model compiled with torch.compile was passed to `fabric.setup`, but the HPU runs in lazy mode,"
+                " where torch.compile does not run. Use eager mode: call"
+                " lightning_gaudi.configure(execution_mode='compile') before building Fabric, or export"
+                " PT_HPU_LAZY_MODE=0 (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python; or pass the"
+                " model uncompiled (lazy mode builds graphs itself)."
+            )
+        return HPUCompile.backend_name(backend)
 
     def setup_environment(self) -> None:
         super().setup_environment()  # type: ignore[misc]

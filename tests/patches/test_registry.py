@@ -21,12 +21,13 @@ MODULES = (
     "sync_free_logging",
     "tuner_oom",
     "fabric_connector",
+    "fabric_compile",
     "fp8_precision_name",
     "signals",
     "deepspeed_strategy",
+    "fabric_checkpoint_writer",
     "fabric_backward_sync",
     "module_forward",
-    "fabric_checkpoint_writer",
     "launcher",
 )
 

@@ -1,0 +1,112 @@
+"""``torch.compile``d modules set up by Lightning Fabric get the HPU's compile backend.
+
+``fabric.setup(torch.compile(model))`` takes the compiled wrapper off, sets the model up, and compiles it again with
+the arguments Lightning recorded when ``torch.compile`` was called (``OptimizedModule._compile_kwargs``, read by
+``lightning.fabric.wrappers._unwrap_compiled``). Code written for GPUs (LitGPT's pretraining) passes no backend, so
+torch's default, inductor, would compile for the CPU. :func:`install` wraps ``Fabric.setup`` and
+``Fabric.setup_module`` so that a record without a backend first gets the one :attr:`Hooks.backend` answers for the
+Fabric's strategy (the execution mode's on an HPU strategy, nothing otherwise). A backend the user passed is kept.
+(``OptimizedModule`` keeps attributes on the module it wraps, so the record is shared with the recompiled module,
+which Lightning records again: both then name the backend the model runs with.)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_gaudi.patches import registry
+
+_MODULE = "lightning.fabric.fabric"
+_CLASS = "Fabric"
+WRAPPED = ("setup", "setup_module")
+#: Where Lightning records ``torch.compile``'s arguments on the compiled module.
+RECORD = "_compile_kwargs"
+#: What reads the record in ``Fabric.setup``.
+_READER = "lightning.fabric.wrappers._unwrap_compiled"
+_MARK = "__lightning_gaudi_compile_hook__"
+
+
+@dataclass
+class Hooks:
+    """The policy the wrappers ask.
+
+    Attributes:
+        backend: ``backend(strategy)``: the ``torch.compile`` backend for modules set up on ``strategy``, or ``None``
+            to leave the record as it is (``None``: the patch does nothing).
+    """
+
+    backend: Callable[[Any], str | None] | None = None
+
+
+HOOKS = Hooks()
+
+
+def fabric_class() -> type | None:
+    """Lightning's ``Fabric``, or ``None`` when this Lightning has none where expected."""
+    found = registry.lookup(_MODULE, _CLASS)
+    return found if isinstance(found, type) else None
+
+
+def missing_targets() -> list[str]:
+    """What the patch relies on and this Lightning lacks; empty when everything is as checked."""
+    cls = fabric_class()
+    missing = [f"{_MODULE}.{_CLASS}.{name}" for name in WRAPPED if not callable(getattr(cls, name, None))]
+    module, _, name = _READER.rpartition(".")
+    reader = getattr(registry.lookup(module, name), "__code__", None)
+    if reader is None or RECORD not in reader.co_consts:
+        missing.append(f"{_READER} reading {RECORD}")
+    return missing
+
+
+def _with_backend(fabric: Any, module: Any) -> dict[str, Any] | None:
+    """The record to use while ``fabric`` sets ``module`` up, or ``None`` to leave it."""
+    recorded = getattr(module, RECORD, None)
+    if HOOKS.backend is None or not isinstance(recorded, dict) or "backend" in recorded:
+        return None
+    backend = HOOKS.backend(fabric.strategy)
+    return None if backend is None else {**recorded, "backend": backend}
+
+
+def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(self: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        filled = _with_backend(self, module)
+        if filled is not None:
+            setattr(module, RECORD, filled)
+        return original(self, module, *args, **kwargs)
+
+    return wrapper
+
+
+def installed() -> bool:
+    """Whether ``Fabric.setup`` and ``Fabric.setup_module`` are wrapped and a policy is set."""
+    return HOOKS.backend is not None and registry.wrapped(fabric_class(), WRAPPED, _MARK)
+
+
+def install() -> bool:
+    """Wraps ``Fabric.setup`` and ``Fabric.setup_module`` (idempotent); returns whether the patch is in effect."""
+    if installed():
+        return True
+    fallback = (
+        "A model compiled before `fabric.setup` is compiled again with torch's default backend (inductor): pass"
+        " `backend=` to torch.compile yourself ('hpu_backend' on a Gaudi)."
+    )
+    if not registry.supported(missing_targets(), fallback):
+        return False
+    cls = fabric_class()
+    assert cls is not None  # missing_targets names it otherwise
+    if not registry.wrapped(cls, WRAPPED, _MARK):
+        registry.wrap_methods(cls, dict.fromkeys(WRAPPED, _wrap), _MARK)
+    return installed()
+
+
+PATCH = registry.Patch(
+    name="fabric_compile",
+    targets=(*(f"{_MODULE}.{_CLASS}.{name}" for name in WRAPPED), _READER),
+    requirement=registry.SUPPORTED_LIGHTNING,
+    install=install,
+    installed=installed,
+)
