@@ -519,6 +519,7 @@ def test_slurm_launcher_check_rejects_a_mismatch(overrides: list[str], message: 
 
 def test_slurm_tasks_per_node_is_checked_inside_the_job(no_launcher: pytest.MonkeyPatch) -> None:
     no_launcher.setenv(hpu.EMULATE_ENV, "eager")
+    no_launcher.setenv(hpu.DEVICES_ENV, "8")  # enough cards: the mismatch is with the Trainer's devices
     no_launcher.setenv("SLURM_NTASKS", "3")
     no_launcher.setenv("SLURM_NTASKS_PER_NODE", "3")
     no_launcher.setenv("SLURM_JOB_NAME", "train")

@@ -193,8 +193,9 @@ CORE_OVERRIDES = {
         "broadcast",
         "all_gather",
         "backward",
+        "distributed_sampler_kwargs",
     },
-    "TrainerCore": {"setup_environment", "model_to_device", "teardown", "on_exception"},
+    "TrainerCore": {"setup_environment", "model_to_device", "teardown", "on_exception", "load_checkpoint"},
     "TrainerParallelCore": {
         "set_world_ranks",
         "training_step",
@@ -229,9 +230,9 @@ CORE_OWN = {
         "_after_backward",
         "_all_reduce",
     },
-    "TrainerCore": {"_prepare_trainer"},
+    "TrainerCore": {"_prepare_trainer", "load_checkpoint_files"},
     "TrainerParallelCore": {"_set_ranks"},
-    "FabricCore": {"_bind_mark_step"},
+    "FabricCore": {"_bind_mark_step", "compile_backend"},
     "DDPCore": {
         "ddp_kwargs",
         "_on_ddp_wrapped",
