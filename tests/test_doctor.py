@@ -229,8 +229,11 @@ def _fresh_venv_with_the_wheel(tmp_path: Path) -> Path:
         text=True,
     ).stdout.strip()
     (Path(site) / "outer_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = [*pip, "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)]
-    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    # --ignore-installed: the outer environment's lightning_gaudi (seen through the .pth) is left alone
+    install = [*pip, "--python", str(python), "install", "-q", "--no-deps", "--no-index", "--ignore-installed"]
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([*install, str(wheel)], check=True, capture_output=True, timeout=300, env=clean)
+    assert (Path(site) / "lightning_gaudi" / "doctor" / "__main__.py").is_file()
     return python
 
 
@@ -246,14 +249,14 @@ def test_the_installed_wheel_reports_without_the_repository(tmp_path: Path) -> N
         command = [str(python), "-m", "lightning_gaudi.doctor", *args]
         return subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=timeout)
 
-    # every in-process check, the all-reduce and a 2-card hpu_parallel fit (the other fits: docs/compat.md)
-    only = [arg for name in [*CHECKS, "all-reduce", "fit, hpu_parallel"] for arg in ("--only", name)]
+    # every in-process check, the all-reduce and a one-card fit (the multi-card fits: docs/compat.md, measured)
+    only = [arg for name in [*CHECKS, "all-reduce", "fit, hpu_single"] for arg in ("--only", name)]
     done = doctor_run("--out", "r.md", *only)
+    assert done.returncode == 0, done.stderr[-3000:]
     report = (elsewhere / "r.md").read_text()
-    assert done.returncode == 0, report + done.stderr[-3000:]
     assert str(tmp_path / "venv") in report  # the installed copy, not the checkout
     rows = _table_rows(report)
-    assert set(rows) == {*CHECKS, "all-reduce", "fit, hpu_parallel"}
+    assert set(rows) == {*CHECKS, "all-reduce", "fit, hpu_single"}
     assert all(status in (PASS, SKIPPED) for status, _, _ in rows.values()), rows
     assert rows["HPU graphs"][0] == SKIPPED
     assert "samples/s" in rows["throughput, lazy mode"][1]
