@@ -13,7 +13,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -88,6 +88,27 @@ def test_without_a_bridge_or_emulation_nothing_can_run(no_hpu: None, tmp_path: P
     assert "NOTHING COULD RUN" in report
     assert f"| torch | {torch.__version__} |" in report
     assert "0 passed, 0 failed, 0 skipped" in report
+
+
+def test_the_cards_are_read_through_pyhlml(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    fake = ModuleType("pyhlml")
+    fake.hlmlInit = lambda: calls.append("init")  # type: ignore[attr-defined]
+    fake.hlmlShutdown = lambda: calls.append("shutdown")  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetHandleByIndex = lambda index: index  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetName = lambda handle: b"HL-325L"  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetMemoryInfo = lambda handle: SimpleNamespace(total=128 * 2**30)  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetFirmwareFITVersion = lambda handle: b"1.24.0-fw"  # type: ignore[attr-defined]
+    fake.hlmlGetDriverVersion = lambda: b"1.24.0-abc"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pyhlml", fake)
+    rows = dict(doctor.stack(os.environ))
+    assert rows["cards (pyhlml)"] == (
+        "2 card(s): HL-325L 128 GiB, HL-325L 128 GiB; driver 1.24.0-abc; firmware 1.24.0-fw"
+    )
+    assert calls == ["init", "shutdown"]
+    monkeypatch.setitem(sys.modules, "pyhlml", None)  # not installed
+    assert "pip install habana-pyhlml" in dict(doctor.stack(os.environ))["cards (pyhlml)"]
 
 
 def test_the_report_has_a_row_per_check_with_its_figure() -> None:

@@ -67,22 +67,27 @@ def check_out(path: Path) -> str | None:
     return None
 
 
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def _cards() -> str:
-    """The cards as the management library (``pyhlml``) reports them, or why not."""
+    """The cards as Intel's management library reports them (``pyhlml``, from ``habana-pyhlml``), or why not."""
     try:
         import pyhlml  # type: ignore[import-not-found]
-    except Exception as error:  # not installed, or its library is missing
+    except Exception as error:  # not installed, or its shared library is missing
         return f"not read: pyhlml is not usable ({type(error).__name__}); `pip install habana-pyhlml` on a Gaudi"
     try:
         pyhlml.hlmlInit()
         try:
-            cards = []
+            cards, firmware = [], ""
             for index in range(pyhlml.hlmlDeviceGetCount()):
                 handle = pyhlml.hlmlDeviceGetHandleByIndex(index)
                 memory = pyhlml.hlmlDeviceGetMemoryInfo(handle)
-                cards.append(f"{pyhlml.hlmlDeviceGetName(handle)} {memory.total / 2**30:.0f} GiB")
-            driver = pyhlml.hlmlGetDriverVersion() if hasattr(pyhlml, "hlmlGetDriverVersion") else "?"
-            return f"{len(cards)} card(s): {', '.join(cards)}; driver {driver}"
+                cards.append(f"{_text(pyhlml.hlmlDeviceGetName(handle))} {memory.total / 2**30:.0f} GiB")
+                firmware = firmware or _text(pyhlml.hlmlDeviceGetFirmwareFITVersion(handle))
+            driver = _text(pyhlml.hlmlGetDriverVersion())
+            return f"{len(cards)} card(s): {', '.join(cards)}; driver {driver}; firmware {firmware or '?'}"
         finally:
             pyhlml.hlmlShutdown()
     except Exception as error:
