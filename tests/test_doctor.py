@@ -131,6 +131,7 @@ def test_the_report_has_a_row_per_check_with_its_figure() -> None:
 def double_on_the_cpu(bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """The bridge path on the double, its "card" the CPU (the double cannot make ``hpu`` tensors)."""
     monkeypatch.setattr(HabanaBackend, "device", lambda self, index=None: torch.device("cpu"))
+    bridge_double.configure(lazy=True)  # lazy mode, whatever PT_HPU_LAZY_MODE says: the lazy-only checks run too
     return bridge_double
 
 
@@ -147,6 +148,23 @@ def test_each_check_passes_on_the_bridge_path(double_on_the_cpu: ModuleType, nam
         assert "emulated" not in outcome.reason  # the bridge's kernels, not the emulator's stand-ins
     if name in ("FusedSDPA", "FusedRMSNorm", "RoPE"):
         assert "max error" in outcome.figure
+
+
+def test_the_report_on_the_bridge_double(double_on_the_cpu: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole report's shape on the bridge path: the stack, then a row per check with its figure."""
+    monkeypatch.delenv(hpu.EMULATE_ENV, raising=False)
+    backend = hpu.get_backend()
+    names = [name for name in CHECKS if name not in ("bf16 autocast", "throughput, compile mode")]
+    text = doctor.report(doctor.stack(os.environ), {name: CHECKS[name][1](backend) for name in names}, [])
+    stack_rows = text.split("## Checks")[0]
+    assert "| Gaudi software (habana-torch-plugin) | not installed |" in stack_rows  # the double has no metadata
+    assert "| lazy mode in this build |" in stack_rows
+    assert hpu.EMULATE_ENV not in stack_rows
+    rows = _table_rows(text)
+    assert list(rows) == names
+    assert all(status == PASS and figure for status, figure, _ in rows.values() if status != SKIPPED), rows
+    assert rows["device"][1] == "8 x GAUDI2"
+    assert f"{len(names)} passed, 0 failed, 0 skipped." in text
 
 
 def test_the_bridge_paths_kernels_are_the_ones_checked(double_on_the_cpu: ModuleType) -> None:
