@@ -105,7 +105,7 @@ def fit(strategy: str, devices: int, out: str) -> None:
     if trainer.global_rank != 0:
         return
     first, last = model.losses[0], model.losses[-1]
-    figure = f"{FIT_STEPS} steps on {devices} card(s), {seconds:.1f} s with set-up, loss {first:.3f} -> {last:.3f}"
+    figure = f"{FIT_STEPS} steps on {devices} card(s), {seconds:.2f} s with set-up, loss {first:.3f} -> {last:.3f}"
     if trainer.global_step != FIT_STEPS or not last < first:
         _write(out, "fail", f"{trainer.global_step} steps and the loss did not fall", figure)
     else:
