@@ -23,6 +23,7 @@ BRIDGE_DOUBLE_DIR = TESTS_DIR / "bridge_double"
 HELPERS_DIR = TESTS_DIR / "helpers"
 
 _ENV = (hpu.EMULATE_ENV, hpu.DEVICES_ENV, hpu.DEVICE_NAME_ENV)
+_DISTRIBUTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 #: ``1`` (or ``pytest --real-bridge``, which sets it): the ``bridge_double`` fixture yields Intel's real bridge, so the
 #: bridge-path tests (marked ``bridge``) run on a Gaudi; ``python -m lightning_gaudi.doctor`` sets it there.
 REAL_BRIDGE_ENV = "LIGHTNING_GAUDI_TEST_REAL_BRIDGE"
@@ -173,5 +174,12 @@ def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType | An
     import _bridge_double_state as state
 
     state.restore_defaults()
+    # like the bridge, the double's initialize_distributed_hpu exports the rank variables: put them back afterwards
+    saved = {name: os.environ.get(name) for name in _DISTRIBUTED_ENV}
     yield state
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     _forget_bridge()

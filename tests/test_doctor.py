@@ -1,36 +1,40 @@
-"""``python -m lightning_gaudi.doctor``: the report a Gaudi owner attaches to an issue.
+"""``python -m lightning_gaudi.doctor``: the report a Gaudi owner attaches to an issue, from the installed package.
 
-Its real-bridge branch runs here against the bridge double (which stands where Intel's bridge would): in-process with
-the test runs recorded, and once for real, the bridge-path tests running on the "real" bridge (``--real-bridge``).
+Its checks run here on the emulator and on the bridge double (the real-bridge code path, with CPU tensors standing for
+the card's); once from a wheel installed in a fresh virtual environment, outside the repository.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+import time
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from types import ModuleType, SimpleNamespace
 
 import pytest
+import torch
 
 from lightning_gaudi import doctor, hpu
+from lightning_gaudi.doctor import checks
+from lightning_gaudi.doctor.checks import CHECKS, FAIL, PASS, SKIPPED, Outcome
+from lightning_gaudi.hpu import LazyCounters
+from lightning_gaudi.hpu.bridge import HabanaBackend
 
 ROOT = Path(__file__).parent.parent
-BRIDGE_DOUBLE_DIR = ROOT / "tests" / "bridge_double"
+ENV_NAMES = (hpu.EMULATE_ENV, hpu.DEVICES_ENV, hpu.DEVICE_NAME_ENV, "PYTHONPATH")
 
 
-@pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    commands: list[list[str]] = []
-
-    def run(command: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
-        commands.append(command)
-        return 0, "3 passed, 1 skipped in 0.1s"
-
-    monkeypatch.setattr(doctor, "_run", run)
-    return commands
+def _table_rows(report: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in report.split("## Checks", 1)[1].splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if line.startswith("| ") and len(cells) == 4 and cells[0] != "check":
+            rows[cells[0]] = cells[1:]
+    return rows
 
 
 @pytest.mark.subprocess
@@ -39,87 +43,293 @@ def test_importing_the_doctor_imports_no_pytest() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_without_a_gaudi_it_says_so_and_runs_the_emulators_checks(
-    no_hpu: None, recorded: list[list[str]], tmp_path: Path
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [("missing/report.md", "does not exist"), (".", "is a folder")],
+)
+def test_out_is_checked_before_anything_runs(
+    eager_hpu: hpu.Backend,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    out: str,
+    message: str,
 ) -> None:
-    out = tmp_path / "report.md"
-    assert doctor.main(["--out", str(out)]) == 0
-    report = out.read_text()
-    assert "NO GAUDI in use here" in report
-    assert "Intel's bridge (habana_frameworks.torch) is not installed" in report
-    assert f"| torch | {__import__('torch').__version__} |" in report
-    (command,) = recorded
-    assert "--real-bridge" not in command
-    assert [*doctor.EMULATOR_CHECKS] == command[-len(doctor.EMULATOR_CHECKS) :]
-    assert "3 passed, 1 skipped" in report
+    def never(*args: object) -> None:
+        raise AssertionError("a check ran before --out was checked")
+
+    monkeypatch.setattr(doctor, "stack", never)
+    monkeypatch.setattr(doctor, "run_checks", never)
+    assert doctor.main(["--out", str(tmp_path / out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists()
 
 
-def test_on_a_gaudi_it_runs_the_bridge_tests_and_the_benchmarks(
-    bridge_double: ModuleType, recorded: list[list[str]], tmp_path: Path
+def test_bad_arguments_fail_at_once(eager_hpu: hpu.Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "r.md")
+    assert doctor.main(["--out", out, "--only", "no such check"]) == 2
+    assert "no such check" in capsys.readouterr().err
+    assert doctor.main(["--out", out, "--timeout", "0"]) == 2
+    assert not Path(out).exists()
+
+
+def test_tests_need_a_checkout(
+    eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "report.md"
-    assert doctor.main(["--out", str(out), "--quick"]) == 0
-    report = out.read_text()
-    assert "A Gaudi is in use" in report
-    assert "habana: 8 x GAUDI2, Intel's bridge" in report
-    tests, benchmarks = recorded
-    assert "--real-bridge" in tests
-    assert tests[tests.index("-n") + 1] == "0"  # one process: not the suite's test workers on the cards
-    assert tests[-2:] == ["-m", "bridge and not subprocess"]
-    assert benchmarks[1:3] == ["-m", "benchmarks.gaudi"]
-    assert benchmarks[-1] == "--quick"
+    monkeypatch.setattr(doctor, "ROOT", tmp_path)  # as installed from a wheel: no tests/ beside the package
+    assert doctor.main(["--out", str(tmp_path / "r.md"), "--tests"]) == 2
+    assert "--tests needs a source checkout" in capsys.readouterr().err
 
 
-def test_from_a_wheel_it_says_it_needs_a_checkout(
-    eager_hpu: hpu.Backend, recorded: list[list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(doctor, "ROOT", tmp_path)
-    out = tmp_path / "report.md"
-    assert doctor.main(["--out", str(out)]) == 1  # no test ran: nothing shown to work
-    assert "run the doctor from a source checkout" in out.read_text().lower()
-    assert recorded == []
-
-
-def test_without_pytest_it_says_so_and_exits_non_zero(
-    eager_hpu: hpu.Backend, recorded: list[list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    find_spec = doctor.importlib.util.find_spec
-
-    def without_pytest(name: str, *args: Any) -> Any:
-        return None if name == "pytest" else find_spec(name, *args)
-
-    monkeypatch.setattr(doctor.importlib.util, "find_spec", without_pytest)
+def test_without_a_bridge_or_emulation_nothing_can_run(no_hpu: None, tmp_path: Path) -> None:
     out = tmp_path / "report.md"
     assert doctor.main(["--out", str(out)]) == 1
-    assert "Tests NOT RUN: pytest or pytest-xdist is not installed" in out.read_text()
-    assert recorded == []
+    report = out.read_text()
+    assert "NOTHING COULD RUN" in report
+    assert f"| torch | {torch.__version__} |" in report
+    assert "0 passed, 0 failed, 0 skipped" in report
 
 
-def test_an_unwritable_report_path_is_refused_before_anything_runs(
-    eager_hpu: hpu.Backend, recorded: list[list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_the_cards_are_read_through_pyhlml(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    fake = ModuleType("pyhlml")
+    fake.hlmlInit = lambda: calls.append("init")  # type: ignore[attr-defined]
+    fake.hlmlShutdown = lambda: calls.append("shutdown")  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetHandleByIndex = lambda index: index  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetName = lambda handle: b"HL-325L"  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetMemoryInfo = lambda handle: SimpleNamespace(total=128 * 2**30)  # type: ignore[attr-defined]
+    fake.hlmlDeviceGetFirmwareFITVersion = lambda handle: b"1.24.0-fw"  # type: ignore[attr-defined]
+    fake.hlmlGetDriverVersion = lambda: b"1.24.0-abc"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pyhlml", fake)
+    rows = dict(doctor.stack(os.environ))
+    assert rows["cards (pyhlml)"] == (
+        "2 card(s): HL-325L 128 GiB, HL-325L 128 GiB; driver 1.24.0-abc; firmware 1.24.0-fw"
+    )
+    assert calls == ["init", "shutdown"]
+    monkeypatch.setitem(sys.modules, "pyhlml", None)  # not installed
+    assert "pip install habana-pyhlml" in dict(doctor.stack(os.environ))["cards (pyhlml)"]
+
+
+def test_the_report_has_a_row_per_check_with_its_figure() -> None:
+    results = {
+        "device": Outcome(PASS, "eager backend", "2 x GAUDI3"),
+        "FP8": Outcome(SKIPPED, "no FP8 | here"),
+        "RoPE": Outcome(FAIL, "differs", "max error 1e+00"),
+    }
+    text = doctor.report([("torch", "2.x")], results, ["a note"])
+    assert "1 passed, 1 failed, 1 skipped." in text
+    assert _table_rows(text) == {
+        "device": ["pass", "2 x GAUDI3", "eager backend"],
+        "FP8": ["skipped", "", "no FP8 \\| here"],
+        "RoPE": ["fail", "max error 1e+00", "differs"],
+    }
+    assert text.rstrip().endswith("a note")
+
+
+@pytest.fixture
+def double_on_the_cpu(bridge_double: ModuleType, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The bridge path on the double, its "card" the CPU (the double cannot make ``hpu`` tensors)."""
+    monkeypatch.setattr(HabanaBackend, "device", lambda self, index=None: torch.device("cpu"))
+    bridge_double.configure(lazy=True)  # lazy mode, whatever PT_HPU_LAZY_MODE says: the lazy-only checks run too
+    return bridge_double
+
+
+@pytest.mark.parametrize(
+    # not autocast (torch's "hpu" autocast needs the card's tensors), nor compile mode ("hpu_backend" is the bridge's)
+    "name",
+    [name for name in CHECKS if name not in ("bf16 autocast", "throughput, compile mode", "throughput, eager mode")],
+)
+def test_each_check_passes_on_the_bridge_path(double_on_the_cpu: ModuleType, name: str) -> None:
+    outcome = CHECKS[name][1](hpu.get_backend())
+    assert outcome.status == PASS, outcome
+    assert outcome.reason
+    if name not in ("device",):
+        assert "emulated" not in outcome.reason  # the bridge's kernels, not the emulator's stand-ins
+    if name in ("FusedSDPA", "FusedRMSNorm", "RoPE"):
+        assert "max error" in outcome.figure
+
+
+def test_the_report_on_the_bridge_double(double_on_the_cpu: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole report's shape on the bridge path: the stack, then a row per check with its figure."""
+    monkeypatch.delenv(hpu.EMULATE_ENV, raising=False)
+    backend = hpu.get_backend()
+    names = [name for name in CHECKS if name not in ("bf16 autocast", "throughput, compile mode")]
+    text = doctor.report(doctor.stack(os.environ), {name: CHECKS[name][1](backend) for name in names}, [])
+    stack_rows = text.split("## Checks")[0]
+    assert "| Gaudi software (habana-torch-plugin) | not installed |" in stack_rows  # the double has no metadata
+    assert "| lazy mode in this build |" in stack_rows
+    assert hpu.EMULATE_ENV not in stack_rows
+    rows = _table_rows(text)
+    assert list(rows) == names
+    assert all(status == PASS and figure for status, figure, _ in rows.values() if status != SKIPPED), rows
+    assert rows["device"][1] == "8 x GAUDI2"
+    assert f"{len(names)} passed, 0 failed, 0 skipped." in text
+
+
+def test_the_bridge_paths_kernels_are_the_ones_checked(double_on_the_cpu: ModuleType) -> None:
+    backend = hpu.get_backend()
+    for name in ("FusedSDPA", "FusedRMSNorm", "RoPE", "fused AdamW", "fused clip norm", "FP8", "HPU graphs"):
+        CHECKS[name][1](backend)
+    called = set(double_on_the_cpu.names())
+    expected = {
+        "hpex.FusedSDPA.apply",
+        "hpex.FusedRMSNorm.apply",
+        "hpex.RotaryPosEmbeddingHelperV1.apply",
+        "hpex.FusedAdamW",
+        "hpex.FusedClipNorm.clip_norm",
+        "te.fp8_autocast",
+        "hpu.wrap_in_hpu_graph",
+        "hpu.graph_replay",
+    }
+    assert expected <= called
+
+
+def test_a_wrong_kernel_fails_its_check(double_on_the_cpu: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    from habana_frameworks.torch.hpex.normalization import FusedRMSNorm
+
+    right = FusedRMSNorm.apply
+    monkeypatch.setattr(FusedRMSNorm, "apply", staticmethod(lambda x, w, eps, *rest: right(x, w, eps) * 1.01))
+    outcome = checks.rms_norm_check(hpu.get_backend())
+    assert outcome.status == FAIL
+    assert "FusedRMSNorm differs from the reference math" in outcome.reason
+
+
+def test_a_cache_miss_every_step_fails_mark_step(
+    double_on_the_cpu: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = tmp_path / "no such folder" / "report.md"
-    with pytest.raises(SystemExit) as exited:
-        doctor.main(["--out", str(out)])
-    assert exited.value.code == 2
-    assert f"--out {out}: the report cannot be written there" in capsys.readouterr().err
-    assert recorded == []  # no test ran first
-    writable = tmp_path / "report.md"
-    doctor.main(["--out", str(writable)])
-    assert writable.is_file()
+    backend = hpu.get_backend()
+    monkeypatch.setattr(backend, "lazy_counters", lambda: LazyCounters(graph_compilations=1))
+    outcome = checks.mark_step_check(backend)
+    assert outcome.status == FAIL
+    assert "compiled a new graph" in outcome.reason
+
+
+def test_eager_mode_on_the_bridge_skips_the_lazy_only_checks(
+    double_on_the_cpu: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    double_on_the_cpu.configure(lazy=False)
+    backend = hpu.get_backend()
+    assert checks.mark_step_check(backend).status == SKIPPED
+    assert checks.hpu_graphs_check(backend).status == SKIPPED
+
+
+def test_a_first_generation_gaudi_skips_fp8(double_on_the_cpu: ModuleType) -> None:
+    double_on_the_cpu.configure(device_name="GAUDI")
+    outcome = checks.fp8_check(hpu.get_backend())
+    assert outcome.status == SKIPPED
+    assert "GAUDI has no FP8" in outcome.reason
+
+
+def test_stock_pytorch_builds_skip_lazy_mode(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(hpu.EMULATE_ENV)
+    why = "this Gaudi software runs on stock PyTorch (torch 2.10.0), where Intel's bridge has no lazy mode"
+    monkeypatch.setattr(doctor.runtime, "lazy_mode_unavailable", lambda: why)
+    lazy = [name for name, (mode, _) in CHECKS.items() if mode == "lazy"]
+    results = doctor.run_checks(os.environ, 60, lazy, Path("."))
+    assert {name: (r.status, r.reason) for name, r in results.items()} == dict.fromkeys(
+        lazy, (SKIPPED, f"no lazy mode: {why}")
+    )
+    rows = dict(doctor.stack(os.environ))
+    assert rows["lazy mode in this build"] == f"no: {why}"
 
 
 @pytest.mark.subprocess
-def test_the_real_bridge_branch_runs_the_bridge_tests_on_the_double(tmp_path: Path) -> None:
-    """The whole kit as on a Gaudi, with the double where Intel's bridge would be installed."""
-    env = {k: v for k, v in os.environ.items() if k not in (hpu.EMULATE_ENV, hpu.DEVICES_ENV, hpu.DEVICE_NAME_ENV)}
-    env["PYTHONPATH"] = os.pathsep.join([str(BRIDGE_DOUBLE_DIR), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    out = tmp_path / "report.md"
-    command = [sys.executable, "-m", "lightning_gaudi.doctor", "--out", str(out), "--quick", "--no-benchmarks"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
-    report = out.read_text()
-    assert done.returncode == 0, report
-    assert "A Gaudi is in use" in report
-    assert "exit status 0" in report
-    assert " passed" in report
-    assert "the real bridge lacks" in report, "tests that read the double's call log skip, saying why"
+def test_a_check_that_overruns_is_stopped_and_fails(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
+    env = {**os.environ, hpu.EMULATE_ENV: "eager"}
+    start = time.monotonic()
+    results = doctor.run_group("eager", ["device", "memory_stats"], env, 0.5, tmp_path)
+    assert time.monotonic() - start < 60
+    # the worker's start-up (importing torch) outlasts half a second: the first check fails, the next gets a new worker
+    assert results["device"].status == FAIL
+    assert "timed out after 0.5 s" in results["device"].reason
+    assert set(results) == {"device", "memory_stats"}
+
+
+def _fresh_venv_with_the_wheel(tmp_path: Path) -> Path:
+    """A new virtual environment with the built wheel installed, reaching this environment's packages (torch,
+    Lightning...) through a ``.pth`` file: not this checkout, nor its editable install. Returns its python."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "lightning_gaudi", source / "lightning_gaudi", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    wheels = tmp_path / "wheels"
+    pip = [sys.executable, "-m", "pip"]
+    build = [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("lightning_gaudi-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(site) / "outer_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # --ignore-installed: the outer environment's lightning_gaudi (seen through the .pth) is left alone
+    install = [*pip, "--python", str(python), "install", "-q", "--no-deps", "--no-index", "--ignore-installed"]
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([*install, str(wheel)], check=True, capture_output=True, timeout=300, env=clean)
+    assert (Path(site) / "lightning_gaudi" / "doctor" / "__main__.py").is_file()
+    return python
+
+
+@pytest.mark.subprocess
+def test_the_installed_wheel_reports_without_the_repository(tmp_path: Path) -> None:
+    python = _fresh_venv_with_the_wheel(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
+    env.update({hpu.EMULATE_ENV: "eager", hpu.DEVICES_ENV: "2", "LIGHTNING_GAUDI_COMPILE_BACKEND": "aot_eager"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def doctor_run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        command = [str(python), "-m", "lightning_gaudi.doctor", *args]
+        return subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=timeout)
+
+    # every in-process check, the all-reduce and a one-card fit (the multi-card fits: docs/compat.md, measured)
+    only = [arg for name in [*CHECKS, "all-reduce", "fit, hpu_single"] for arg in ("--only", name)]
+    done = doctor_run("--out", "r.md", *only)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (elsewhere / "r.md").read_text()
+    assert str(tmp_path / "venv") in report  # the installed copy, not the checkout
+    rows = _table_rows(report)
+    assert set(rows) == {*CHECKS, "all-reduce", "fit, hpu_single"}
+    assert all(status in (PASS, SKIPPED) for status, _, _ in rows.values()), rows
+    assert rows["HPU graphs"][0] == SKIPPED
+    assert "samples/s" in rows["throughput, lazy mode"][1]
+    assert rows["device"][1] == "2 x GAUDI2"
+
+    # a check forced to fail (it cannot finish in the time given): non-zero
+    failed = doctor_run("--out", "failed.md", "--only", "fused AdamW", "--timeout", "1", timeout=120)
+    assert failed.returncode == 1, failed.stderr
+    assert "timed out after 1 s" in (elsewhere / "failed.md").read_text()
+
+    # --out into a folder that does not exist: refused at once, nothing written
+    start = time.monotonic()
+    refused = doctor_run("--out", "missing/r.md", timeout=120)
+    assert refused.returncode == 2
+    assert "does not exist" in refused.stderr
+    assert time.monotonic() - start < 60
+    assert not (elsewhere / "missing").exists()
+
+
+@pytest.mark.subprocess
+def test_tests_from_a_checkout_run_the_bridge_tests_on_the_double(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--tests`` on a "Gaudi" (the double installed where Intel's bridge would be) runs ``pytest -m bridge
+    --real-bridge``; the command is recorded, not run."""
+    recorded: list[list[str]] = []
+
+    def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        recorded.append(command)
+        return subprocess.CompletedProcess(command, 0, "3 passed, 1 skipped in 0.1s", "")
+
+    monkeypatch.setattr(doctor.subprocess, "run", run)
+    code, section = doctor.repository_tests(gaudi=True, timeout=60)
+    assert code == 0
+    ((*_, first, second, third),) = [recorded[0][-3:]]
+    assert [first, second, third] == ["--real-bridge", "-m", "bridge"]
+    assert "3 passed, 1 skipped" in section

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from lightning_gaudi.hpu import runtime
@@ -105,6 +107,7 @@ def get_backend() -> Backend:
     if mode is None:
         if not runtime.bridge_installed():
             raise HPUUnavailableError(NO_HPU_MESSAGE)
+        _refuse_unavailable_lazy_mode()
         from lightning_gaudi.hpu.bridge import HabanaBackend
 
         backend = HabanaBackend()
@@ -118,6 +121,16 @@ def get_backend() -> Backend:
         backend = LazyBackend(key[2])
     _backends[key] = backend
     return backend
+
+
+def _refuse_unavailable_lazy_mode() -> None:
+    """Lazy mode asked for (``PT_HPU_LAZY_MODE=1``) on Gaudi software without it: an error before the bridge loads
+    (the bridge itself stops on an assertion)."""
+    value = os.environ.get(runtime.LAZY_MODE_ENV, "").strip().lower()
+    if value in ("1", "true") and not runtime.bridge_loaded():
+        why = runtime.lazy_mode_unavailable()
+        if why is not None:
+            raise ValueError(f"{runtime.LAZY_MODE_ENV}={value} asks for lazy mode, but {why}. {runtime.NO_LAZY_FIX}.")
 
 
 def is_available() -> bool:

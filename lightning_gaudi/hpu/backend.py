@@ -34,6 +34,12 @@ MEMORY_BYTE_KEYS = ("Limit", "InUse", "MaxInUse", "MaxAllocSize")
 
 #: Device names the bridge reports, by Gaudi generation.
 GAUDI_NAMES = ("GAUDI", "GAUDI2", "GAUDI3")
+#: Each generation's on-card memory (HBM) in GiB, what an emulated card reports as its ``Limit`` (a real card
+#: reports a little less: the runtime keeps a reserve).
+GAUDI_MEMORY_GIB = {"GAUDI": 32, "GAUDI2": 96, "GAUDI3": 128}
+#: The largest E4M3 value each generation's FP8 units hold: Gaudi 2 reads E4M3 with ``float8_e4m3fnuz``'s range
+#: (240), Gaudi 3 with ``float8_e4m3fn``'s (448), as Intel Neural Compressor 3.10 scales them; Gaudi has no FP8.
+FP8_E4M3_MAX = {"GAUDI2": 240.0, "GAUDI3": 448.0}
 
 
 @dataclass
@@ -124,6 +130,10 @@ class Backend(abc.ABC):
     def supports_fp8(self) -> bool:
         """Whether the device computes matrix products in FP8 (Gaudi2 and later)."""
         return self.device_name() != "GAUDI"
+
+    def fp8_e4m3_max(self) -> float | None:
+        """The largest E4M3 magnitude the device's FP8 units hold (:data:`FP8_E4M3_MAX`), ``None`` without FP8."""
+        return FP8_E4M3_MAX.get(self.device_name()) if self.supports_fp8() else None
 
     def transformer_engine(self) -> TransformerEngine | None:
         """Intel's FP8 modules, or ``None`` where FP8 is emulated (:mod:`lightning_gaudi.fp8`)."""

@@ -1,7 +1,8 @@
 """Eager emulation: the HPU code paths on CPU tensors, gloo collectives and CPU bf16 autocast.
 
-Memory statistics are the host's. Unless the user chose a thread count, torch gets :data:`EMULATED_THREADS` (a thread
-per core ran 2.8 to 3.9 times slower on 2 shared cores, measured with the former ``benchmarks/threads.py``).
+Memory statistics are the host process's, against the emulated card's memory (``Limit``: the generation's HBM).
+Unless the user chose a thread count, torch gets :data:`EMULATED_THREADS` (a thread per core ran 2.8 to 3.9 times
+slower on 2 shared cores, measured with the former ``benchmarks/threads.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_gaudi.hpu.backend import MEMORY_STAT_KEYS, Backend, ClipNorm
+from lightning_gaudi.hpu.backend import GAUDI_MEMORY_GIB, MEMORY_STAT_KEYS, Backend, ClipNorm
 from lightning_gaudi.hpu.runtime import emulated_compile_backend
 
 #: torch threads per emulator process when the user has not chosen a count (see the module docstring).
@@ -66,14 +67,16 @@ class TorchClipNorm(ClipNorm):
         return torch.nn.utils.clip_grad_norm_(parameters, self.max_norm, norm_type=2.0, foreach=self.foreach)
 
 
-def host_memory_stats() -> dict[str, int]:
-    """This process's memory in the bridge's ``memory_stats`` form (see the module docstring)."""
+def host_memory_stats(limit: int | None = None) -> dict[str, int]:
+    """This process's memory in the bridge's ``memory_stats`` form: ``InUse`` and ``MaxInUse`` are the process's, the
+    ``Limit`` is ``limit`` bytes (the emulated card's) or the host's memory."""
     page = os.sysconf("SC_PAGE_SIZE")
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * page
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     stats = dict.fromkeys(MEMORY_STAT_KEYS, 0)
-    stats.update(Limit=os.sysconf("SC_PHYS_PAGES") * page, InUse=rss, MaxInUse=max(peak, rss))
+    total = os.sysconf("SC_PHYS_PAGES") * page if limit is None else limit
+    stats.update(Limit=total, InUse=rss, MaxInUse=max(peak, rss))
     return stats
 
 
@@ -107,7 +110,7 @@ class EagerBackend(Backend):
         return self._device_name
 
     def memory_stats(self) -> dict[str, int]:
-        return host_memory_stats()
+        return host_memory_stats(GAUDI_MEMORY_GIB[self._device_name] * 2**30)
 
     def is_out_of_memory(self, error: BaseException) -> bool:
         # the emulated card's memory is the host's: its allocator's refusal

@@ -42,6 +42,7 @@ __all__ = [
     "emulated_device_name",
     "emulated_devices",
     "emulation_mode",
+    "lazy_mode_unavailable",
     "visible_emulated_devices",
 ]
 
@@ -76,6 +77,49 @@ GaudiName = Literal["GAUDI", "GAUDI2", "GAUDI3"]
 def bridge_installed() -> bool:
     """Whether Intel's ``habana_frameworks`` package can be imported (without importing it)."""
     return importlib.util.find_spec("habana_frameworks") is not None
+
+
+#: The bridge's lazy-mode plug-in library (bridge 1.19: ``libhabana_pytorch_plugin.so``; eager mode loads
+#: ``libhabana_pytorch2_plugin.so``, and either gets a ``.upstream`` suffix on stock PyTorch).
+LAZY_PLUGIN = "libhabana_pytorch_plugin.so"
+#: How a build without lazy mode is run instead.
+NO_LAZY_FIX = (
+    f"Use eager mode ({LAZY_MODE_ENV}=0) or compile mode (lightning_gaudi.configure(execution_mode='compile')),"
+    " or, for lazy mode, Intel's Gaudi PyTorch container built on Intel's PyTorch fork"
+)
+
+
+def lazy_mode_unavailable(torch_version: str | None = None) -> str | None:
+    """Why the installed Gaudi software has no lazy mode, or ``None`` when it has one or cannot tell (no bridge, or
+    a bridge without its ``lib`` folder). Reads files only: the bridge is not imported.
+
+    Intel's bridge runs lazy mode only on Intel's PyTorch fork (its ``torch.__version__`` has a ``+git`` local part)
+    and only with its lazy plug-in library; Gaudi software 1.24's images on stock PyTorch have neither.
+    """
+    try:
+        spec = importlib.util.find_spec("habana_frameworks.torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    if not lib.is_dir():
+        return None
+    if torch_version is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            torch_version = version("torch")
+        except PackageNotFoundError:
+            return None
+    local = torch_version.partition("+")[2]
+    if not local.startswith("git"):
+        return (
+            f"this Gaudi software runs on stock PyTorch (torch {torch_version}), where Intel's bridge has no lazy mode"
+        )
+    if not (lib / LAZY_PLUGIN).is_file():
+        return f"this Gaudi software ships no lazy-mode plug-in ({LAZY_PLUGIN} is not in {lib})"
+    return None
 
 
 def bridge_loaded() -> bool:
@@ -362,6 +406,8 @@ def configure(runtime: Runtime | None = None, /, **settings: Any) -> Runtime:
         changes[EMULATE_ENV] = mode
     else:
         changes[EMULATE_ENV] = None
+        if wanted.execution_mode == "lazy" and (why := lazy_mode_unavailable()) is not None:
+            raise ValueError(f"`execution_mode='lazy'` cannot run: {why}. {NO_LAZY_FIX}.")
         if wanted.execution_mode is not None:
             changes[LAZY_MODE_ENV] = "1" if wanted.execution_mode == "lazy" else "0"
     if wanted.execution_mode is not None:

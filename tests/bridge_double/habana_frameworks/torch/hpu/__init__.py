@@ -65,7 +65,14 @@ def disable_dynamic_shape():
     _state.record("hpu.disable_dynamic_shape")
 
 
-def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
+def __getattr__(name):
+    # the bridge imports wrap_in_hpu_graph (graphs.py) in lazy mode only
+    if name == "wrap_in_hpu_graph" and _state.is_lazy():
+        return _wrap_in_hpu_graph
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
     _state.record(
         "hpu.wrap_in_hpu_graph",
         module,

@@ -21,10 +21,16 @@ if not hasattr(dist.Backend, "HCCL"):  # torch keeps registrations for the life 
 
 
 def initialize_distributed_hpu(world_size=None, rank=None, local_rank=None):
+    """As bridge 1.19: exports the three when all are given, else defaults ``MASTER_ADDR``/``MASTER_PORT``; returns
+    them as read back from the environment (rank and local rank -1 when unset). Open MPI's variables and the card
+    selection (``HLS_MODULE_ID``) are left out."""
     _state.record("hccl.initialize_distributed_hpu", world_size=world_size, rank=rank, local_rank=local_rank)
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    local_rank = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
-    os.environ.setdefault("MASTER_ADDR", "localhost")
-    os.environ.setdefault("MASTER_PORT", "12345")
+    if world_size is not None and rank is not None and local_rank is not None:
+        os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(local_rank))
+    else:
+        os.environ.setdefault("MASTER_ADDR", "localhost")
+        os.environ.setdefault("MASTER_PORT", "12345")
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", -1))
+    local_rank = int(os.environ.get("LOCAL_RANK", -1))
     return world_size, rank, local_rank

@@ -1,4 +1,4 @@
-"""Test double of ``habana_frameworks.torch.hpex.kernels``."""
+"""Test double of ``habana_frameworks.torch.hpex.kernels`` (signatures as in bridge 1.19, docs/conformance.md)."""
 
 import _bridge_double_state as _state
 import torch
@@ -17,8 +17,10 @@ class FusedSDPA:
         scale=None,
         softmax_mode="None",
         recompute_mode=None,
-        valid_sequence_lengths=None,
-        padding_side="left",
+        valid_seq_len=None,
+        seq_padding_type="left",
+        return_dropout_mask=False,
+        return_attn_probs=False,
     ):
         _state.record(
             "hpex.FusedSDPA.apply",
@@ -37,13 +39,18 @@ class FusedSDPA:
 
 
 class RotaryPosEmbeddingHelperV1:
-    """``apply(input, cos, sin, offset)``: ``input * cos + rotate_half(input) * sin``, ``cos``/``sin`` broadcast to
-    ``input`` from position ``offset`` on (vLLM's HPU extension calls it with gathered ``cos``/``sin`` and 0)."""
+    """``apply(p, cos, sin, offset)``: ``p * cos + rotate_half(p) * sin``, ``cos``/``sin`` broadcast to ``p`` from
+    position ``offset`` on. Like the bridge, all three compute in float32 when any is float32, else ``cos`` and
+    ``sin`` take ``p``'s dtype."""
 
     @staticmethod
-    def apply(input, cos, sin, offset=0):
-        _state.record("hpex.RotaryPosEmbeddingHelperV1.apply", offset=offset, dtype=input.dtype)
+    def apply(p, cos, sin, offset):
+        _state.record("hpex.RotaryPosEmbeddingHelperV1.apply", offset=offset, dtype=p.dtype)
+        if torch.float32 in (p.dtype, cos.dtype, sin.dtype):
+            p, cos, sin = p.float(), cos.float(), sin.float()
+        else:
+            cos, sin = cos.to(p.dtype), sin.to(p.dtype)
         if offset:
             cos, sin = cos[..., offset:, :], sin[..., offset:, :]
-        half = input.shape[-1] // 2
-        return input * cos + torch.cat((-input[..., half:], input[..., :half]), dim=-1) * sin
+        half = p.shape[-1] // 2
+        return p * cos + torch.cat((-p[..., half:], p[..., :half]), dim=-1) * sin

@@ -15,13 +15,13 @@ class FusedClipNorm:
 
 
 class FusedRMSNorm:
-    """``apply(input, weight, eps)``: ``weight * input / sqrt(mean(input**2, -1) + eps)`` computed in float32, in
-    ``input``'s dtype (which must be ``weight``'s)."""
+    """``apply(data_in, gamma, eps, ...)``: ``gamma * data_in / sqrt(mean(data_in**2, -1) + eps)`` computed in
+    float32, in ``data_in``'s dtype (which must be ``gamma``'s)."""
 
     @staticmethod
-    def apply(input, weight, eps, *args):
-        _state.record("hpex.FusedRMSNorm.apply", eps=eps, dtype=input.dtype)
-        if input.dtype != weight.dtype:
-            raise RuntimeError(f"FusedRMSNorm: input {input.dtype} and weight {weight.dtype} differ")
-        h = input.float()
-        return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(input.dtype)
+    def apply(data_in, gamma, eps, use_stages=True, bwd_mode=0, fast_math=False):
+        _state.record("hpex.FusedRMSNorm.apply", eps=eps, dtype=data_in.dtype)
+        if data_in.dtype != gamma.dtype:
+            raise RuntimeError(f"FusedRMSNorm: input {data_in.dtype} and weight {gamma.dtype} differ")
+        h = data_in.float()
+        return gamma * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(data_in.dtype)

@@ -2,6 +2,7 @@
 
 import _bridge_double_state as _state
 import torch
+from torch.optim.optimizer import required
 
 
 class FusedAdamW(torch.optim.AdamW):
@@ -31,7 +32,7 @@ class FusedAdamW(torch.optim.AdamW):
 
 
 class FusedSGD(torch.optim.SGD):
-    def __init__(self, params, lr, momentum=0, weight_decay=0, dampening=0, nesterov=False):
+    def __init__(self, params, lr=required, momentum=0, weight_decay=0, dampening=0, nesterov=False):
         _state.record(
             "hpex.FusedSGD",
             lr=lr,

@@ -1,0 +1,366 @@
+"""What works on this machine, as one report to attach to an issue: ``python -m lightning_gaudi.doctor [--out FILE]``.
+
+It needs only the installed package. It reads the stack (Gaudi software, cards through ``pyhlml`` when installed,
+torch, Lightning, DeepSpeed, INC), then runs built-in checks, each in a worker process stopped when it overruns
+``--timeout``: each execution mode (eager, compile, lazy where the build has it), ``mark_step``, the memory
+statistics, bf16 autocast, the fused kernels against their reference math, fused AdamW against torch's, an all-reduce,
+a short fit per strategy (``hpu_parallel`` on every card pair), HPU graphs, FP8 where the card has it, and a small
+model's throughput in each mode. Under ``LIGHTNING_GAUDI_EMULATE`` the same checks run on the emulator. ``--tests``
+also runs the repository's bridge tests (from a source checkout). The exit status is 0 when every check passed or was
+skipped, 1 when one failed or nothing could run, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from lightning_gaudi.doctor.checks import CHECKS, FAIL, PASS, SKIPPED, Outcome
+from lightning_gaudi.doctor.worker import MARK, mode_environment
+from lightning_gaudi.hpu import runtime
+
+__all__ = ["Outcome", "main"]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The emulator's test selection that ``--tests`` runs without a Gaudi.
+EMULATOR_TESTS = ("tests/test_accelerator.py", "tests/hpu/test_runtime.py", "tests/callbacks/test_dynamo.py")
+#: Lines of output kept in the report for a failed process.
+TAIL = 40
+#: The strategies a short fit runs on, with the cards each takes (``hpu_parallel``: every card pair).
+FIT_STRATEGIES = (("hpu_single", 1), ("hpu_parallel", 2), ("hpu_fsdp", 2), ("hpu_model_parallel", 2))
+#: The most cards the all-reduce spans.
+MAX_CARDS = 8
+
+
+def _version(*distributions: str) -> str:
+    for distribution in distributions:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def check_out(path: Path) -> str | None:
+    """Why the report cannot be written to ``path`` (checked before anything runs), or ``None``."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return f"--out {str(path)!r}: the folder {str(parent)!r} does not exist. Create it or choose another path."
+    if path.is_dir():
+        return f"--out {str(path)!r} is a folder; give a file name, e.g. {str(path / 'doctor.md')!r}."
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return f"--out {str(path)!r} is not writable here. Choose a path you can write to."
+    return None
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _cards() -> str:
+    """The cards as Intel's management library reports them (``pyhlml``, from ``habana-pyhlml``), or why not."""
+    try:
+        import pyhlml  # type: ignore[import-not-found]
+    except Exception as error:  # not installed, or its shared library is missing
+        return f"not read: pyhlml is not usable ({type(error).__name__}); `pip install habana-pyhlml` on a Gaudi"
+    try:
+        pyhlml.hlmlInit()
+        try:
+            cards, firmware = [], ""
+            for index in range(pyhlml.hlmlDeviceGetCount()):
+                handle = pyhlml.hlmlDeviceGetHandleByIndex(index)
+                memory = pyhlml.hlmlDeviceGetMemoryInfo(handle)
+                cards.append(f"{_text(pyhlml.hlmlDeviceGetName(handle))} {memory.total / 2**30:.0f} GiB")
+                firmware = firmware or _text(pyhlml.hlmlDeviceGetFirmwareFITVersion(handle))
+            driver = _text(pyhlml.hlmlGetDriverVersion())
+            return f"{len(cards)} card(s): {', '.join(cards)}; driver {driver}; firmware {firmware or '?'}"
+        finally:
+            pyhlml.hlmlShutdown()
+    except Exception as error:
+        return f"pyhlml failed: {type(error).__name__}: {error}"
+
+
+def stack(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The stack as (name, value) rows, read without importing Intel's bridge."""
+    import lightning_gaudi
+
+    fork = " (Intel's Gaudi fork)" if "+hpu" in _version("deepspeed") else ""
+    rows = [
+        ("lightning_gaudi", f"{lightning_gaudi.__version__} ({Path(lightning_gaudi.__file__).parent})"),
+        ("Python / platform", f"{platform.python_version()} / {platform.platform()}"),
+        ("torch", _version("torch")),
+        ("Lightning", _version("lightning", "pytorch-lightning")),
+        ("DeepSpeed", _version("deepspeed") + fork),
+        ("Intel Neural Compressor", _version("neural-compressor-pt", "neural-compressor")),
+        ("Gaudi software (habana-torch-plugin)", _version("habana-torch-plugin")),
+        ("cards (pyhlml)", _cards()),
+    ]
+    why = runtime.lazy_mode_unavailable()
+    rows.append(("lazy mode in this build", "no: " + why if why else "yes, or cannot tell (no Gaudi software)"))
+    mode = runtime.emulation_mode(environ)
+    if mode is not None:
+        rows.append((runtime.EMULATE_ENV, f"{mode}: the checks ran on the CPU emulator (unset it on a Gaudi)"))
+    return rows
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _start(command: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[str]:
+    with log.open("w") as stderr:
+        return subprocess.Popen(
+            command, env=dict(env), stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True
+        )
+
+
+def _tail(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return " / ".join(lines[-3:])[-600:]
+
+
+def _forward(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+    """Puts the worker's marked lines on ``lines``, then ``None`` when its stdout closes."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith(MARK):
+            lines.put(line[len(MARK) :])
+    lines.put(None)
+
+
+def run_group(mode: str, names: list[str], env: Mapping[str, str], timeout: float, work: Path) -> dict[str, Outcome]:
+    """Runs checks ``names`` in a worker process for ``mode``; a check that overruns ``timeout`` seconds or kills its
+    process fails, and the next ones run in a new worker."""
+    results: dict[str, Outcome] = {}
+    pending = list(names)
+    while pending:
+        log = work / f"worker-{mode}-{len(results)}.log"
+        process = _start([sys.executable, "-m", "lightning_gaudi.doctor.worker", mode, *pending], env, log)
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=_forward, args=(process, lines), daemon=True).start()
+        current: str | None = None
+        deadline = time.monotonic() + timeout  # the worker's start-up counts against the first check
+        while pending:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                _stop(process)
+                name = current or pending[0]
+                results[name] = Outcome(FAIL, f"timed out after {timeout:g} s (stopped)")
+                pending.remove(name)
+                break
+            if line is None:  # the worker ended early: the check it was in killed it
+                code = process.wait()
+                name = current or pending[0]
+                results[name] = Outcome(FAIL, f"its process ended with exit status {code}: {_tail(log)}")
+                pending.remove(name)
+                break
+            message = json.loads(line)
+            if "start" in message:
+                current, deadline = message["start"], time.monotonic() + timeout
+                continue
+            name = message.pop("name")
+            results[name] = Outcome(**message)
+            pending.remove(name)
+            current, deadline = None, time.monotonic() + timeout
+            print(f"lightning_gaudi.doctor: {name}: {results[name].status} {results[name].figure}", file=sys.stderr)
+        else:
+            process.wait()
+    return results
+
+
+def run_process(command: list[str], env: Mapping[str, str], timeout: float, work: Path) -> Outcome:
+    """One multi-process check: ``command`` writes its outcome to the JSON file named by its last argument."""
+    out = Path(command[-1])
+    log = work / f"{out.stem}.log"
+    process = _start(command, env, log)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        return Outcome(FAIL, f"timed out after {timeout:g} s (stopped): {_tail(log)}")
+    if process.returncode != 0 or not out.is_file():
+        return Outcome(FAIL, f"exit status {process.returncode}: {_tail(log)}")
+    return Outcome(**json.loads(out.read_text()))
+
+
+def _card_pairs(devices: int, env: Mapping[str, str], emulated: bool) -> list[tuple[str, str]]:
+    if emulated:
+        return [("0", "1")]  # emulated cards share one CPU: one pair says all
+    modules = [m.strip() for m in env.get("HABANA_VISIBLE_MODULES", "").split(",") if m.strip()]
+    modules = modules or [str(index) for index in range(devices)]
+    return [(modules[i], modules[i + 1]) for i in range(0, len(modules) - 1, 2)]
+
+
+def multi_process_checks(
+    devices: int, emulated: bool, env: Mapping[str, str], timeout: float, work: Path, only: list[str] | None = None
+) -> dict[str, Outcome]:
+    """The all-reduce and a short fit per strategy (those whose names start with one in ``only``), each in its own
+    processes."""
+    results: dict[str, Outcome] = {}
+
+    def wanted(name: str) -> bool:
+        return only is None or name.startswith(tuple(only))
+
+    env = mode_environment(env, "eager") if emulated else dict(env)  # lazy emulation has no collectives
+    module = [sys.executable, "-m", "lightning_gaudi.doctor.multi"]
+    cards = min(devices, MAX_CARDS)
+    if not wanted("all-reduce"):
+        pass
+    elif cards < 2:
+        results["all-reduce"] = Outcome(SKIPPED, f"needs 2 cards, {devices} seen")
+    else:
+        results["all-reduce"] = run_process(
+            [*module, "allreduce", str(cards), str(work / "allreduce.json")], env, timeout, work
+        )
+    for strategy, needed in FIT_STRATEGIES:
+        if not wanted(f"fit, {strategy}"):
+            continue
+        if needed > devices:
+            results[f"fit, {strategy}"] = Outcome(SKIPPED, f"needs {needed} cards, {devices} seen")
+            continue
+        pairs = _card_pairs(devices, env, emulated) if strategy == "hpu_parallel" else [None]
+        for pair in pairs:
+            name = f"fit, {strategy}" + (f", cards {','.join(pair)}" if pair and not emulated else "")
+            run_env = dict(env)
+            if pair and not emulated:
+                run_env["HABANA_VISIBLE_MODULES"] = ",".join(pair)
+            out = work / f"fit-{strategy}-{'-'.join(pair or ())}.json"
+            results[name] = run_process([*module, "fit", strategy, str(needed), str(out)], run_env, timeout, work)
+    if not wanted("fit, hpu_deepspeed"):
+        pass
+    elif _version("deepspeed") == "not installed":
+        results["fit, hpu_deepspeed"] = Outcome(SKIPPED, "DeepSpeed is not installed")
+    elif devices >= 2:
+        out = work / "fit-hpu_deepspeed.json"
+        results["fit, hpu_deepspeed"] = run_process(
+            [*module, "fit", "hpu_deepspeed", "2", str(out)], env, timeout, work
+        )
+    for name, outcome in results.items():
+        print(f"lightning_gaudi.doctor: {name}: {outcome.status} {outcome.figure}", file=sys.stderr)
+    return results
+
+
+def run_checks(env: Mapping[str, str], timeout: float, only: list[str] | None, work: Path) -> dict[str, Outcome]:
+    """Every check (or those named in ``only``), by name, in the report's order."""
+    emulated = runtime.emulation_mode(env) is not None
+    wanted = [name for name in CHECKS if only is None or name in only]
+    results: dict[str, Outcome] = {}
+    for mode in ("eager", "compile", "lazy"):
+        names = [name for name in wanted if CHECKS[name][0] == mode]
+        if not names:
+            continue
+        why = None if emulated or mode != "lazy" else runtime.lazy_mode_unavailable()
+        if why is not None:
+            results.update({name: Outcome(SKIPPED, f"no lazy mode: {why}") for name in names})
+            continue
+        results.update(run_group(mode, names, mode_environment(env, mode), timeout, work))
+    if only is None or any(name.startswith(("fit", "all-reduce")) for name in only):  # they need the card count
+        device = results.get("device")
+        if device is None:
+            device = run_group("eager", ["device"], mode_environment(env, "eager"), timeout, work)["device"]
+        if device.status == PASS:
+            results.update(multi_process_checks(device.data["devices"], emulated, env, timeout, work, only))
+    return results
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def report(rows: list[tuple[str, str]], results: dict[str, Outcome], notes: list[str]) -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    counts = {status: sum(r.status == status for r in results.values()) for status in (PASS, FAIL, SKIPPED)}
+    parts = [f"# lightning_gaudi doctor report ({now})", "", "## Stack", "", "| | |", "|---|---|"]
+    parts += [f"| {name} | {_cell(value)} |" for name, value in rows]
+    parts += ["", "## Checks", "", f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIPPED]} skipped.", ""]
+    parts += ["| check | result | measured | reason |", "|---|---|---|---|"]
+    parts += [f"| {name} | {r.status} | {_cell(r.figure)} | {_cell(r.reason)} |" for name, r in results.items()]
+    return "\n".join([*parts, "", *notes, ""])
+
+
+def repository_tests(gaudi: bool, timeout: float) -> tuple[int | str, str]:
+    """The repository's bridge tests (on a Gaudi) or the emulator's selection, with pytest, as a report section."""
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rfEs", "--no-header"]
+    command = (
+        [*pytest, "--real-bridge", "-m", "bridge"] if gaudi else [*pytest, "-m", "not subprocess", *EMULATOR_TESTS]
+    )
+    print(f"lightning_gaudi.doctor: {' '.join(command[2:])}", file=sys.stderr)
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:g} s", ""
+    tail = "\n".join((done.stdout + done.stderr).rstrip().splitlines()[-120:])
+    what = "bridge tests on Intel's bridge" if gaudi else "the emulator's tests"
+    heading = f"## Repository tests ({what})\n\n`{' '.join(command[2:])}`: exit status {done.returncode}"
+    return done.returncode, f"{heading}\n\n```\n{tail}\n```\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Writes the report; returns the exit status (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m lightning_gaudi.doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("lightning_gaudi_doctor.md"), help="the report to write")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds each check may take (default 600)")
+    parser.add_argument("--only", action="append", metavar="CHECK", help="run this check only (repeatable)")
+    parser.add_argument("--tests", action="store_true", help="also run the repository's tests (a source checkout)")
+    args = parser.parse_args(argv)
+    problems = [problem for problem in [check_out(args.out)] if problem]
+    if args.timeout <= 0:
+        problems.append(f"--timeout {args.timeout:g} must be a positive number of seconds.")
+    if args.tests and not (ROOT / "tests" / "conftest.py").is_file():
+        problems.append(
+            f"--tests needs a source checkout: lightning_gaudi is installed at {ROOT} without tests/. Clone the"
+            " project, `pip install -e '.[dev]'`, and run the doctor there."
+        )
+    known = [*CHECKS, "all-reduce", "fit"]
+    unknown = [name for name in args.only or () if not name.startswith(tuple(known))]
+    if unknown:
+        problems.append(f"--only {unknown}: no such check; the checks are {known}.")
+    try:
+        emulated = runtime.emulation_mode() is not None
+    except ValueError as error:
+        problems.append(str(error))
+        emulated = False
+    if problems:
+        print("lightning_gaudi.doctor: " + "\n".join(problems), file=sys.stderr)
+        return 2
+    print("lightning_gaudi.doctor: reading the stack", file=sys.stderr)
+    rows = stack(os.environ)
+    notes: list[str] = []
+    results: dict[str, Outcome] = {}
+    if not emulated and not runtime.bridge_installed():
+        notes.append(
+            "NOTHING COULD RUN: Intel's bridge (habana_frameworks.torch) is not installed and emulation is off. On a"
+            f" Gaudi, run the doctor inside Intel's Gaudi PyTorch environment; to check the emulator, set"
+            f" {runtime.EMULATE_ENV}=eager."
+        )
+    else:
+        with tempfile.TemporaryDirectory(prefix="lightning_gaudi_doctor_") as work:
+            results = run_checks(os.environ, args.timeout, args.only, Path(work))
+    status = 1 if not results or any(r.status == FAIL for r in results.values()) else 0
+    if args.tests:
+        code, section = repository_tests(gaudi=not emulated and runtime.bridge_installed(), timeout=args.timeout * 6)
+        notes.append(section)
+        status = status or int(code != 0)
+    text = report(rows, results, notes)
+    partial = args.out.with_name(args.out.name + ".partial")
+    partial.write_text(text)
+    partial.replace(args.out)
+    print(f"lightning_gaudi.doctor: wrote {args.out.resolve()}: attach it to your issue", file=sys.stderr)
+    return status
