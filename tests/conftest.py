@@ -23,6 +23,17 @@ BRIDGE_DOUBLE_DIR = TESTS_DIR / "bridge_double"
 HELPERS_DIR = TESTS_DIR / "helpers"
 
 _ENV = (hpu.EMULATE_ENV, hpu.DEVICES_ENV, hpu.DEVICE_NAME_ENV)
+#: What a launcher sets: left behind by an in-process launch, they would make Lightning think processes exist already.
+_LAUNCH_ENV = (
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 _DISTRIBUTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 #: ``1`` (or ``pytest --real-bridge``, which sets it): the ``bridge_double`` fixture yields Intel's real bridge, so the
 #: bridge-path tests (marked ``bridge``) run on a Gaudi; ``python -m lightning_gaudi.doctor`` sets it there.
@@ -91,11 +102,11 @@ def _forget_bridge() -> None:
 
 @pytest.fixture
 def clean_hpu_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """No HPU setting in the environment and an empty backend cache (restored afterwards).
+    """No HPU setting nor launcher variable in the environment and an empty backend cache (restored afterwards).
 
     Yields the ``monkeypatch`` object, so a test can set ``LIGHTNING_GAUDI_*`` variables of its own.
     """
-    for name in _ENV:
+    for name in (*_ENV, *_LAUNCH_ENV):
         monkeypatch.delenv(name, raising=False)
     hpu._backends.clear()
     yield monkeypatch

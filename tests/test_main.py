@@ -58,20 +58,21 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("how", ["script", "module"])
-def test_a_gpu_script_trains_on_every_emulated_hpu_with_its_exit_code(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(("how", "devices"), [("script", 2), ("module", 1)])
+def test_a_gpu_script_trains_on_the_emulated_hpus_with_its_exit_code(tmp_path: Path, how: str, devices: int) -> None:
     program = [str(PROGRAMS / "gpu_script.py")] if how == "script" else ["-m", "programs.gpu_script"]
-    command = [sys.executable, "-m", "lightning_gaudi", *program, "2", "3", str(tmp_path)]
+    command = [sys.executable, "-m", "lightning_gaudi", *program, str(devices), "3", str(tmp_path)]
     proc = subprocess.run(
         command, cwd=PROGRAMS.parent, env=_env(), capture_output=True, text=True, timeout=180, check=False
     )
     assert proc.returncode == 3, proc.stderr[-3000:]
-    for rank in (0, 1):  # rank 1 was started again by Lightning, through `python -m lightning_gaudi`
+    strategy = "HPUParallelStrategy" if devices > 1 else "SingleHPUStrategy"
+    for rank in range(devices):  # rank 1 was started again by Lightning, through `python -m lightning_gaudi`
         facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert facts == {
             "accelerator": "HPUAccelerator",
-            "strategy": "HPUParallelStrategy",
-            "argv": ["2", "3", str(tmp_path)],
+            "strategy": strategy,
+            "argv": [str(devices), "3", str(tmp_path)],
         }
 
 
