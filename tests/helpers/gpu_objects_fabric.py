@@ -12,6 +12,7 @@ object and the model built under ``fabric.init_module(empty_init=True)`` (the sh
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,15 @@ def main() -> None:
         if kind != "ddp":
             facts[kind]["empty"] = run(as_object(), net, out / f"{kind}-empty.ckpt", resume=False, empty=True)
     (out / f"rank{torch.distributed.get_rank()}.json").write_text(json.dumps(facts))
+    torch.distributed.barrier()  # every rank has written before rank 0, whose exit the test waits for, leaves
 
 
 if __name__ == "__main__":
     main()
+    # Everything this run reports is written. After DTensor (tensor parallel) and ZeRO-3 runs, torch 2.13's C++
+    # teardown at interpreter exit aborts now and then ("terminate called without an active exception", no Python
+    # frame left; issue 32 item 6, open; tests/strategies/test_clean_exit.py): skip it, so the test sees the run's own
+    # outcome.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

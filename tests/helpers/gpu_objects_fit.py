@@ -17,6 +17,7 @@ and the strategy's class.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -148,7 +149,15 @@ def main() -> None:
             facts[kind]["empty"] = run(as_object(), 2, save=out / f"{kind}-empty.ckpt", empty=True, sharded=sharded)
     rank = torch.distributed.get_rank()
     (out / f"rank{rank}.json").write_text(json.dumps(facts))
+    torch.distributed.barrier()  # every rank has written before rank 0, whose exit the test waits for, leaves
 
 
 if __name__ == "__main__":
     main()
+    # Everything this run reports is written. After DTensor (tensor parallel) and ZeRO-3 runs, torch 2.13's C++
+    # teardown at interpreter exit aborts now and then ("terminate called without an active exception", no Python
+    # frame left; issue 32 item 6, open; tests/strategies/test_clean_exit.py): skip it, so the test sees the run's own
+    # outcome.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
