@@ -29,6 +29,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch
+
 from lightning_gaudi.doctor.checks import CHECKS, FAIL, PASS, SKIPPED, Outcome
 from lightning_gaudi.doctor.worker import MARK, mode_environment
 from lightning_gaudi.hpu import runtime
@@ -102,7 +104,7 @@ def stack(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     rows = [
         ("lightning_gaudi", f"{lightning_gaudi.__version__} ({Path(lightning_gaudi.__file__).parent})"),
         ("Python / platform", f"{platform.python_version()} / {platform.platform()}"),
-        ("torch", _version("torch")),
+        ("torch", torch.__version__),  # the build's own, with its local part (Intel's fork, a CUDA build)
         ("Lightning", _version("lightning", "pytorch-lightning")),
         ("DeepSpeed", _version("deepspeed") + fork),
         ("Intel Neural Compressor", _version("neural-compressor-pt", "neural-compressor")),
