@@ -223,13 +223,11 @@ def multi_process_checks(
     env = mode_environment(env, "eager") if emulated else dict(env)  # lazy emulation has no collectives
     module = [sys.executable, "-m", "lightning_gaudi.doctor.multi"]
     cards = min(devices, MAX_CARDS)
-    if not wanted("all-reduce"):
-        pass
-    elif cards < 2:
-        results["all-reduce"] = Outcome(SKIPPED, f"needs 2 cards, {devices} seen")
-    else:
-        results["all-reduce"] = run_process(
-            [*module, "allreduce", str(cards), str(work / "allreduce.json")], env, timeout, work
+    if wanted("all-reduce"):
+        results["all-reduce"] = (
+            Outcome(SKIPPED, f"needs 2 cards, {devices} seen")
+            if cards < 2
+            else run_process([*module, "allreduce", str(cards), str(work / "allreduce.json")], env, timeout, work)
         )
     for strategy, needed in FIT_STRATEGIES:
         if not wanted(f"fit, {strategy}"):
@@ -245,11 +243,9 @@ def multi_process_checks(
                 run_env["HABANA_VISIBLE_MODULES"] = ",".join(pair)
             out = work / f"fit-{strategy}-{'-'.join(pair or ())}.json"
             results[name] = run_process([*module, "fit", strategy, str(needed), str(out)], run_env, timeout, work)
-    if not wanted("fit, hpu_deepspeed"):
-        pass
-    elif _version("deepspeed") == "not installed":
+    if wanted("fit, hpu_deepspeed") and _version("deepspeed") == "not installed":
         results["fit, hpu_deepspeed"] = Outcome(SKIPPED, "DeepSpeed is not installed")
-    elif devices >= 2:
+    elif wanted("fit, hpu_deepspeed") and devices >= 2:
         out = work / "fit-hpu_deepspeed.json"
         results["fit, hpu_deepspeed"] = run_process(
             [*module, "fit", "hpu_deepspeed", "2", str(out)], env, timeout, work

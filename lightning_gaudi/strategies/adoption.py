@@ -40,11 +40,6 @@ class Adoption:
     prevails: tuple[str, ...] = ("root_device",)
 
 
-def lightning_base(cls: type, counterparts: tuple[type, ...]) -> type | None:
-    """The first of ``counterparts`` in ``cls``'s bases (``cls`` included), or ``None``."""
-    return next((base for base in cls.__mro__ if base in counterparts), None)
-
-
 def read_arguments(strategy: object, lightning_cls: Any, adoption: Adoption) -> dict[str, Any]:
     """The arguments ``strategy`` (an instance of ``lightning_cls``) was built with, as ``lightning_cls`` stores them.
 
