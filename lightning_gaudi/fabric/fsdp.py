@@ -68,7 +68,8 @@ class FabricShardedCore(FabricParallelCore):
         """Loads the checkpoint ``path`` into ``state``; one the resume policy chose that fails to load is moved aside
         and the next newest that verifies is loaded instead (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
         load: Callable[..., dict[str, Any]] = super().load_checkpoint  # type: ignore[misc]
-        return load_or_fall_back(self, path, lambda chosen: load(chosen, state, strict, weights_only))
+        extra = {} if weights_only is None else {"weights_only": weights_only}  # Lightning 2.5 takes no weights_only
+        return load_or_fall_back(self, path, lambda chosen: load(chosen, state, strict, **extra))
 
 
 class HPUFSDPPrecision(FSDPPrecision):

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -431,7 +431,9 @@ class TrainerCore(HPUStrategyCore):
 
     def load_checkpoint_files(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Loads one checkpoint: Lightning's strategy's ``load_checkpoint``."""
-        return super().load_checkpoint(checkpoint_path, weights_only)  # type: ignore[misc, no-any-return]
+        load: Callable[..., dict[str, Any]] = super().load_checkpoint  # type: ignore[misc]
+        # Lightning 2.5 takes no ``weights_only``; 2.6 passes None unless the user asked for a value
+        return load(checkpoint_path) if weights_only is None else load(checkpoint_path, weights_only)
 
     def model_to_device(self) -> None:
         move_keeping_ties(self.model, self.root_device)  # type: ignore[attr-defined]  # Module.to unties on lazy tensors

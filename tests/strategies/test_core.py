@@ -294,3 +294,20 @@ def test_the_lightning_bases_still_have_every_method_the_core_overrides() -> Non
             checked.add((name, base.__module__.split(".")[1]))
     assert {api for _, api in checked} == {"pytorch", "fabric"}, "Trainer and Fabric bases"
     assert {name for name, _ in checked} == set(CORE_OVERRIDES)
+
+
+@pytest.mark.parametrize("weights_only", [None, True])
+def test_a_resume_calls_lightnings_load_checkpoint_as_lightning_2_5_takes_it(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, weights_only: bool | None
+) -> None:
+    """Lightning 2.5's ``Strategy.load_checkpoint`` takes the path alone (2.6 added ``weights_only``): a resume that
+    passed ``weights_only`` on every call failed on the oldest Lightning the package supports."""
+    from lightning.pytorch.strategies import Strategy
+
+    calls: list[tuple[Any, ...]] = []
+    if weights_only is None:  # Lightning 2.5's signature
+        monkeypatch.setattr(Strategy, "load_checkpoint", lambda self, path: calls.append((path,)) or {})
+    else:
+        monkeypatch.setattr(Strategy, "load_checkpoint", lambda self, path, wo=None: calls.append((path, wo)) or {})
+    lightning_gaudi.SingleHPUStrategy().load_checkpoint_files("a.ckpt", weights_only)
+    assert calls == ([("a.ckpt",)] if weights_only is None else [("a.ckpt", True)])
