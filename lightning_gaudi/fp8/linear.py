@@ -1,9 +1,5 @@
-"""An emulated FP8 Linear: Transformer Engine's numerics on any device, for checking convergence without a Gaudi.
-
-Inside :func:`fp8_autocast`, :class:`FP8Linear` quantises input and weight (and in backward the output gradient) with
-delayed per-tensor scales, accumulating in float32. Its scaling state is non-persistent buffers, saved apart
-(:meth:`FP8Linear.fp8_state`); evaluation records nothing. Outside :func:`fp8_autocast` it is a plain ``nn.Linear``.
-"""
+"""An emulated FP8 Linear: Transformer Engine's numerics on any device, for checking convergence without a Gaudi
+(docs/strategies.md, "FP8")."""
 
 from __future__ import annotations
 
@@ -136,8 +132,9 @@ class _FP8LinearFunction(torch.autograd.Function):
 
 
 class FP8Linear(nn.Linear):
-    """``nn.Linear`` computed in emulated FP8 inside :func:`fp8_autocast` (see the module docstring); ``recipe``
-    defaults to ``FP8Recipe()``, the other arguments are ``nn.Linear``'s (features: multiples of 16 for FP8)."""
+    """``nn.Linear`` that, inside :func:`fp8_autocast`, quantises input and weight (in backward the output gradient)
+    with delayed per-tensor scales and accumulates in float32; evaluation records nothing. ``recipe`` defaults to
+    ``FP8Recipe()``; its scaling state is kept out of the state dict (:meth:`fp8_state`)."""
 
     fp8_amax_history: Tensor
     fp8_scale: Tensor

@@ -1,5 +1,5 @@
 """FP8 training for the Trainer's and Fabric's plugins: Intel's ``te.Linear`` on a Gaudi, :class:`FP8Linear` under
-emulation; other ops under bf16 autocast where the backend has one."""
+emulation, other ops under bf16 autocast."""
 
 from __future__ import annotations
 
