@@ -1,9 +1,5 @@
-"""The ``lightning-gaudi`` console script: Lightning's CLI with the HPU accelerator, strategies and runtime.
-
-lightning-gaudi fit --model my_pkg.MyModule --data my_pkg.MyData --trainer.devices 2 --trainer.strategy hpu_parallel
-lightning-gaudi fit --model my_pkg.MyModule --runtime.execution_mode lazy --runtime.int64_support true
-lightning-gaudi fit --config run.yaml --ckpt_path auto
-"""
+"""The ``lightning-gaudi`` console script: Lightning's CLI with the HPU accelerator, strategies and runtime
+(docs/recipes.md)."""
 
 from __future__ import annotations
 
