@@ -1,5 +1,5 @@
-"""One process per card for each Hydra job (``python -m lightning_gaudi.hydra CONFIG MODULE:FUNCTION``), so that a
-multirun and DDP work together: Lightning's popen launcher would re-run the whole sweep in every rank."""
+"""One process per card for each Hydra job, so that a multirun and DDP work together (Lightning's popen launcher would
+re-run the whole sweep in every rank)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _import_task(reference: str) -> Task:
 
 def launch_ranks(cfg: DictConfig, job_dir: Path, task: Task) -> dict[str, Any]:
     """Runs ``task`` in one process per local card on the config saved in ``job_dir``; returns rank zero's results
-    (empty on other nodes). Raises ``RuntimeError`` when a rank fails."""
+    (empty on other nodes)."""
     reference, import_root = task_reference(task)
     nprocs = local_world_size(cfg)
     job_dir.mkdir(parents=True, exist_ok=True)

@@ -41,11 +41,10 @@ def _seconds(value: timedelta | float | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else value
 
 
+_TIMEOUT = Override(Optional[float], _seconds, "seconds")  # noqa: UP045 - OmegaConf reads typing.Optional
 #: Arguments whose config form differs from the class's, by (class, argument).
 OVERRIDES: dict[tuple[type, str], Override] = {
-    (HPUParallelStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
-    (HPUFSDPStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
-    (HPUDeepSpeedStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
+    (strategy, "timeout"): _TIMEOUT for strategy in (HPUParallelStrategy, HPUFSDPStrategy, HPUDeepSpeedStrategy)
 }
 
 #: Keyword arguments a class hands on through ``**kwargs``: ``(receiver, names)``, offered with the receiver's defaults.
