@@ -154,8 +154,7 @@ def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
 
 
 def _temporaries(fs: AbstractFileSystem | None, directory: str) -> list[tuple[str, float]]:
-    """``(path, modification time)`` of the files (and sharded saves' staging folders) in ``directory`` named like our
-    temporaries."""
+    """``(path, modification time)`` of the entries in ``directory`` named like our temporaries."""
     found = []
     if fs is None:
         try:
@@ -287,7 +286,7 @@ def _disk_full_error(error: BaseException, path: str, tmp: str) -> CheckpointDis
     else:
         return None
     directory = os.path.dirname(path) or "."
-    written = _size(tmp)
+    written = os.stat(tmp).st_size if os.path.exists(tmp) else 0
     try:
         free = f"{shutil.disk_usage(directory).free / 2**20:.0f} MiB free"
     except OSError:
@@ -303,10 +302,3 @@ def _disk_full_error(error: BaseException, path: str, tmp: str) -> CheckpointDis
         " earlier checkpoint under this name is untouched. Free some space (old checkpoints, save_top_k) or save"
         " to another file system.",
     )
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
