@@ -101,12 +101,6 @@ def load_rank_config(path: Path) -> DictConfig:
     return cfg
 
 
-def _write_results(path: Path, results: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(dict(results), indent=2, default=str) + "\n")
-    tmp.replace(path)
-
-
 def main(argv: list[str]) -> int:
     """A rank process (``python -m lightning_gaudi.hydra CONFIG MODULE:FUNCTION``). Returns the exit code."""
     if len(argv) != 2:
@@ -122,5 +116,7 @@ def main(argv: list[str]) -> int:
     prepare(cfg)
     results = task(cfg)
     if results is not None and LaunchEnvironment.from_env().is_global_zero:
-        _write_results(config_path.with_name(RANK_RESULTS_FILE), results)
+        tmp = config_path.with_name(f".{RANK_RESULTS_FILE}.tmp")
+        tmp.write_text(json.dumps(dict(results), indent=2, default=str) + "\n")
+        tmp.replace(config_path.with_name(RANK_RESULTS_FILE))
     return 0

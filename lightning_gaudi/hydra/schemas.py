@@ -96,10 +96,6 @@ def omegaconf_type(annotation: Any) -> Any:
     return Any
 
 
-def _config_default(default: Any) -> Any:
-    return list(default) if isinstance(default, tuple) else default
-
-
 def _init_hints(target: type) -> tuple[dict[str, Any], inspect.Signature]:
     if dataclasses.is_dataclass(target):
         return typing.get_type_hints(target), inspect.signature(target)
@@ -118,7 +114,8 @@ def config_defaults(target: type) -> dict[str, Any]:
             defaults[param.name] = "???"
             continue
         override = OVERRIDES.get((target, param.name))
-        defaults[param.name] = override.to_config(param.default) if override else _config_default(param.default)
+        default = list(param.default) if isinstance(param.default, tuple) else param.default
+        defaults[param.name] = override.to_config(param.default) if override else default
     return defaults
 
 
