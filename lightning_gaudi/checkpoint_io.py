@@ -98,8 +98,7 @@ def remove_stale_temporaries(dirpath: _PATH) -> list[str]:
 
 
 class HPUCheckpointIO(TorchCheckpointIO):
-    """Saves checkpoints with every tensor moved to the CPU, atomically (:func:`atomic_torch_save`); paths may be
-    fsspec URLs."""
+    """Saves checkpoints with every tensor on the CPU, atomically (:func:`atomic_torch_save`), to paths or URLs."""
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:

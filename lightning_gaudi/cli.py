@@ -48,8 +48,7 @@ class GaudiCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``lightning-gaudi``; ``args`` defaults to ``sys.argv[1:]``. Modules in the working directory
-    import by name (``--model mymod.Net``), as under ``python -m``."""
+    """Entry point of ``lightning-gaudi``; modules in the working directory import by name, as under ``python -m``."""
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, "")
     GaudiCLI(args=args)

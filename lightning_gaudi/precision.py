@@ -112,8 +112,7 @@ class OpListMode(TorchFunctionMode):
 
 
 def autocast_device(precision: str, api: str) -> str:
-    """The device type mixed ``precision`` autocasts on here; raises ``ValueError`` for another precision, or one
-    the HPU cannot run."""
+    """The device type mixed ``precision`` autocasts on here; ``ValueError`` for a precision it cannot run."""
     if precision not in ("bf16-mixed", "16-mixed"):
         raise ValueError(
             f"HPUPrecision got `precision={precision!r}`; it handles 'bf16-mixed' and '16-mixed'. For"

@@ -169,8 +169,7 @@ def resolve_ckpt_path(
 def resolve_in_checkpoint_dir(
     ckpt_path: _PATH | None, checkpoint: Checkpoint | None, requeue_dir: _PATH | None = None
 ) -> str | None:
-    """:func:`resolve_ckpt_path` in ``checkpoint``'s folder; ``"auto"`` looks only in ``requeue_dir`` when the callback
-    has no folder yet."""
+    """:func:`resolve_ckpt_path` in ``checkpoint``'s folder (``"auto"``: only ``requeue_dir`` while it has none)."""
     dirpath = getattr(checkpoint, "dirpath", None)
     if dirpath is None and ckpt_path is not None and os.fspath(ckpt_path) == "auto":
         return None if requeue_dir is None else _chosen_by("auto", latest(None, requeue_dir), None, requeue_dir)
@@ -443,8 +442,7 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
 
 
 def _check_files(text: str, entries: set[str], verify_data: bool) -> dict[str, Any] | None:
-    """The files the checksum index lists, each checked (its size; its CRC-32 when ``verify_data``); ``None``
-    without an index."""
+    """The files the checksum index lists (``None`` without one), each checked: size, and CRC-32 if ``verify_data``."""
     if CHECKSUMS_FILENAME not in entries:
         log.debug("lightning_gaudi: %s has no checksum index: its shards are checked by their lengths", text)
         return None

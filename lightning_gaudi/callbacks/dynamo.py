@@ -99,8 +99,7 @@ def frames_started() -> int:
 
 
 def graphs_compiled() -> int:
-    """How many graphs dynamo has compiled in this process (frames that compiled no graph, backward graphs and
-    recompiles of frames that compiled none do not count)."""
+    """How many graphs dynamo has compiled in this process (forward graphs only)."""
     return int(_counters()["stats"]["unique_graphs"]) if available() else 0
 
 
@@ -118,8 +117,7 @@ def cache_entries(code_or_fn: Any) -> int:
 
 
 def ddp_first_bucket_bytes() -> int | None:
-    """The first-bucket size dynamo's DDPOptimizer (``optimize_ddp``) asserts is no larger than DDP's
-    ``bucket_cap_mb``, or ``None`` when it does not split graphs at DDP's buckets."""
+    """The first-bucket size DDPOptimizer requires ``bucket_cap_mb`` to reach; ``None`` when it is off."""
     if not available():
         return None
     mode = _resolve("torch._dynamo.config:optimize_ddp")

@@ -147,8 +147,7 @@ def _forward(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> 
 
 
 def run_group(mode: str, names: list[str], env: Mapping[str, str], timeout: float, work: Path) -> dict[str, Outcome]:
-    """Runs checks ``names`` in a worker process for ``mode``; a check that overruns ``timeout`` or kills its process
-    fails, and the next ones run in a new worker."""
+    """Runs checks ``names`` in a worker process for ``mode``, a new worker after one that overran or died."""
     results: dict[str, Outcome] = {}
     pending = list(names)
     while pending:

@@ -42,8 +42,7 @@ def _emulated_file(stats_path: str | os.PathLike[str]) -> str:
 
 
 def check_fp8_inference(mode: str, stats_path: str | os.PathLike[str] | None = None) -> None:
-    """Raises ``ValueError`` for a mode not in :data:`MODES` and, given ``stats_path``, ``FileNotFoundError`` when
-    ``quantize`` finds no measurements there."""
+    """Raises for a mode not in :data:`MODES` or, given ``stats_path``, when ``quantize`` finds no measurements."""
     if mode not in MODES:
         raise ValueError(f"FP8 inference got mode={mode!r}; choose 'measure' (first run) or 'quantize' (later runs).")
     if mode == "quantize" and stats_path is not None and not _measurements(stats_path):

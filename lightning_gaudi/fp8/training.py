@@ -1,5 +1,4 @@
-"""FP8 training for the Trainer's and Fabric's plugins: Intel's ``te.Linear`` on a Gaudi, :class:`FP8Linear` under
-emulation, other ops under bf16 autocast."""
+"""FP8 training for the plugins: Intel's ``te.Linear`` on a Gaudi, :class:`FP8Linear` in emulation."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from lightning_gaudi.precision import check_precision_supported
 
 
 class FP8Training:
-    """Converts models and opens the step context for FP8 training with ``recipe`` on ``backend`` (the current one
-    when ``None``); raises ``ValueError`` on a first-generation Gaudi."""
+    """Converts models and opens the step context for FP8 training with ``recipe`` on ``backend`` (default: current)."""
 
     def __init__(self, recipe: FP8Recipe, backend: hpu.Backend | None = None) -> None:
         backend = backend or hpu.get_backend()

@@ -76,8 +76,7 @@ def check_before_launch(cfg: DictConfig) -> None:
 
 
 def check_evaluation(cfg: DictConfig) -> None:
-    """Refuses, before training, a run that tests (``test=true``) with ``FP8Inference`` quantizing from measurements
-    that are not there: the test after the fit would refuse them."""
+    """Refuses, before training, a ``test=true`` run whose ``FP8Inference`` would find no measurements."""
     if not cfg.get("test"):
         return
     for node in (cfg.get("callbacks") or {}).values():

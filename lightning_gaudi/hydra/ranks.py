@@ -62,8 +62,7 @@ def _import_task(reference: str) -> Task:
 
 
 def launch_ranks(cfg: DictConfig, job_dir: Path, task: Task) -> dict[str, Any]:
-    """Runs ``task`` in one process per local card on the config saved in ``job_dir``; returns rank zero's results
-    (empty on other nodes)."""
+    """Runs ``task`` in one process per local card on ``cfg`` (saved in ``job_dir``); returns rank zero's results."""
     reference, import_root = task_reference(task)
     nprocs = local_world_size(cfg)
     job_dir.mkdir(parents=True, exist_ok=True)
