@@ -263,10 +263,18 @@ def _graph_break(message: str) -> GraphBreak | None:
     return GraphBreak(f"{match['where']}:{match['line']}", reason)
 
 
-class _Handler(logging.Handler):
+class _LogRecorder(logging.Handler):
+    """Collects what ``parse`` finds in the records of dynamo's logger ``_target`` at ``level`` while started,
+    without printing them (unless ``TORCH_LOGS`` enabled them); the last recorder of its class restores the logger."""
+
+    _target: ClassVar[str]
+    _active: ClassVar[int] = 0
+    _saved: ClassVar[tuple[int, bool] | None] = None
+
     def __init__(self, level: int, parse: Callable[[str], Any], sink: Callable[[Any], None]) -> None:
         super().__init__(level)
         self._parse, self._sink = parse, sink
+        self._started = False
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -276,32 +284,18 @@ class _Handler(logging.Handler):
         if found is not None:
             self._sink(found)
 
-
-class _LogRecorder:
-    """Collects what ``parse`` finds in the records of dynamo's logger ``_target`` at ``_level`` while started,
-    without printing them (unless ``TORCH_LOGS`` enabled them); the last recorder of its class restores the logger."""
-
-    _target: ClassVar[str]
-    _level: ClassVar[int]
-    _active: ClassVar[int] = 0
-    _saved: ClassVar[tuple[int, bool] | None] = None
-
-    def __init__(self, parse: Callable[[str], Any], sink: Callable[[Any], None]) -> None:
-        self._handler = _Handler(self._level, parse, sink)
-        self._started = False
-
     def start(self) -> None:
         """Starts recording (idempotent); does nothing where :func:`available` is ``False``."""
         if self._started or not available():
             return
         logger = _resolve(self._target)
         cls = type(self)
-        if cls._active == 0 and not logger.isEnabledFor(self._level):
+        if cls._active == 0 and not logger.isEnabledFor(self.level):
             cls._saved = (logger.level, logger.propagate)
-            logger.setLevel(self._level)
+            logger.setLevel(self.level)
             logger.propagate = False
         cls._active += 1
-        logger.addHandler(self._handler)
+        logger.addHandler(self)
         self._started = True
 
     def stop(self) -> None:
@@ -309,7 +303,7 @@ class _LogRecorder:
         if not self._started:
             return
         logger = _resolve(self._target)
-        logger.removeHandler(self._handler)
+        logger.removeHandler(self)
         self._started = False
         cls = type(self)
         cls._active -= 1
@@ -330,19 +324,17 @@ class GraphBreakRecorder(_LogRecorder):
     """Collects dynamo's graph breaks with their source lines (logged at ``DEBUG``) in :attr:`breaks`."""
 
     _target = "torch._dynamo.symbolic_convert:graph_break_log"
-    _level = logging.DEBUG
 
     def __init__(self) -> None:
         self.breaks: list[GraphBreak] = []
-        super().__init__(_graph_break, self.breaks.append)
+        super().__init__(logging.DEBUG, _graph_break, self.breaks.append)
 
 
 class DDPSplitRecorder(_LogRecorder):
     """Collects in :attr:`splits` how many sub-graphs (one per DDP bucket) DDPOptimizer split each graph into."""
 
     _target = "torch._dynamo.backends.distributed:log"
-    _level = logging.INFO
 
     def __init__(self) -> None:
         self.splits: list[int] = []
-        super().__init__(_ddp_buckets, self.splits.append)
+        super().__init__(logging.INFO, _ddp_buckets, self.splits.append)
