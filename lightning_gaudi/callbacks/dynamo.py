@@ -27,7 +27,6 @@ TARGETS = (
     "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
     "torch._dynamo.config:recompile_limit",
     "torch._dynamo.config:optimize_ddp",
-    "torch._dynamo.backends.distributed:log",
 )
 #: The fields of ``CompilationMetrics`` that are read.
 METRIC_FIELDS = ("co_name", "co_filename", "co_firstlineno", "recompile_reason", "fail_type", "fail_reason")
@@ -43,12 +42,6 @@ _REASON_PREFIX = re.compile(r"^\d+/(\d+): ")
 _MODE_GUARD = re.compile(r"grad_mode|\.training\b|is_inference")
 _GRAPH_BREAK = re.compile(r"in user code at (?P<where>.+?):(?P<line>\d+)\s*\nGraph Break Reason: (?P<reason>.*)", re.S)
 _ENCOUNTERED = "Encountered graph break when attempting to trace"
-_DDP_BUCKETS = re.compile(r"DDPOptimizer used bucket cap (?P<cap>\d+) and created (?P<buckets>\d+) buckets")
-
-
-def _ddp_buckets(message: str) -> int | None:
-    match = _DDP_BUCKETS.search(message)
-    return None if match is None else int(match["buckets"])
 
 
 def _resolve(target: str) -> Any:
@@ -328,13 +321,3 @@ class GraphBreakRecorder(_LogRecorder):
     def __init__(self) -> None:
         self.breaks: list[GraphBreak] = []
         super().__init__(logging.DEBUG, _graph_break, self.breaks.append)
-
-
-class DDPSplitRecorder(_LogRecorder):
-    """Collects in :attr:`splits` how many sub-graphs (one per DDP bucket) DDPOptimizer split each graph into."""
-
-    _target = "torch._dynamo.backends.distributed:log"
-
-    def __init__(self) -> None:
-        self.splits: list[int] = []
-        super().__init__(logging.INFO, _ddp_buckets, self.splits.append)
