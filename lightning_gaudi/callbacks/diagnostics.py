@@ -210,7 +210,7 @@ class GraphDiagnostics(Callback):
         self._first_step = 0
         self._phase = "other"
         self._last: hpu.LazyCounters | None = None
-        self._start: hpu.LazyCounters | None = None
+
         self._frames = 0
         self._log: dynamo.CompilationLog | None = None
         self._recorder: dynamo.GraphBreakRecorder | None = None
@@ -437,8 +437,8 @@ class GraphDiagnostics(Callback):
         self._module = pl_module
         if backend.is_lazy():
             self._mode = "lazy"
-            self._start = self._last = backend.lazy_counters()
-            if self._start is not None and self._start.host_syncs is not None:
+            self._last = backend.lazy_counters()
+            if self._last is not None and self._last.host_syncs is not None:
                 self._sync_sources = SyncSourceMode(self._read_syncs, self._coarse_phase)
                 self._sync_sources.start()
             return
@@ -542,12 +542,11 @@ class GraphDiagnostics(Callback):
         steps = trainer.global_step - self._first_step
         syncs: int | None = None
         by_phase: dict[str, int] | None = None
-        if self._mode == "lazy" and self._start is not None and self._start.host_syncs is not None:
-            by_phase = {phase: self._syncs[phase] for phase in ("training", "validation", "other")}
-            syncs = sum(by_phase.values())
         sources: dict[str, int] | None = None
         details: list[dict[str, Any]] | None = None
-        if self._sync_sources is not None and syncs is not None:
+        if self._sync_sources is not None:  # lazy mode, where host syncs are counted
+            by_phase = {phase: self._syncs[phase] for phase in ("training", "validation", "other")}
+            syncs = sum(by_phase.values())
             found = self._sync_sources.sources.most_common()
             by_location: Counter[str] = Counter()
             for where, count in found:
