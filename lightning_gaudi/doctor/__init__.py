@@ -35,15 +35,8 @@ __all__ = ["Outcome", "main"]
 ROOT = Path(__file__).resolve().parents[2]
 #: The emulator's test selection that ``--tests`` runs without a Gaudi.
 EMULATOR_TESTS = ("tests/test_accelerator.py", "tests/hpu/test_runtime.py", "tests/callbacks/test_dynamo.py")
-
 #: The strategies a short fit runs on, with the cards each takes (``hpu_parallel``: every card pair).
-FIT_STRATEGIES = (
-    ("hpu_single", 1),
-    ("hpu_parallel", 2),
-    ("hpu_fsdp", 2),
-    ("hpu_model_parallel", 2),
-    ("hpu_deepspeed", 2),
-)
+FIT_STRATEGIES = {"hpu_single": 1, "hpu_parallel": 2, "hpu_fsdp": 2, "hpu_model_parallel": 2, "hpu_deepspeed": 2}
 #: The most cards the all-reduce spans.
 MAX_CARDS = 8
 
@@ -227,7 +220,7 @@ def multi_process_checks(
             if cards < 2
             else run_process([*module, "allreduce", str(cards), str(work / "allreduce.json")], env, timeout, work)
         )
-    for strategy, needed in FIT_STRATEGIES:
+    for strategy, needed in FIT_STRATEGIES.items():
         if not wanted(f"fit, {strategy}"):
             continue
         if strategy == "hpu_deepspeed" and _version("deepspeed") == "not installed":
