@@ -208,12 +208,7 @@ class CompilationLog:
         if not available():
             return []
         records = _resolve("torch._dynamo.utils:get_compilation_metrics")()
-        start = 0
-        if self._last is not None:
-            for index in range(len(records) - 1, -1, -1):
-                if records[index] is self._last:
-                    start = index + 1
-                    break
+        start = next((index + 1 for index in reversed(range(len(records))) if records[index] is self._last), 0)
         if records:
             self._last = records[-1]
         failures = self._guard_failures()
