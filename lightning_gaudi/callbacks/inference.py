@@ -84,12 +84,12 @@ def _repeated(module: nn.Module) -> bool:
 
 
 def _blocks(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    for name, child in module.named_children():
-        path = f"{prefix}.{name}"
-        if _repeated(child):
-            yield from ((f"{path}.{n}", block) for n, block in child.named_children() if _has_parameters(block))
-        else:
-            yield from _blocks(path, child)
+    """The blocks of the repeated containers in ``module`` (itself, or the outermost below it)."""
+    if _repeated(module):
+        yield from ((f"{prefix}.{n}", block) for n, block in module.named_children() if _has_parameters(block))
+    else:
+        for name, child in module.named_children():
+            yield from _blocks(f"{prefix}.{name}", child)
 
 
 def compile_targets(pl_module: nn.Module, regional: bool = False) -> list[tuple[str, nn.Module]]:
@@ -103,14 +103,7 @@ def compile_targets(pl_module: nn.Module, regional: bool = False) -> list[tuple[
             tops.append((name, child))
     if not regional:
         return tops
-    regions: list[tuple[str, nn.Module]] = []
-    for name, top in tops:
-        if _repeated(top):
-            blocks = [(f"{name}.{n}", block) for n, block in top.named_children() if _has_parameters(block)]
-        else:
-            blocks = list(_blocks(name, top))
-        regions += blocks or [(name, top)]
-    return regions
+    return [region for name, top in tops for region in list(_blocks(name, top)) or [(name, top)]]
 
 
 def _call_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
