@@ -93,9 +93,8 @@ class PreemptionCheckpoint(Callback):
         signals: Sequence[str] = ("SIGTERM",),
         enabled: bool = True,
     ) -> None:
-        if isinstance(grace_period, bool) or not isinstance(grace_period, int | float):
-            raise ValueError(f"PreemptionCheckpoint(grace_period={grace_period!r}) must be a number of seconds.")
-        if not math.isfinite(grace_period) or grace_period <= 0:
+        number = isinstance(grace_period, int | float) and not isinstance(grace_period, bool)
+        if not number or not math.isfinite(grace_period) or grace_period <= 0:
             raise ValueError(
                 f"PreemptionCheckpoint(grace_period={grace_period!r}) must be a positive, finite number of seconds:"
                 " the time from the signal to the exit."
