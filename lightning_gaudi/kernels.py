@@ -279,10 +279,7 @@ def fuse_kernels(
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             factory = mapping.get(type(child))
-            if factory is None:
-                continue
-            new = factory(child, kernels)
-            if new is not child:
+            if factory is not None and (new := factory(child, kernels)) is not child:
                 parent.register_module(name, new)
                 report.replaced[f"{type(child).__name__} -> {type(new).__name__}"] += 1
     rank_zero_info(
