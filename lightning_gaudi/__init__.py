@@ -55,11 +55,8 @@ if not _log.handlers:
 
 
 def register() -> None:
-    """Registers the HPU accelerator and strategies with Lightning (the Trainer's registries and Fabric's) and
-    installs the patches (:mod:`.patches`, with the routing policy of :mod:`.routing`, and :mod:`.emulation`'s).
-
-    Runs at import; safe to call again.
-    """
+    """Registers the HPU accelerator and strategies with the Trainer and Fabric and installs the patches (with the
+    routing policy) and the emulator's; runs at import, safe to call again."""
     HPUAccelerator.register_accelerators(AcceleratorRegistry)
     SingleHPUStrategy.register_strategies(StrategyRegistry)
     HPUParallelStrategy.register_strategies(StrategyRegistry)

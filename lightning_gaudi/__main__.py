@@ -1,11 +1,6 @@
-"""``python -m lightning_gaudi PROGRAM [ARGS...]``: runs a tool that builds its own Trainer or Fabric (LitGPT's
-``litgpt``, a script, ``-m module``) on the HPU without editing it.
-
-The HPU is registered first (``import lightning_gaudi``), then PROGRAM runs in this process with its own arguments,
-so its exit code and signals are its own. PROGRAM is a console script (``litgpt``), a Python file, or ``-m MODULE``.
-The rank processes Lightning starts for several devices re-run this module with PROGRAM's arguments; they find
-PROGRAM in :data:`PROGRAM_ENV`, which this process sets for them.
-"""
+"""``python -m lightning_gaudi PROGRAM [ARGS...]`` (see :data:`USAGE`): registers the HPU, then runs PROGRAM in this
+process, so its exit code and signals are its own; the rank processes Lightning starts re-run this module and find
+PROGRAM in :data:`PROGRAM_ENV`."""
 
 from __future__ import annotations
 
@@ -40,13 +35,8 @@ class ProgramError(Exception):
 
 
 def parse(argv: list[str]) -> tuple[tuple[str, str], list[str]]:
-    """``(kind, target), args`` from ``python -m lightning_gaudi``'s arguments; ``kind`` is ``"module"``,
-    ``"entry_point"`` or ``"script"``.
-
-    Raises:
-        ProgramError: no PROGRAM, ``-m`` without a module, or a PROGRAM that is neither a console script, a file,
-            nor a program on ``PATH``.
-    """
+    """``(kind, target), args`` from the arguments; ``kind`` is ``"module"``, ``"entry_point"`` or ``"script"``;
+    :class:`ProgramError` when PROGRAM is missing or not found."""
     if not argv or argv[0] in ("-h", "--help"):
         raise ProgramError(USAGE)
     if argv[0] == "-m":
@@ -58,15 +48,13 @@ def parse(argv: list[str]) -> tuple[tuple[str, str], list[str]]:
         raise ProgramError(f"Unknown option {program!r}.\n\n{USAGE}")
     if os.sep not in program and any(ep.name == program for ep in entry_points(group="console_scripts")):
         return ("entry_point", program), args
-    path = Path(program) if Path(program).is_file() else None
-    found = shutil.which(program) if path is None else None
-    if path is None and found is not None:
-        path = Path(found)
-    if path is None:
+    found = program if Path(program).is_file() else shutil.which(program)
+    if found is None:
         raise ProgramError(
             f"PROGRAM {program!r} is neither a console script of an installed package, nor a file, nor a program on"
             " PATH. Pass a console script (e.g. `litgpt`), the path of a Python file, or `-m MODULE`."
         )
+    path = Path(found)
     if not _is_python(path):
         raise ProgramError(
             f"{str(path)!r} is not a Python program: `python -m lightning_gaudi` runs Python code in its own process."
@@ -99,11 +87,7 @@ def _exec_as_main(code: CodeType, path: str) -> None:
 
 def run(kind: str, target: str, args: list[str]) -> Any:
     """Runs the program ``(kind, target)`` with ``args`` (as its ``sys.argv[1:]``); returns what an entry point
-    returns.
-
-    Raises:
-        ProgramError: the module cannot be found.
-    """
+    returns. Raises :class:`ProgramError` when the module cannot be found."""
     if kind == "entry_point":
         (entry,) = (ep for ep in entry_points(group="console_scripts") if ep.name == target)
         sys.argv = [shutil.which(target) or target, *args]

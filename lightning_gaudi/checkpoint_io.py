@@ -98,8 +98,7 @@ def remove_stale_temporaries(dirpath: _PATH) -> list[str]:
 
 
 class HPUCheckpointIO(TorchCheckpointIO):
-    """Saves checkpoints with every tensor moved to the CPU, atomically (:func:`atomic_torch_save`); paths may be
-    fsspec URLs."""
+    """Saves checkpoints with every tensor on the CPU, atomically (:func:`atomic_torch_save`), to paths or URLs."""
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -154,8 +153,7 @@ def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
 
 
 def _temporaries(fs: AbstractFileSystem | None, directory: str) -> list[tuple[str, float]]:
-    """``(path, modification time)`` of the files (and sharded saves' staging folders) in ``directory`` named like our
-    temporaries."""
+    """``(path, modification time)`` of the entries in ``directory`` named like our temporaries."""
     found = []
     if fs is None:
         try:
@@ -287,7 +285,7 @@ def _disk_full_error(error: BaseException, path: str, tmp: str) -> CheckpointDis
     else:
         return None
     directory = os.path.dirname(path) or "."
-    written = _size(tmp)
+    written = os.stat(tmp).st_size if os.path.exists(tmp) else 0
     try:
         free = f"{shutil.disk_usage(directory).free / 2**20:.0f} MiB free"
     except OSError:
@@ -303,10 +301,3 @@ def _disk_full_error(error: BaseException, path: str, tmp: str) -> CheckpointDis
         " earlier checkpoint under this name is untouched. Free some space (old checkpoints, save_top_k) or save"
         " to another file system.",
     )
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0

@@ -1,9 +1,5 @@
-"""The ``lightning-gaudi`` console script: Lightning's CLI with the HPU accelerator, strategies and runtime.
-
-lightning-gaudi fit --model my_pkg.MyModule --data my_pkg.MyData --trainer.devices 2 --trainer.strategy hpu_parallel
-lightning-gaudi fit --model my_pkg.MyModule --runtime.execution_mode lazy --runtime.int64_support true
-lightning-gaudi fit --config run.yaml --ckpt_path auto
-"""
+"""The ``lightning-gaudi`` console script: Lightning's CLI with the HPU accelerator, strategies and runtime
+(docs/recipes.md)."""
 
 from __future__ import annotations
 
@@ -52,8 +48,7 @@ class GaudiCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``lightning-gaudi``; ``args`` defaults to ``sys.argv[1:]``. Modules in the working directory
-    import by name (``--model mymod.Net``), as under ``python -m``."""
+    """Entry point of ``lightning-gaudi``; modules in the working directory import by name, as under ``python -m``."""
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, "")
     GaudiCLI(args=args)

@@ -20,10 +20,8 @@ def _is_sequence(value: Any) -> bool:
 
 
 class BucketedPadCollate:
-    """A ``collate_fn`` that pads a batch of tokenized samples to the smallest bucket length that holds it.
-
-    Samples are tokenizer outputs (lists or 1-D tensors); each sequence key gets its own bucket, per-sample values are
-    stacked, ``attention_mask`` is created when missing.
+    """A ``collate_fn`` that pads a batch of tokenizer outputs to the smallest bucket length that holds it (each
+    sequence key its own); per-sample values are stacked, ``attention_mask`` is created when missing.
 
     Args:
         buckets: the padded lengths, e.g. ``[64, 128, 256, 512]`` (see :meth:`quantile_buckets`).

@@ -29,8 +29,7 @@ class HPUFSDPPrecision(FSDPPrecision):
         scaler: a ``ShardedGradScaler`` for ``"16-mixed"``; one on the HPU is made when not given.
 
     Raises:
-        ValueError: another precision (fp8 does not shard with FSDP here), one the device cannot run (float16 on
-            first-generation Gaudi, mixed precision under lazy emulation), or a scaler without ``"16-mixed"``.
+        ValueError: another precision, one the device cannot run, or a scaler without ``"16-mixed"``.
     """
 
     def __init__(self, precision: FSDPPrecisionInput, scaler: ShardedGradScaler | None = None) -> None:

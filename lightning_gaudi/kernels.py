@@ -26,16 +26,9 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Kernels:
-    """The seam's fused kernels with the checks that send a call they cannot take to torch's op (warned once per
-    reason). The replacement modules call it; a mapping's own factories get it too.
-
-    Args:
-        sdpa: attention on FusedSDPA.
-        sdpa_recompute: FusedSDPA's recompute mode (less memory); ``False`` keeps the forward's intermediates.
-        rms_norm: RMSNorm on FusedRMSNorm.
-        rope: rotary embeddings on FusedRoPE.
-        backend: the seam (the current one when ``None``).
-    """
+    """The seam's fused kernels (the current ``backend``'s when ``None``; the flags as
+    :class:`~lightning_gaudi.callbacks.FusedKernels`'), sending a call they cannot take to torch's op (warned once per
+    reason). The replacement modules call it; a mapping's own factories get it too."""
 
     def __init__(
         self,
@@ -46,12 +39,10 @@ class Kernels:
         backend: hpu.Backend | None = None,
     ) -> None:
         self.check_flags(sdpa=sdpa, sdpa_recompute=sdpa_recompute, rms_norm=rms_norm, rope=rope)
-        self.sdpa_enabled, self.sdpa_recompute, self.rms_norm_enabled, self.rope_enabled = (
-            sdpa,
-            sdpa_recompute,
-            rms_norm,
-            rope,
-        )
+        self.sdpa_enabled = sdpa
+        self.sdpa_recompute = sdpa_recompute
+        self.rms_norm_enabled = rms_norm
+        self.rope_enabled = rope
         self.backend = backend or hpu.get_backend()
         self._pending: set[str] = set()
         self._warned: set[str] = set()
@@ -92,9 +83,8 @@ class Kernels:
         is_causal: bool = False,
         scale: float | None = None,
     ) -> Tensor:
-        """``F.scaled_dot_product_attention`` on FusedSDPA; ``k`` and ``v`` may have fewer heads than ``q`` (grouped
-        queries: repeated, FusedSDPA has no grouped-query flag; a head count that does not divide gets torch's
-        error)."""
+        """``F.scaled_dot_product_attention`` on FusedSDPA; ``k`` and ``v`` may have fewer heads than ``q`` (repeated:
+        FusedSDPA has no grouped-query flag)."""
         if k.size(-3) != q.size(-3):
             if q.size(-3) % k.size(-3) or v.size(-3) != k.size(-3):  # torch's error says what is wrong
                 return F.scaled_dot_product_attention(
@@ -120,8 +110,7 @@ class Kernels:
         return self.backend.rms_norm(x, weight, eps)
 
     def rope(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """Rotary embeddings ``x * cos + rotate_half(x) * sin`` of ``q`` and ``k`` (``cos``/``sin`` broadcast to
-        them) on FusedRoPE."""
+        """Rotary embeddings ``x * cos + rotate_half(x) * sin`` of ``q`` and ``k`` on FusedRoPE."""
         dtypes = {torch.promote_types(t.dtype, cos.dtype) for t in (q, k)}
         if self.rope_enabled and dtypes <= set(KERNEL_DTYPES) and sin.dtype == cos.dtype:
             return self.backend.rope(q, cos, sin), self.backend.rope(k, cos, sin)
@@ -146,11 +135,8 @@ def _sdpa_refusal(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, recomput
 
 
 class FusedRMSNorm(nn.Module):
-    """RMSNorm over the last dimension on FusedRMSNorm, with the replaced module's ``weight`` (its state-dict key).
-
-    ``hf_style``: normalized in float32 and cast back before the weight, as Hugging Face's LLaMA; otherwise
-    ``torch.nn.RMSNorm``'s math (``eps=None``: the input dtype's epsilon).
-    """
+    """RMSNorm over the last dimension on FusedRMSNorm, with the replaced module's ``weight`` (its state-dict key);
+    ``hf_style``: Hugging Face LLaMA's math, else ``torch.nn.RMSNorm``'s (``eps=None``: the input dtype's epsilon)."""
 
     def __init__(self, weight: nn.Parameter, eps: float | None, kernels: Kernels, hf_style: bool) -> None:
         super().__init__()
@@ -160,8 +146,7 @@ class FusedRMSNorm(nn.Module):
 
     @classmethod
     def from_module(cls, module: nn.Module, kernels: Kernels) -> nn.Module:
-        """From ``torch.nn.RMSNorm`` over one dimension with a weight, or a LLaMA-style ``weight``/``variance_epsilon``
-        module; ``module`` itself otherwise."""
+        """From ``torch.nn.RMSNorm`` over one dimension with a weight, or a LLaMA-style module; else ``module``."""
         if not kernels.rms_norm_enabled:
             return module
         if isinstance(module, nn.RMSNorm):
@@ -294,10 +279,7 @@ def fuse_kernels(
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             factory = mapping.get(type(child))
-            if factory is None:
-                continue
-            new = factory(child, kernels)
-            if new is not child:
+            if factory is not None and (new := factory(child, kernels)) is not child:
                 parent.register_module(name, new)
                 report.replaced[f"{type(child).__name__} -> {type(new).__name__}"] += 1
     rank_zero_info(

@@ -47,27 +47,23 @@ def _check_replaceable(optimizer: Optimizer) -> str:
 
 
 def fuse_optimizer(optimizer: Optimizer, clip_norm: bool = True) -> Optimizer:
-    """Gaudi's fused optimizer with ``optimizer``'s param groups and hyperparameters.
-
-    Call it in ``configure_optimizers`` on a fresh torch ``AdamW``, ``Adam`` (without weight decay) or ``SGD``, and
-    build the LR scheduler on what it returns::
+    """Gaudi's fused optimizer with ``optimizer``'s param groups and hyperparameters; call it in
+    ``configure_optimizers`` on a fresh torch ``AdamW``, ``Adam`` (without weight decay) or ``SGD``::
 
         def configure_optimizers(self):
             optimizer = lightning_gaudi.fuse_optimizer(torch.optim.AdamW(self.parameters(), lr=1e-3))
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)
             return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
-    On Gaudi ``hpex.optimizers.FusedAdamW`` / ``FusedSGD``; in eager emulation torch's ``fused=True`` kernels, in lazy
-    emulation its single-tensor ones. Every hyperparameter is passed explicitly (FusedAdamW's eps default differs),
-    empty param groups are dropped (they crash FusedAdamW). Not for ``hpu_fsdp`` or DeepSpeed (sliced parameters).
+    On Gaudi ``hpex.optimizers.FusedAdamW`` / ``FusedSGD``, in emulation torch's own kernels; empty param groups are
+    dropped (they crash FusedAdamW). Not for ``hpu_fsdp`` or DeepSpeed (sliced parameters).
 
     Args:
         optimizer: the torch optimizer to replace; it is not used afterwards.
         clip_norm: clip by norm with the fused clipper under :class:`~lightning_gaudi.HPUPrecision`.
 
     Raises:
-        ValueError: ``optimizer`` is not a torch AdamW, Adam or SGD, or uses an option the fused kernels lack
-            (``amsgrad``, ``maximize``, Adam's coupled ``weight_decay``...).
+        ValueError: ``optimizer`` is not a torch AdamW, Adam or SGD, or uses an option the fused kernels lack.
     """
     kind = _check_replaceable(optimizer)
     backend = hpu.get_backend()

@@ -49,12 +49,7 @@ def supported_precisions(backend: hpu.Backend | None = None) -> tuple[str, ...]:
 
 
 def check_precision_supported(precision: str | int | Precision, backend: hpu.Backend | None = None) -> None:
-    """Raises a clear error for a precision (``Trainer(precision=...)`` or a plugin) that ``backend`` cannot run.
-
-    Raises:
-        ValueError: a precision outside :data:`HPU_PRECISIONS`, fp16 or fp8 on first-generation Gaudi, mixed precision
-            under lazy emulation, or a mixed-precision plugin that autocasts on another device type.
-    """
+    """Raises ``ValueError`` for a precision (``Trainer(precision=...)`` or a plugin) that ``backend`` cannot run."""
     backend = backend or hpu.get_backend()
     if isinstance(precision, Precision):
         name = str(precision.precision)
@@ -117,8 +112,7 @@ class OpListMode(TorchFunctionMode):
 
 
 def autocast_device(precision: str, api: str) -> str:
-    """The device type mixed ``precision`` autocasts on here; raises ``ValueError`` for another precision, or one
-    the HPU cannot run."""
+    """The device type mixed ``precision`` autocasts on here; ``ValueError`` for a precision it cannot run."""
     if precision not in ("bf16-mixed", "16-mixed"):
         raise ValueError(
             f"HPUPrecision got `precision={precision!r}`; it handles 'bf16-mixed' and '16-mixed'. For"
@@ -131,9 +125,8 @@ def autocast_device(precision: str, api: str) -> str:
 
 
 class HPUPrecision(MixedPrecision):
-    """Automatic mixed precision with ``torch.autocast`` on the HPU device type (CPU autocast in eager emulation;
-    lazy emulation has no autocast). :func:`~lightning_gaudi.fuse_optimizer`'s optimizers are clipped with the fused
-    clipper; under ``"16-mixed"`` every optimizer's gradients are unscaled after backward, so clipping sees true ones.
+    """Automatic mixed precision with ``torch.autocast`` on the HPU device type; the optimizers of
+    :func:`~lightning_gaudi.fuse_optimizer` are clipped with the fused clipper (``"16-mixed"``: gradients unscaled).
 
     Args:
         precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
@@ -142,9 +135,6 @@ class HPUPrecision(MixedPrecision):
     Attributes:
         op_lists: an :class:`OpListMode` entered with autocast in every step (emulation only; set by
             :class:`~lightning_gaudi.callbacks.BF16Autocast`).
-
-    Raises:
-        ValueError: an unsupported precision for this device (see :func:`check_precision_supported`).
     """
 
     def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:

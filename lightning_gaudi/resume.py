@@ -1,21 +1,6 @@
-"""Resume policy: which checkpoint a (re)started run continues from (:func:`resolve_ckpt_path`): a file, or a folder
-of per-rank shards (sharded FSDP, model-parallel and DeepSpeed checkpoints).
-
-- ``"auto"``: the newest checkpoint in the directory that verifies, or ``None`` (start fresh); given a ``requeue_dir``
-  (the Trainer's ``default_root_dir``), the ``hpc_ckpt_<N>.ckpt`` files Lightning's SLURM auto-requeue writes there
-  compete too, so a requeued job continues from whichever is newer;
-- ``"last"``: the newest of ``last.ckpt``, ``last-v<N>.ckpt`` and ``last-preempted.ckpt``; it must verify;
-- a path (or fsspec URL): that checkpoint; it must verify; ``None``: start fresh.
-
-A named policy or path wins over Lightning's SLURM rule (``hpc_ckpt_<N>.ckpt`` when ``ckpt_path`` is ``None``).
-"Newest": the highest ``global_step``, then ``epoch``, then mtime. A checkpoint verifies when its members match their
-CRC-32s, its pickle parses (with a reader that runs nothing) and its tensor storages are present; a sharded folder
-when every file of its checksum index (:data:`CHECKSUMS_FILENAME`) matches its size and CRC-32 (folders without an
-index: when its shards are as long as its metadata says), a DeepSpeed folder when every rank's states are there.
-
-A checkpoint a policy chose that fails to load anyway is moved aside and the next one loaded
-(:func:`load_or_fall_back`, which the HPU strategies' ``load_checkpoint`` runs), so a restart never loops on it.
-"""
+"""Resume policy: which checkpoint a (re)started run continues from (:func:`resolve_ckpt_path`: ``"auto"``,
+``"last"``, a path or ``None``), checkpoints verified without loading them, and the fallback from one that fails to
+load (:func:`load_or_fall_back`). docs/recipes.md ("Resume policy") says what each policy picks and what verifies."""
 
 from __future__ import annotations
 
@@ -92,13 +77,12 @@ class CheckpointInfo:
 
 
 def read_checkpoint_info(path: _PATH) -> CheckpointInfo:
-    """The step and epoch recorded in a checkpoint (reading its zip index and pickle); :class:`CheckpointDamagedError`
-    when it is missing, incomplete or damaged."""
+    """The step and epoch recorded in a checkpoint; :class:`CheckpointDamagedError` when it is missing or damaged."""
     return _inspect(os.fspath(path), verify_data=False)
 
 
 def verify_checkpoint(path: _PATH) -> CheckpointInfo:
-    """:func:`read_checkpoint_info`, after checking every byte of the checkpoint (see the module docstring)."""
+    """:func:`read_checkpoint_info`, after checking every byte of the checkpoint."""
     return _inspect(os.fspath(path), verify_data=True)
 
 
@@ -185,8 +169,7 @@ def resolve_ckpt_path(
 def resolve_in_checkpoint_dir(
     ckpt_path: _PATH | None, checkpoint: Checkpoint | None, requeue_dir: _PATH | None = None
 ) -> str | None:
-    """:func:`resolve_ckpt_path` in ``checkpoint``'s folder; ``"auto"`` looks only in ``requeue_dir`` when the callback
-    has no folder yet."""
+    """:func:`resolve_ckpt_path` in ``checkpoint``'s folder (``"auto"``: only ``requeue_dir`` while it has none)."""
     dirpath = getattr(checkpoint, "dirpath", None)
     if dirpath is None and ckpt_path is not None and os.fspath(ckpt_path) == "auto":
         return None if requeue_dir is None else _chosen_by("auto", latest(None, requeue_dir), None, requeue_dir)
@@ -243,14 +226,10 @@ def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Callable[[str
         why = _first_line(error) if error is not None else "it failed to load on another rank"
         if choice is None:
             log.error("lightning_gaudi: could not load the checkpoint %s (%s).%s", path, why, _TRY_INSTEAD)
-            if error is None:
-                raise RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
-            raise error
-        aside = _move_aside(strategy, path)
-        if aside is None:  # it stays where the policy would pick it again: fail, as without a fallback
-            if error is None:
-                raise RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
-            raise error
+        # not moved aside, it stays where the policy would pick it again: fail, as without a fallback
+        aside = None if choice is None else _move_aside(strategy, path)
+        if choice is None or aside is None:
+            raise error or RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
         moved.append(f"{path} (now {aside})")
         following = _next_choice(choice)
         if strategy.is_global_zero:
@@ -409,10 +388,8 @@ def _inspect(text: str, verify_data: bool) -> CheckpointInfo:
 
 
 def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointInfo:
-    """A checkpoint folder, each rank's shards in it: torch's distributed checkpoint (``hpu_fsdp`` with
-    ``state_dict_type="sharded"``, ``hpu_model_parallel``: ``.metadata``, the shards it lists, ``meta.pt``) or
-    DeepSpeed's (``latest`` naming a folder of per-rank ``*_states.pt``). Complete when every file the layout names is
-    there, whole (shards as long as the metadata says; archives checked as single-file checkpoints)."""
+    """A torch distributed checkpoint (``.metadata``, the shards it lists, ``meta.pt``) or DeepSpeed's (``latest``
+    naming a folder of per-rank ``*_states.pt``): complete when every file the layout names is there, whole."""
     entries = set(os.listdir(text))
     if ".metadata" in entries:
         checksums = _check_files(text, entries, verify_data)
@@ -465,9 +442,7 @@ def _inspect_folder(text: str, mtime_ns: int, verify_data: bool) -> CheckpointIn
 
 
 def _check_files(text: str, entries: set[str], verify_data: bool) -> dict[str, Any] | None:
-    """The files a sharded checkpoint's checksum index (:data:`CHECKSUMS_FILENAME`) lists, each checked: its size
-    always, its CRC-32 when ``verify_data``; ``None`` for a checkpoint without an index (an older one), verified by its
-    shards' lengths alone."""
+    """The files the checksum index lists (``None`` without one), each checked: size, and CRC-32 if ``verify_data``."""
     if CHECKSUMS_FILENAME not in entries:
         log.debug("lightning_gaudi: %s has no checksum index: its shards are checked by their lengths", text)
         return None
@@ -577,9 +552,6 @@ def _int_or_none(value: object) -> int | None:
 
 class _Opaque:
     """Stands for every object a pickle names: nothing is imported and no code of the checkpoint runs."""
-
-    def __new__(cls, *args: object, **kwargs: object) -> _Opaque:
-        return object.__new__(cls)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         pass

@@ -17,19 +17,16 @@ __all__ = ["BF16Autocast", "OpListMode"]
 
 
 class BF16Autocast(Callback):
-    """Chooses which ops run in bfloat16 and which stay in float32 under ``precision="bf16-mixed"``.
-
-    On a Gaudi the bridge reads the lists when it loads (``lightning_gaudi.configure(autocast_bf16_ops=...,
-    autocast_fp32_ops=...)`` before the Trainer); this callback checks it got them. In eager emulation it sets
-    :class:`~lightning_gaudi.HPUPrecision`'s ``op_lists``. ``None``: the runtime's list; other ops follow the device.
+    """Chooses which ops run in bfloat16 and which stay in float32 under ``precision="bf16-mixed"``: on a Gaudi it
+    checks the bridge loaded the lists (``lightning_gaudi.configure(autocast_bf16_ops=..., autocast_fp32_ops=...)``
+    before the Trainer), in eager emulation it sets :class:`~lightning_gaudi.HPUPrecision`'s ``op_lists``.
 
     Args:
-        bf16_ops: op names to run in bfloat16, e.g. ``["linear", "matmul", "gelu"]`` (on a Gaudi, the runtime's).
+        bf16_ops: op names to run in bfloat16, e.g. ``["linear", "matmul", "gelu"]``; ``None``: the runtime's list.
         fp32_ops: op names to keep in float32, e.g. ``["softmax", "log_softmax", "nll_loss"]``.
 
     Raises:
-        ValueError: an unknown op name (with close matches), an op in both lists; at set-up, a precision other than
-            ``bf16-mixed``, or a plugin other than ``HPUPrecision`` where lists apply.
+        ValueError: an unknown op name or one in both lists; at set-up, a precision other than ``bf16-mixed``.
         RuntimeError: at set-up on a Gaudi, lists that the bridge did not load.
     """
 

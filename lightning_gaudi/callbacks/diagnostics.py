@@ -92,8 +92,7 @@ _TRAINER_ENTRIES = frozenset({"fit", "validate", "test", "predict"})
 
 @dataclass(frozen=True)
 class SyncSource:
-    """Where a host sync came from: ``"file.py:line"``, the source line, the trainer's phase (``"training step"``,
-    ``"logging"``, ``"progress bar"``...) and whether the line is the user's (not Lightning's or lightning_gaudi's)."""
+    """Where a host sync came from, the trainer's phase, and whether the line is the user's (not a library's)."""
 
     location: str
     code: str
@@ -110,11 +109,8 @@ def _show_path(filename: str) -> str:
 
 
 def find_sync_source(frame: FrameType | None, default_phase: str) -> SyncSource | None:
-    """The user's line a host sync came from, walking out from ``frame`` past torch and the standard library.
-
-    When the walk reaches ``Trainer.fit`` first, the sync is the library's own and its innermost frame is named. The
-    phase is the innermost Lightning frame's that says one, else ``default_phase``.
-    """
+    """The user's line a host sync came from, walking out from ``frame`` past torch and the standard library (past
+    ``Trainer.fit``: the library's innermost frame); the phase of the innermost Lightning frame that says one."""
     library: FrameType | None = None
     user: FrameType | None = None
     phase: str | None = None
@@ -139,11 +135,8 @@ def find_sync_source(frame: FrameType | None, default_phase: str) -> SyncSource 
 
 
 class SyncSourceMode(TorchFunctionMode):
-    """While entered, attributes each host sync to its source line (:func:`find_sync_source`).
-
-    Every torch function called from Python is timed against ``read_syncs()`` (two counter reads per call: opt-in
-    diagnostics only); ``phase()`` is the trainer's coarse phase, for syncs no Lightning frame explains.
-    """
+    """While entered, attributes each host sync (counted by ``read_syncs()`` around every torch function: opt-in
+    diagnostics only) to its source line (:func:`find_sync_source`)."""
 
     def __init__(self, read_syncs: Callable[[], int], phase: Callable[[], str]) -> None:
         super().__init__()
@@ -194,20 +187,9 @@ class _Batch:
 
 
 class GraphDiagnostics(Callback):
-    """Reports every graph compilation after warm-up with its cause, in lazy mode and in compile mode.
-
-    Warm-up is ``warmup_steps`` optimizer steps. Each kind of later compilation is warned about once, with its cause:
-    in compile mode dynamo's most relevant failed guard, a hit recompile limit (even in warm-up) and graph breaks with
-    the user's line; in lazy mode new input shapes, the first step after validation, of an epoch or reading logged
-    values, else a baked-in Python number or data-dependent shapes. Under lazy emulation host syncs are counted and
-    traced to their source line (:class:`SyncSourceMode`), CPU fallbacks counted by op (emulator artefacts there).
-
-    The end-of-fit summary is printed, logged (``graph_diagnostics/<key>``, numbers only) and kept in :attr:`summary`:
-    ``mode``, ``warmup_steps``, ``optimizer_steps``, ``graph_compilations`` (also ``_in_warmup``, ``_after_warmup``),
-    ``validation_graph_compilations``, ``frames_compiled``, ``recompiles``, ``recompile_reasons``, ``graph_breaks``,
-    ``distinct_input_shapes``, ``compilations_by_shape``, ``host_syncs`` (``_per_step``, ``_by_phase``),
-    ``host_sync_sources``, ``host_sync_source_details``, ``cpu_fallbacks`` (``_source``), ``recompile_limit_hit``,
-    ``compiled_graphs`` (:class:`HPUCompile`'s); ``None`` where this mode does not count it.
+    """Reports every graph compilation after warm-up with its cause, in lazy mode and in compile mode; host syncs and
+    CPU fallbacks. The end-of-fit summary is printed, logged (``graph_diagnostics/<key>``) and kept in :attr:`summary`
+    (``None`` where this mode does not count a key); docs/callbacks.md lists the causes and the keys.
 
     Args:
         warmup_steps: optimizer steps allowed to compile graphs.
@@ -228,7 +210,7 @@ class GraphDiagnostics(Callback):
         self._first_step = 0
         self._phase = "other"
         self._last: hpu.LazyCounters | None = None
-        self._start: hpu.LazyCounters | None = None
+
         self._frames = 0
         self._log: dynamo.CompilationLog | None = None
         self._recorder: dynamo.GraphBreakRecorder | None = None
@@ -455,8 +437,8 @@ class GraphDiagnostics(Callback):
         self._module = pl_module
         if backend.is_lazy():
             self._mode = "lazy"
-            self._start = self._last = backend.lazy_counters()
-            if self._start is not None and self._start.host_syncs is not None:
+            self._last = backend.lazy_counters()
+            if self._last is not None and self._last.host_syncs is not None:
                 self._sync_sources = SyncSourceMode(self._read_syncs, self._coarse_phase)
                 self._sync_sources.start()
             return
@@ -560,12 +542,11 @@ class GraphDiagnostics(Callback):
         steps = trainer.global_step - self._first_step
         syncs: int | None = None
         by_phase: dict[str, int] | None = None
-        if self._mode == "lazy" and self._start is not None and self._start.host_syncs is not None:
-            by_phase = {phase: self._syncs[phase] for phase in ("training", "validation", "other")}
-            syncs = sum(by_phase.values())
         sources: dict[str, int] | None = None
         details: list[dict[str, Any]] | None = None
-        if self._sync_sources is not None and syncs is not None:
+        if self._sync_sources is not None:  # lazy mode, where host syncs are counted
+            by_phase = {phase: self._syncs[phase] for phase in ("training", "validation", "other")}
+            syncs = sum(by_phase.values())
             found = self._sync_sources.sources.most_common()
             by_location: Counter[str] = Counter()
             for where, count in found:
@@ -660,8 +641,7 @@ def _warn_module_compile_of_torch_modules(pl_module: nn.Module) -> None:
 
 
 def _reads_logged(trainer: pl.Trainer, batch_idx: int) -> str | None:
-    """Who reads the values logged with ``self.log`` at the end of this batch: the logger (Lightning writes every
-    ``log_every_n_steps`` optimizer steps) or the progress bar (every ``refresh_rate`` batches), else ``None``."""
+    """Who reads the values logged with ``self.log`` at the end of this batch: the logger, the progress bar or none."""
     every = getattr(trainer, "log_every_n_steps", 0)
     if trainer.loggers and every and (trainer.global_step + 1) % every == 0:
         return "the logger"

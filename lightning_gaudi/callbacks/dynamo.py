@@ -1,23 +1,7 @@
-"""Reading what ``torch.compile`` records about itself: compilations, recompile reasons, graph breaks, caches.
-
-torch has no public API for these; this module alone reads dynamo's private records (it patches nothing):
-
-- ``torch._dynamo.utils.counters``: frames asked to compile (``["frames"]["total"]``), graphs compiled
-  (``["stats"]["unique_graphs"]``);
-- ``get_compilation_metrics()``: a record per compiled frame with its code location, ``recompile_reason`` and
-  ``fail_type``/``fail_reason`` (a hit recompile limit: "Dynamo recompile limit exceeded" from torch 2.11,
-  ``RecompileLimitExceeded`` "recompile_limit reached", without the code location, before);
-- ``guard_failures``: per code object, the failed guard of every cached graph, each recompile;
-- the ``graph_breaks`` logger, naming each break's user line ("Graph break in user code at FILE:LINE") at ``DEBUG``;
-- ``_debug_get_cache_entry_list(code)``: the graphs held for a code object; ``config.recompile_limit``,
-  ``optimize_ddp``; ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``;
-- DDPOptimizer's ``INFO`` record "DDPOptimizer used bucket cap N and created M buckets";
-- ``torch._inductor.cpp_builder.get_cpp_compiler()``; ``nn.Module._compiled_call_impl`` (``nn.Module.compile()``) and
-  ``_torchdynamo_orig_callable`` (what a ``torch.compile`` result calls).
-
-Nothing is imported before it is needed. On a torch older than :data:`SUPPORTED_TORCH`, or one lacking a target,
-:func:`available` is ``False``, every reader returns nothing, and callers say what they cannot report and why.
-``tests/callbacks/test_dynamo.py`` holds the canaries (docs/compat.md).
+"""Reading what ``torch.compile`` records about itself (compilations, recompile reasons, graph breaks, caches) from
+dynamo's private records (:data:`TARGETS`, the loggers named below); this module patches nothing and imports nothing
+before it is needed. Where a target is missing, :func:`available` is ``False``, every reader returns nothing, and
+callers say what they cannot report and why. ``tests/callbacks/test_dynamo.py`` holds the canaries (docs/compat.md).
 """
 
 from __future__ import annotations
@@ -31,11 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import Self
-
-#: The lowest torch these readers were tested on (docs/compat.md); newer ones are read wherever the targets resolve.
-SUPPORTED_TORCH = "torch>=2.7"
 
 #: Every private target, as ``module:attribute``; :func:`missing_targets` resolves them.
 TARGETS = (
@@ -47,7 +27,6 @@ TARGETS = (
     "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
     "torch._dynamo.config:recompile_limit",
     "torch._dynamo.config:optimize_ddp",
-    "torch._dynamo.backends.distributed:log",
 )
 #: The fields of ``CompilationMetrics`` that are read.
 METRIC_FIELDS = ("co_name", "co_filename", "co_firstlineno", "recompile_reason", "fail_type", "fail_reason")
@@ -63,12 +42,6 @@ _REASON_PREFIX = re.compile(r"^\d+/(\d+): ")
 _MODE_GUARD = re.compile(r"grad_mode|\.training\b|is_inference")
 _GRAPH_BREAK = re.compile(r"in user code at (?P<where>.+?):(?P<line>\d+)\s*\nGraph Break Reason: (?P<reason>.*)", re.S)
 _ENCOUNTERED = "Encountered graph break when attempting to trace"
-_DDP_BUCKETS = re.compile(r"DDPOptimizer used bucket cap (?P<cap>\d+) and created (?P<buckets>\d+) buckets")
-
-
-def _ddp_buckets(message: str) -> int | None:
-    match = _DDP_BUCKETS.search(message)
-    return None if match is None else int(match["buckets"])
 
 
 def _resolve(target: str) -> Any:
@@ -97,13 +70,8 @@ def missing_targets() -> list[str]:
 
 @functools.cache
 def _unavailable() -> str | None:
-    supported = RequirementCache(SUPPORTED_TORCH)
-    if not supported:
-        return f"lightning_gaudi reads torch.compile's records from {SUPPORTED_TORCH} on ({supported.message})"
     missing = missing_targets()
-    if missing:
-        return f"this torch lacks {', '.join(missing)}"
-    return None
+    return f"this torch lacks {', '.join(missing)}" if missing else None
 
 
 def available() -> bool:
@@ -124,8 +92,7 @@ def frames_started() -> int:
 
 
 def graphs_compiled() -> int:
-    """How many graphs dynamo has compiled in this process (frames that compiled no graph, backward graphs and
-    recompiles of frames that compiled none do not count)."""
+    """How many graphs dynamo has compiled in this process (forward graphs only)."""
     return int(_counters()["stats"]["unique_graphs"]) if available() else 0
 
 
@@ -143,8 +110,7 @@ def cache_entries(code_or_fn: Any) -> int:
 
 
 def ddp_first_bucket_bytes() -> int | None:
-    """The first-bucket size dynamo's DDPOptimizer (``optimize_ddp``) asserts is no larger than DDP's
-    ``bucket_cap_mb``, or ``None`` when it does not split graphs at DDP's buckets."""
+    """The first-bucket size DDPOptimizer requires ``bucket_cap_mb`` to reach; ``None`` when it is off."""
     if not available():
         return None
     mode = _resolve("torch._dynamo.config:optimize_ddp")
@@ -152,8 +118,7 @@ def ddp_first_bucket_bytes() -> int | None:
         return None
     import torch.distributed
 
-    value = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", None)
-    return int(value) if value is not None else 1024 * 1024
+    return int(torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 def compiled_by_module_compile(module: Any) -> bool:
@@ -184,16 +149,9 @@ def cpp_compiler() -> str | None:
 
 @dataclass(frozen=True)
 class Compilation:
-    """One frame dynamo compiled (or tried to).
-
-    Attributes:
-        function: the compiled function and where it is defined, e.g. ``"forward (model.py:12)"``.
-        recompile_reason: the most relevant failed guard of the cached graphs (a mode switch only when no other guard
-            failed); ``None`` for a first compilation.
-        failure: why the compilation failed (the frame then runs uncompiled), or ``None``.
-        recompile_limit_hit: the function already held ``recompile_limit`` graphs, so this input runs uncompiled.
-        other_reasons: the failed guards of the other cached graphs.
-    """
+    """One frame dynamo compiled (or tried to): the function (``"forward (model.py:12)"``), the most relevant failed
+    guard of the cached graphs (``None`` for a first compilation) and the others', why it failed, and whether the
+    function already held ``recompile_limit`` graphs (this input runs uncompiled)."""
 
     function: str | None
     recompile_reason: str | None
@@ -206,26 +164,18 @@ def _first_line(reason: str) -> str:
     return _REASON_PREFIX.sub("", reason.strip().splitlines()[0])
 
 
-def _compilation(record: Any) -> Compilation:
-    name = getattr(record, "co_name", None)
-    function = None
-    if name:
-        function = f"{name} ({getattr(record, 'co_filename', '?')}:{getattr(record, 'co_firstlineno', '?')})"
-    reason = getattr(record, "recompile_reason", None)
-    if reason:
-        reason = _first_line(reason)
-    fail_reason = (getattr(record, "fail_reason", None) or "").strip()
-    fail_type = getattr(record, "fail_type", None)
+def _compilation(record: Any) -> Compilation:  # a CompilationMetrics: every field of METRIC_FIELDS is there
+    function = f"{record.co_name} ({record.co_filename}:{record.co_firstlineno})" if record.co_name else None
+    reason = _first_line(record.recompile_reason) if record.recompile_reason else None
+    fail_reason = (record.fail_reason or "").strip()
+    fail_type = record.fail_type
     failure = f"{fail_type}: {fail_reason.splitlines()[0] if fail_reason else ''}".strip() if fail_type else None
     limit_hit = fail_type == "RecompileLimitExceeded" or _LIMIT_HIT.match(fail_reason) is not None
-    return Compilation(function, reason or None, failure, limit_hit)
+    return Compilation(function, reason, failure, limit_hit)
 
 
 class CompilationLog:
-    """The frames compiled since the log was made (or last read), in order.
-
-    Dynamo keeps its last 64 records; read at least that often (once per training step is plenty).
-    """
+    """The frames compiled since the log was made (or last read), in order; dynamo keeps its last 64 records."""
 
     def __init__(self) -> None:
         self._last: Any = None
@@ -258,12 +208,7 @@ class CompilationLog:
         if not available():
             return []
         records = _resolve("torch._dynamo.utils:get_compilation_metrics")()
-        start = 0
-        if self._last is not None:
-            for index in range(len(records) - 1, -1, -1):
-                if records[index] is self._last:
-                    start = index + 1
-                    break
+        start = next((index + 1 for index in reversed(range(len(records))) if records[index] is self._last), 0)
         if records:
             self._last = records[-1]
         failures = self._guard_failures()
@@ -287,12 +232,7 @@ class CompilationLog:
 
 @dataclass(frozen=True)
 class GraphBreak:
-    """Where and why dynamo split a graph.
-
-    Attributes:
-        location: the user's source line, ``"path/to/model.py:18"``.
-        reason: dynamo's reason and its explanation, e.g. ``"Failed to trace builtin operator: ..."``.
-    """
+    """Where (the user's ``"model.py:18"``) and why (dynamo's reason and explanation) dynamo split a graph."""
 
     location: str
     reason: str
@@ -311,10 +251,18 @@ def _graph_break(message: str) -> GraphBreak | None:
     return GraphBreak(f"{match['where']}:{match['line']}", reason)
 
 
-class _Handler(logging.Handler):
+class _LogRecorder(logging.Handler):
+    """Collects what ``parse`` finds in the records of dynamo's logger ``_target`` at ``level`` while started,
+    without printing them (unless ``TORCH_LOGS`` enabled them); the last recorder of its class restores the logger."""
+
+    _target: ClassVar[str]
+    _active: ClassVar[int] = 0
+    _saved: ClassVar[tuple[int, bool] | None] = None
+
     def __init__(self, level: int, parse: Callable[[str], Any], sink: Callable[[Any], None]) -> None:
         super().__init__(level)
         self._parse, self._sink = parse, sink
+        self._started = False
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -324,36 +272,18 @@ class _Handler(logging.Handler):
         if found is not None:
             self._sink(found)
 
-
-class _LogRecorder:
-    """Collects what ``parse`` finds in the records of dynamo's logger ``_target`` at ``_level``, while started.
-
-    Starting enables those records without printing them (they stop here unless the user's ``TORCH_LOGS`` enabled
-    them already); the last recorder of its class to stop restores the logger. Use as a context manager or with
-    :meth:`start`/:meth:`stop`.
-    """
-
-    _target: ClassVar[str]
-    _level: ClassVar[int]
-    _active: ClassVar[int] = 0
-    _saved: ClassVar[tuple[int, bool] | None] = None
-
-    def __init__(self, parse: Callable[[str], Any], sink: Callable[[Any], None]) -> None:
-        self._handler = _Handler(self._level, parse, sink)
-        self._started = False
-
     def start(self) -> None:
         """Starts recording (idempotent); does nothing where :func:`available` is ``False``."""
         if self._started or not available():
             return
         logger = _resolve(self._target)
         cls = type(self)
-        if cls._active == 0 and not logger.isEnabledFor(self._level):
+        if cls._active == 0 and not logger.isEnabledFor(self.level):
             cls._saved = (logger.level, logger.propagate)
-            logger.setLevel(self._level)
+            logger.setLevel(self.level)
             logger.propagate = False
         cls._active += 1
-        logger.addHandler(self._handler)
+        logger.addHandler(self)
         self._started = True
 
     def stop(self) -> None:
@@ -361,7 +291,7 @@ class _LogRecorder:
         if not self._started:
             return
         logger = _resolve(self._target)
-        logger.removeHandler(self._handler)
+        logger.removeHandler(self)
         self._started = False
         cls = type(self)
         cls._active -= 1
@@ -379,30 +309,10 @@ class _LogRecorder:
 
 
 class GraphBreakRecorder(_LogRecorder):
-    """Collects dynamo's graph breaks, with their source lines, in :attr:`breaks` while started.
-
-    Dynamo formats a graph break's user location only when its ``graph_breaks`` logger is enabled for ``DEBUG``, which
-    costs time only while compiling.
-    """
+    """Collects dynamo's graph breaks with their source lines (logged at ``DEBUG``) in :attr:`breaks`."""
 
     _target = "torch._dynamo.symbolic_convert:graph_break_log"
-    _level = logging.DEBUG
 
     def __init__(self) -> None:
         self.breaks: list[GraphBreak] = []
-        super().__init__(_graph_break, self.breaks.append)
-
-
-class DDPSplitRecorder(_LogRecorder):
-    """Collects, in :attr:`splits`, how many sub-graphs dynamo's DDPOptimizer split each compiled graph into.
-
-    DDPOptimizer compiles one sub-graph per DDP gradient bucket (``bucket_cap_mb``) of a graph compiled inside a
-    ``DistributedDataParallel`` forward, and logs the bucket count at ``INFO``.
-    """
-
-    _target = "torch._dynamo.backends.distributed:log"
-    _level = logging.INFO
-
-    def __init__(self) -> None:
-        self.splits: list[int] = []
-        super().__init__(_ddp_buckets, self.splits.append)
+        super().__init__(logging.DEBUG, _graph_break, self.breaks.append)

@@ -15,10 +15,8 @@ from lightning_gaudi.kernels import Factory, Kernels, fuse_kernels
 
 class FusedKernels(Callback):
     """Runs the model's attention, RMSNorm and RoPE on Gaudi's FusedSDPA, FusedRMSNorm and FusedRoPE: at setup,
-    :func:`~lightning_gaudi.kernels.fuse_kernels` replaces the LightningModule's modules of the mapped types
-    (``torch.nn.RMSNorm``, Hugging Face LLaMA's RMSNorm and attention by default) and logs what it replaced. The
-    replacements stay (checkpoints keep their keys); modules built in ``configure_model`` are not seen (call
-    ``fuse_kernels`` there). A call a kernel cannot take runs torch's op, warned once.
+    :func:`~lightning_gaudi.kernels.fuse_kernels` replaces the LightningModule's modules (not those built in
+    ``configure_model``: call it there) of the mapped types; checkpoints keep their keys.
 
     Args:
         sdpa: attention on FusedSDPA.

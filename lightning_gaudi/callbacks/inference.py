@@ -23,8 +23,8 @@ EVAL_STAGES = ("validate", "test", "predict")
 
 
 class HPUGraphs(Callback):
-    """Captures the module's forward as an HPU graph for the evaluation ``stages`` in lazy mode; training runs the
-    plain forward. Outside lazy mode it warns and does nothing (use :class:`HPUCompile` there)."""
+    """Captures the module's forward as an HPU graph for the evaluation ``stages`` in lazy mode (elsewhere it warns and
+    does nothing); training runs the plain forward."""
 
     def __init__(self, stages: Iterable[str] = EVAL_STAGES) -> None:
         self.stages = tuple(stages)
@@ -84,20 +84,17 @@ def _repeated(module: nn.Module) -> bool:
 
 
 def _blocks(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    for name, child in module.named_children():
-        path = f"{prefix}.{name}"
-        if _repeated(child):
-            yield from ((f"{path}.{n}", block) for n, block in child.named_children() if _has_parameters(block))
-        else:
-            yield from _blocks(path, child)
+    """The blocks of the repeated containers in ``module`` (itself, or the outermost below it)."""
+    if _repeated(module):
+        yield from ((f"{prefix}.{n}", block) for n, block in module.named_children() if _has_parameters(block))
+    else:
+        for name, child in module.named_children():
+            yield from _blocks(f"{prefix}.{name}", child)
 
 
 def compile_targets(pl_module: nn.Module, regional: bool = False) -> list[tuple[str, nn.Module]]:
-    """The modules :class:`HPUCompile` compiles in ``pl_module``, by qualified name.
-
-    Every direct child with parameters (or the elements of a child ``nn.ModuleList``/``nn.ModuleDict``); with
-    ``regional``, each block of their repeated containers instead, where they have any.
-    """
+    """The modules :class:`HPUCompile` compiles in ``pl_module`` by qualified name: every direct child with parameters
+    (or the elements of a child container); with ``regional``, each block of their repeated containers instead."""
     tops: list[tuple[str, nn.Module]] = []
     for name, child in pl_module.named_children():
         if isinstance(child, _CONTAINERS):
@@ -106,14 +103,7 @@ def compile_targets(pl_module: nn.Module, regional: bool = False) -> list[tuple[
             tops.append((name, child))
     if not regional:
         return tops
-    regions: list[tuple[str, nn.Module]] = []
-    for name, top in tops:
-        if _repeated(top):
-            blocks = [(f"{name}.{n}", block) for n, block in top.named_children() if _has_parameters(block)]
-        else:
-            blocks = list(_blocks(name, top))
-        regions += blocks or [(name, top)]
-    return regions
+    return [region for name, top in tops for region in list(_blocks(name, top)) or [(name, top)]]
 
 
 def _call_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -127,12 +117,11 @@ def _entry(module: nn.Module) -> Callable[..., Any]:
     """A frame dynamo traces for the forward of one of torch's own modules (dynamo never starts tracing in torch's
     files), one code object per structure, so modules built alike share their graphs and recompilation count."""
     key = tuple(type(m) for m in module.modules())
-    if key in _entries:
-        return _entries[key]
-    name = f"{type(module).__name__}_forward"
-    code = _call_forward.__code__.replace(co_name=name)  # a new code object, even with the same name
-    entry = _entries[key] = types.FunctionType(code, _call_forward.__globals__, name)
-    return entry
+    if key not in _entries:
+        name = f"{type(module).__name__}_forward"
+        code = _call_forward.__code__.replace(co_name=name)  # a new code object, even with the same name
+        _entries[key] = types.FunctionType(code, _call_forward.__globals__, name)
+    return _entries[key]
 
 
 class CompiledForward:
@@ -171,14 +160,9 @@ def _plain_forward(module: nn.Module) -> Callable[..., Any]:
     return types.MethodType(type(module).forward, module)
 
 
-def _compile_mode() -> bool:
-    return runtime.Runtime.from_env().execution_mode == "compile"
-
-
 class HPUCompile(Callback):
-    """Compiles the modules the steps call (:func:`compile_targets`) with ``torch.compile`` in eager mode.
-
-    Each ``forward`` is replaced in place until teardown; in compile mode the HPU strategies add a default one.
+    """Compiles the modules the steps call (:func:`compile_targets`) with ``torch.compile`` in eager mode, each
+    ``forward`` replaced in place until teardown; in compile mode the HPU strategies add a default one.
 
     Args:
         regional: compile the repeated blocks instead of the whole child modules (faster cold compile). The blocks
@@ -396,7 +380,7 @@ def _check_ddp_buckets(trainer: pl.Trainer) -> None:
 def add_default_compile(trainer: pl.Trainer) -> HPUCompile | None:
     """In compile mode, puts a default :class:`HPUCompile` first in ``trainer.callbacks`` unless one is configured."""
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
-    if any(isinstance(c, HPUCompile) for c in callbacks) or not _compile_mode():
+    if any(isinstance(c, HPUCompile) for c in callbacks) or runtime.Runtime.from_env().execution_mode != "compile":
         return None
     callback = HPUCompile()
     callbacks.insert(0, callback)

@@ -19,18 +19,9 @@ def check_interval(name: str, value: Any, allow_zero: bool = False) -> None:
 
 
 class MemoryStats(DeviceStatsMonitor):
-    """Lightning's ``DeviceStatsMonitor`` over :meth:`~lightning_gaudi.HPUAccelerator.get_device_stats`.
-
-    Logs the bridge's ``memory_stats`` (``MemoryStats.on_train_batch_end/hpu/InUse (GiB)``...; in emulation this
-    process's resident memory, its peak, and the machine's) at the end of the training batches on which Lightning
-    writes metrics: one row per logging step (``MaxInUse`` holds the peak since). A Trainer without a logger is fine.
-
-    Args:
-        cpu_stats: also log the host's CPU statistics (``DeviceStatsMonitor``'s argument).
-    """
-
-    def __init__(self, cpu_stats: bool | None = None) -> None:
-        super().__init__(cpu_stats=cpu_stats)
+    """Lightning's ``DeviceStatsMonitor`` over :meth:`~lightning_gaudi.HPUAccelerator.get_device_stats` (the bridge's
+    ``memory_stats``; in emulation this process's and the machine's memory), logged at the end of the training batches
+    on which Lightning writes metrics (``MaxInUse`` holds the peak since). ``cpu_stats``: also the host's CPU's."""
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

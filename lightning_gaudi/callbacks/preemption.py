@@ -74,13 +74,9 @@ def _parse_signal(value: str | int) -> signal.Signals:
 
 
 class PreemptionCheckpoint(Callback):
-    """Saves a checkpoint and stops every rank within ``grace_period`` seconds when the job gets SIGTERM.
-
-    The ranks agree in a background vote on the job's rendezvous store
-    (:class:`~lightning_gaudi.distributed.agreement.StopVote`: within a quarter of ``grace_period`` whatever the step
-    time), stop at the same optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise
-    :class:`Preempted` (exit 143 for SIGTERM); a rank still running after ``grace_period`` exits at once. It replaces
-    Lightning's SIGTERM handling during ``fit``.
+    """Saves a checkpoint and stops every rank within ``grace_period`` seconds when the job gets SIGTERM, in place of
+    Lightning's handling: the ranks agree in a background vote (``distributed.agreement.StopVote``), stop
+    at the same optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise :class:`Preempted` (exit 143).
 
     Args:
         grace_period: seconds from the signal to the exit: below the scheduler's kill delay, above a step plus a save.
@@ -97,9 +93,8 @@ class PreemptionCheckpoint(Callback):
         signals: Sequence[str] = ("SIGTERM",),
         enabled: bool = True,
     ) -> None:
-        if isinstance(grace_period, bool) or not isinstance(grace_period, int | float):
-            raise ValueError(f"PreemptionCheckpoint(grace_period={grace_period!r}) must be a number of seconds.")
-        if not math.isfinite(grace_period) or grace_period <= 0:
+        number = isinstance(grace_period, int | float) and not isinstance(grace_period, bool)
+        if not number or not math.isfinite(grace_period) or grace_period <= 0:
             raise ValueError(
                 f"PreemptionCheckpoint(grace_period={grace_period!r}) must be a positive, finite number of seconds:"
                 " the time from the signal to the exit."
@@ -127,19 +122,13 @@ class PreemptionCheckpoint(Callback):
         self._took_sigterm = False
         self._saving: str | None = None
 
-    @property
-    def requested(self) -> int:
-        """The signal this rank received during the fit (0 for none)."""
-        return self._requested
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self._trainer = trainer
         if not self.enabled:
-            # no checkpoint: SIGTERM ends the ranks as it ends any program (and Lightning's per-batch broadcast of
-            # the signal, a blocking collective, stays off)
+            # SIGTERM ends the ranks as any program, without Lightning's per-batch broadcast (a blocking collective)
             if signal.SIGTERM in self.signals:
                 self._took_sigterm = signal_patch.take_over_sigterm(trainer, self._end)
             return

@@ -163,13 +163,12 @@ class HPUThroughputMonitor(Callback):
                 f"HPUThroughputMonitor: no batch after the {self.warmup_steps} warm-up steps; nothing to report."
             )
             return
-        self.summary = {"seconds": seconds, "samples": samples, "steps": steps, **self._rates(*self._fit_totals)}
+        rates = self._rates(*self._fit_totals)
+        self.summary = {"seconds": seconds, "samples": samples, "steps": steps, **rates}
         if self._has_tokens:
             self.summary["tokens"] = tokens
-        rates = ", ".join(
-            f"{value:,.1f} {name.replace('_per_sec', '/s')}" for name, value in self._rates(*self._fit_totals).items()
-        )
         rank_zero_info(
             f"Throughput over {steps:,.0f} steps ({samples:,.0f} samples, {seconds:.2f} s after"
-            f" {self.warmup_steps} warm-up steps, without validation and checkpointing): {rates}"
+            f" {self.warmup_steps} warm-up steps, without validation and checkpointing): "
+            + ", ".join(f"{value:,.1f} {name.replace('_per_sec', '/s')}" for name, value in rates.items())
         )

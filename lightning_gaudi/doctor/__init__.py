@@ -1,13 +1,8 @@
 """What works on this machine, as one report to attach to an issue: ``python -m lightning_gaudi.doctor [--out FILE]``.
 
-It needs only the installed package. It reads the stack (Gaudi software, cards through ``pyhlml`` when installed,
-torch, Lightning, DeepSpeed, INC), then runs built-in checks, each in a worker process stopped when it overruns
-``--timeout``: each execution mode (eager, compile, lazy where the build has it), ``mark_step``, the memory
-statistics, bf16 autocast, the fused kernels against their reference math, fused AdamW against torch's, an all-reduce,
-a short fit per strategy (``hpu_parallel`` on every card pair), HPU graphs, FP8 where the card has it, and a small
-model's throughput in each mode. Under ``LIGHTNING_GAUDI_EMULATE`` the same checks run on the emulator. ``--tests``
-also runs the repository's bridge tests (from a source checkout). The exit status is 0 when every check passed or was
-skipped, 1 when one failed or nothing could run, 2 on bad arguments.
+The stack, then the built-in checks, each in a worker process stopped when it overruns ``--timeout``; docs/compat.md
+("The doctor") lists them. The exit status is 0 when every check passed or was skipped, 1 when one failed or nothing
+could run, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -40,10 +35,8 @@ __all__ = ["Outcome", "main"]
 ROOT = Path(__file__).resolve().parents[2]
 #: The emulator's test selection that ``--tests`` runs without a Gaudi.
 EMULATOR_TESTS = ("tests/test_accelerator.py", "tests/hpu/test_runtime.py", "tests/callbacks/test_dynamo.py")
-#: Lines of output kept in the report for a failed process.
-TAIL = 40
 #: The strategies a short fit runs on, with the cards each takes (``hpu_parallel``: every card pair).
-FIT_STRATEGIES = (("hpu_single", 1), ("hpu_parallel", 2), ("hpu_fsdp", 2), ("hpu_model_parallel", 2))
+FIT_STRATEGIES = {"hpu_single": 1, "hpu_parallel": 2, "hpu_fsdp": 2, "hpu_model_parallel": 2, "hpu_deepspeed": 2}
 #: The most cards the all-reduce spans.
 MAX_CARDS = 8
 
@@ -147,8 +140,7 @@ def _forward(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> 
 
 
 def run_group(mode: str, names: list[str], env: Mapping[str, str], timeout: float, work: Path) -> dict[str, Outcome]:
-    """Runs checks ``names`` in a worker process for ``mode``; a check that overruns ``timeout`` seconds or kills its
-    process fails, and the next ones run in a new worker."""
+    """Runs checks ``names`` in a worker process for ``mode``, a new worker after one that overran or died."""
     results: dict[str, Outcome] = {}
     pending = list(names)
     while pending:
@@ -213,8 +205,7 @@ def _card_pairs(devices: int, env: Mapping[str, str], emulated: bool) -> list[tu
 def multi_process_checks(
     devices: int, emulated: bool, env: Mapping[str, str], timeout: float, work: Path, only: list[str] | None = None
 ) -> dict[str, Outcome]:
-    """The all-reduce and a short fit per strategy (those whose names start with one in ``only``), each in its own
-    processes."""
+    """The all-reduce and a short fit per strategy (those named by ``only``), each in its own processes."""
     results: dict[str, Outcome] = {}
 
     def wanted(name: str) -> bool:
@@ -229,8 +220,11 @@ def multi_process_checks(
             if cards < 2
             else run_process([*module, "allreduce", str(cards), str(work / "allreduce.json")], env, timeout, work)
         )
-    for strategy, needed in FIT_STRATEGIES:
+    for strategy, needed in FIT_STRATEGIES.items():
         if not wanted(f"fit, {strategy}"):
+            continue
+        if strategy == "hpu_deepspeed" and _version("deepspeed") == "not installed":
+            results[f"fit, {strategy}"] = Outcome(SKIPPED, "DeepSpeed is not installed")
             continue
         if needed > devices:
             results[f"fit, {strategy}"] = Outcome(SKIPPED, f"needs {needed} cards, {devices} seen")
@@ -243,13 +237,6 @@ def multi_process_checks(
                 run_env["HABANA_VISIBLE_MODULES"] = ",".join(pair)
             out = work / f"fit-{strategy}-{'-'.join(pair or ())}.json"
             results[name] = run_process([*module, "fit", strategy, str(needed), str(out)], run_env, timeout, work)
-    if wanted("fit, hpu_deepspeed") and _version("deepspeed") == "not installed":
-        results["fit, hpu_deepspeed"] = Outcome(SKIPPED, "DeepSpeed is not installed")
-    elif wanted("fit, hpu_deepspeed") and devices >= 2:
-        out = work / "fit-hpu_deepspeed.json"
-        results["fit, hpu_deepspeed"] = run_process(
-            [*module, "fit", "hpu_deepspeed", "2", str(out)], env, timeout, work
-        )
     for name, outcome in results.items():
         print(f"lightning_gaudi.doctor: {name}: {outcome.status} {outcome.figure}", file=sys.stderr)
     return results

@@ -1,8 +1,5 @@
-"""The doctor's in-process checks: each takes the backend and returns an :class:`Outcome`; raising is a failure.
-
-They run in a worker process (:mod:`.worker`) that the report's runner can stop when a check overruns its time.
-Kernels are compared with their reference math, fused optimizers with torch's; figures are measured, never assumed.
-"""
+"""The doctor's in-process checks, run by :mod:`.worker`: each takes the backend and returns an :class:`Outcome`;
+raising is a failure. Kernels are compared with their reference math, fused optimizers with torch's."""
 
 from __future__ import annotations
 

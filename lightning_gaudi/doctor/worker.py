@@ -1,6 +1,5 @@
-"""``python -m lightning_gaudi.doctor.worker MODE CHECK...``: runs the named checks of :mod:`.checks` in execution
-mode ``MODE`` and reports each on stdout as a line ``<MARK>{json}``: ``{"start": name}`` before it runs, then its
-outcome. The runner sets the environment for the mode (:func:`mode_environment`)."""
+"""``python -m lightning_gaudi.doctor.worker MODE CHECK...``: runs the named checks of :mod:`.checks` and reports each
+on stdout as a line ``<MARK>{json}``: ``{"start": name}`` before it runs, then its outcome."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""FP8 training (``precision="fp8"``) and inference (Intel Neural Compressor) on Intel Gaudi 2 and later, with their
-numerics emulated on the CPU."""
+"""FP8 training (``precision="fp8"``) and inference on Intel Gaudi 2 and later, emulated on the CPU."""
 
 from __future__ import annotations
 

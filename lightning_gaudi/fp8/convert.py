@@ -13,8 +13,7 @@ FP8_MULTIPLE = 16
 
 @dataclass
 class Conversion:
-    """What :func:`convert_linear_layers` did: the FP8 layers by first qualified name, and the layers skipped as
-    ``"name (in_features -> out_features)"``."""
+    """What :func:`convert_linear_layers` did: the FP8 layers by first qualified name, and the layers skipped."""
 
     layers: dict[str, nn.Module] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
@@ -43,11 +42,8 @@ def fp8_compatible(linear: nn.Linear) -> bool:
 def convert_linear_layers(
     module: nn.Module, make: Callable[[nn.Linear], nn.Module], is_fp8: Callable[[nn.Module], bool]
 ) -> tuple[nn.Module, Conversion]:
-    """Replaces, in place, each ``nn.Linear`` of ``module`` whose shape suits FP8 with ``make(layer)``.
-
-    A shared layer is replaced by one FP8 layer everywhere; layers for which ``is_fp8`` is true stay. Returns the
-    model (a new one only when ``module`` is itself a convertible ``nn.Linear``) and the :class:`Conversion`.
-    """
+    """Replaces, in place, each ``nn.Linear`` of ``module`` whose shape suits FP8 with ``make(layer)`` (a shared layer
+    by one FP8 layer everywhere; ``is_fp8`` layers stay); returns the model (new if ``module`` itself was converted)."""
     conversion = Conversion()
     done: dict[int, nn.Module] = {}
 

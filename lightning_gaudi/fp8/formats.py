@@ -1,6 +1,5 @@
 """The FP8 formats (E4M3 forward, E5M2 gradients under "hybrid") and per-tensor scaled quantisation into them:
-``q = fp8(x * scale)``, read back as ``q / scale``; overflow saturates (as Transformer Engine does), NaN stays NaN.
-"""
+``q = fp8(x * scale)``, read back as ``q / scale``; overflow saturates (as in Transformer Engine), NaN stays NaN."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """FP8 inference on Gaudi 2 and later through Intel Neural Compressor (INC), in two runs: ``measure`` records the
-ranges of the supported layers over calibration batches into files at ``stats_path``; ``quantize`` (later, in any
-process) runs those layers in FP8 with scales from the files. In place and for good: a prepared model does not train.
-
-Emulated where the backend has no INC: each ``nn.Linear``'s input and weight pass through E4M3 at per-tensor scales
-``448 / amax`` (the input's measured, the weight's read when quantizing), accumulating in float32.
-"""
+layers' ranges into files at ``stats_path``, ``quantize`` (later, in any process) runs them in FP8 with those scales.
+Emulated where the backend has no INC (:class:`EmulatedNeuralCompressor`)."""
 
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ def _emulated_file(stats_path: str | os.PathLike[str]) -> str:
 
 
 def check_fp8_inference(mode: str, stats_path: str | os.PathLike[str] | None = None) -> None:
-    """Raises ``ValueError`` for a mode not in :data:`MODES` and, given ``stats_path``, ``FileNotFoundError`` when
-    ``quantize`` finds no measurements there."""
+    """Raises for a mode not in :data:`MODES` or, given ``stats_path``, when ``quantize`` finds no measurements."""
     if mode not in MODES:
         raise ValueError(f"FP8 inference got mode={mode!r}; choose 'measure' (first run) or 'quantize' (later runs).")
     if mode == "quantize" and stats_path is not None and not _measurements(stats_path):
@@ -111,7 +106,8 @@ def finalize_fp8_calibration(module: nn.Module) -> None:
 
 
 class EmulatedNeuralCompressor:
-    """:class:`~lightning_gaudi.hpu.fp8.NeuralCompressor`'s contract for ``nn.Linear`` layers (see the module)."""
+    """:class:`~lightning_gaudi.hpu.fp8.NeuralCompressor`'s contract for ``nn.Linear`` layers: input and weight pass
+    through E4M3 at per-tensor scales ``448 / amax`` (the input's measured), accumulating in float32."""
 
     def prepare(self, module: nn.Module, config: Mapping[str, Any]) -> nn.Module:
         amax: dict[str, Tensor] = {}

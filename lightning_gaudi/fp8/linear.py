@@ -1,9 +1,5 @@
-"""An emulated FP8 Linear: Transformer Engine's numerics on any device, for checking convergence without a Gaudi.
-
-Inside :func:`fp8_autocast`, :class:`FP8Linear` quantises input and weight (and in backward the output gradient) with
-delayed per-tensor scales, accumulating in float32. Its scaling state is non-persistent buffers, saved apart
-(:meth:`FP8Linear.fp8_state`); evaluation records nothing. Outside :func:`fp8_autocast` it is a plain ``nn.Linear``.
-"""
+"""An emulated FP8 Linear: Transformer Engine's numerics on any device, for checking convergence without a Gaudi
+(docs/strategies.md, "FP8")."""
 
 from __future__ import annotations
 
@@ -45,40 +41,19 @@ def is_fp8_enabled() -> bool:
     return _Autocast.depth > 0
 
 
-def _replace(buffer: Tensor, value: Tensor) -> None:
-    # zero_ then add_ rather than copy_: Lazy Tensor Core has no kernel for copy_ and would fall back to the host
-    buffer.zero_().add_(value)
-
-
-def _pushed(history: Tensor, rows: slice, amax: Tensor) -> Tensor:
-    """``history`` with this step's ``amax`` pushed in front of the histories of ``rows``."""
-    part = torch.cat((amax.unsqueeze(1), history[rows, :-1]), dim=1)
-    return torch.cat((history[: rows.start], part, history[rows.stop :]))
-
-
-def _rescaled(history: Tensor, scale: Tensor, rows: slice, fmt: FP8Format, recipe: FP8Recipe, due: Tensor) -> Tensor:
-    """``scale`` with the entries of ``rows`` made from their amax histories when ``due``."""
-    part = history[rows]
-    amax = part.max(dim=1).values if recipe.amax_compute_algo == "max" else part[:, 0]
-    fresh = scale_from_amax(amax, fmt, recipe.margin, scale[rows])
-    weight = due.to(scale.dtype)
-    updated = fresh * weight + scale[rows] * (1.0 - weight)
-    return torch.cat((scale[: rows.start], updated, scale[rows.stop :]))
-
-
 def _update(
     history: Tensor, scale: Tensor, rows: slice, amax: Tensor, fmt: FP8Format, recipe: FP8Recipe, due: Tensor
 ) -> None:
-    """Records this step's ``amax`` for ``rows`` and recomputes their scales (when ``due``), in place."""
-    _replace(history, _pushed(history, rows, amax))
-    _replace(scale, _rescaled(history, scale, rows, fmt, recipe, due))
-
-
-def _output_dtype(x: Tensor) -> torch.dtype:
-    device_type = x.device.type
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return x.dtype
+    """Pushes this step's ``amax`` in front of the histories of ``rows`` and, when ``due``, recomputes their scales
+    from the histories, in place (zero_ then add_: Lazy Tensor Core has no kernel for copy_, it would use the host)."""
+    pushed = torch.cat((amax.unsqueeze(1), history[rows, :-1]), dim=1)
+    pushed = torch.cat((history[: rows.start], pushed, history[rows.stop :]))
+    history.zero_().add_(pushed)
+    amax = history[rows].max(dim=1).values if recipe.amax_compute_algo == "max" else history[rows, 0]
+    fresh = scale_from_amax(amax, fmt, recipe.margin, scale[rows])
+    weight = due.to(scale.dtype)
+    updated = torch.cat((scale[: rows.start], fresh * weight + scale[rows] * (1.0 - weight), scale[rows.stop :]))
+    scale.zero_().add_(updated)
 
 
 class _FP8LinearFunction(torch.autograd.Function):
@@ -110,7 +85,9 @@ class _FP8LinearFunction(torch.autograd.Function):
         ctx.save_for_backward(xq, wq, used)
         ctx.state = (scale, history, recipe, update, due)
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return out.to(_output_dtype(x))
+        device = x.device.type
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        return out.to(torch.get_autocast_dtype(device) if autocast else x.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -136,8 +113,9 @@ class _FP8LinearFunction(torch.autograd.Function):
 
 
 class FP8Linear(nn.Linear):
-    """``nn.Linear`` computed in emulated FP8 inside :func:`fp8_autocast` (see the module docstring); ``recipe``
-    defaults to ``FP8Recipe()``, the other arguments are ``nn.Linear``'s (features: multiples of 16 for FP8)."""
+    """``nn.Linear`` that, inside :func:`fp8_autocast`, quantises input and weight (in backward the output gradient)
+    with delayed per-tensor scales and accumulates in float32; evaluation records nothing. ``recipe`` defaults to
+    ``FP8Recipe()``; its scaling state is kept out of the state dict (:meth:`fp8_state`)."""
 
     fp8_amax_history: Tensor
     fp8_scale: Tensor

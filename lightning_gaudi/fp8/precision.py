@@ -14,9 +14,8 @@ from lightning_gaudi.fp8.training import FP8Training
 
 
 class FP8PrecisionCore:
-    """The FP8 plugin's behaviour, shared by the Trainer's :class:`HPUFP8Precision` and Fabric's
-    (:class:`lightning_gaudi.fabric.HPUFP8Precision`): the model's ``nn.Linear`` layers converted, steps under FP8
-    autocast, the FP8 scaling state as the plugin's state."""
+    """The FP8 plugin's behaviour, shared by the Trainer's :class:`HPUFP8Precision` and Fabric's: the ``nn.Linear``
+    layers converted, steps under FP8 autocast, the FP8 scaling state as the plugin's state."""
 
     precision = "fp8"
 
@@ -38,8 +37,5 @@ class FP8PrecisionCore:
 
 
 class HPUFP8Precision(FP8PrecisionCore, Precision):  # type: ignore[misc]
-    """FP8 training on Gaudi 2 and later, emulated on the CPU elsewhere (:class:`~lightning_gaudi.fp8.FP8Training`).
-
-    ``precision="fp8"`` builds it with the default ``recipe`` (an :class:`~lightning_gaudi.fp8.FP8Recipe` or a mapping
-    of its fields); its state, the FP8 scaling state, is saved in checkpoints beside the model.
-    """
+    """FP8 training on Gaudi 2 and later, emulated on the CPU elsewhere; ``precision="fp8"`` builds it with the default
+    ``recipe`` (an :class:`~lightning_gaudi.fp8.FP8Recipe` or a mapping of its fields)."""

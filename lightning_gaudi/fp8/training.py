@@ -1,8 +1,8 @@
-"""FP8 training for the Trainer's and Fabric's plugins: Intel's ``te.Linear`` on a Gaudi, :class:`FP8Linear` under
-emulation; other ops under bf16 autocast where the backend has one."""
+"""FP8 training for the plugins: Intel's ``te.Linear`` on a Gaudi, :class:`FP8Linear` in emulation."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -19,8 +19,7 @@ from lightning_gaudi.precision import check_precision_supported
 
 
 class FP8Training:
-    """Converts models and opens the step context for FP8 training with ``recipe`` on ``backend`` (the current one
-    when ``None``); raises ``ValueError`` on a first-generation Gaudi."""
+    """Converts models and opens the step context for FP8 training with ``recipe`` on ``backend`` (default: current)."""
 
     def __init__(self, recipe: FP8Recipe, backend: hpu.Backend | None = None) -> None:
         backend = backend or hpu.get_backend()
@@ -50,7 +49,8 @@ class FP8Training:
         """Replaces ``module``'s linear layers whose shapes suit FP8 (in place) and says once what it did."""
         engine = self._engine
         if engine is None:
-            module, conversion = convert_linear_layers(module, self._emulated_linear, _is_emulated_fp8)
+            make = functools.partial(FP8Linear.from_linear, recipe=self.recipe)
+            module, conversion = convert_linear_layers(module, make, _is_emulated_fp8)
             what = f"emulated FP8 (FP8Linear, recipe {self.recipe.format})"
             is_fp8 = _is_emulated_fp8
         else:
@@ -71,9 +71,6 @@ class FP8Training:
         elif conversion.layers:  # set up again (another fit, validate...): said already
             rank_zero_info(conversion.summary(what))
         return module
-
-    def _emulated_linear(self, linear: nn.Linear) -> FP8Linear:
-        return FP8Linear.from_linear(linear, self.recipe)
 
     def state_dict(self) -> dict[str, Any]:
         """The scaling state of the last converted model's FP8 layers, by layer name."""

@@ -55,8 +55,7 @@ def instantiate_group(node: DictConfig | None) -> list[Any]:
 
 
 def objective(cfg: DictConfig, results: Mapping[str, Any]) -> float | None:
-    """``cfg.optimized_metric`` from ``results`` (or ``results["metrics"]``) for sweepers; ``None`` if absent or not
-    finite."""
+    """``cfg.optimized_metric`` from ``results`` (or ``results["metrics"]``) for sweepers, if there and finite."""
     metric = cfg.get("optimized_metric")
     if not metric:
         return None
@@ -66,8 +65,7 @@ def objective(cfg: DictConfig, results: Mapping[str, Any]) -> float | None:
 
 def check_before_launch(cfg: DictConfig) -> None:
     """Builds the strategy and a Trainer of ``cfg`` (no logger, callbacks or data) so that what the ranks would refuse
-    (a bad strategy argument, a precision the strategy does not train in, DeepSpeed's clipping against the Trainer's,
-    a bad launch) fails here, before any rank process starts."""
+    fails here, before any rank process starts."""
     strategy = instantiate(cfg.strategy)
     try:
         trainer = instantiate(cfg.trainer, strategy=strategy, logger=False, callbacks=[], enable_checkpointing=False)
@@ -78,8 +76,7 @@ def check_before_launch(cfg: DictConfig) -> None:
 
 
 def check_evaluation(cfg: DictConfig) -> None:
-    """Refuses, before training, a run that tests (``test=true``) with ``FP8Inference`` quantizing from measurements
-    that are not there: the test after the fit would refuse them."""
+    """Refuses, before training, a ``test=true`` run whose ``FP8Inference`` would find no measurements."""
     if not cfg.get("test"):
         return
     for node in (cfg.get("callbacks") or {}).values():

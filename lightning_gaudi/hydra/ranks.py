@@ -1,5 +1,5 @@
-"""One process per card for each Hydra job (``python -m lightning_gaudi.hydra CONFIG MODULE:FUNCTION``), so that a
-multirun and DDP work together: Lightning's popen launcher would re-run the whole sweep in every rank."""
+"""One process per card for each Hydra job, so that a multirun and DDP work together (Lightning's popen launcher would
+re-run the whole sweep in every rank)."""
 
 from __future__ import annotations
 
@@ -62,8 +62,7 @@ def _import_task(reference: str) -> Task:
 
 
 def launch_ranks(cfg: DictConfig, job_dir: Path, task: Task) -> dict[str, Any]:
-    """Runs ``task`` in one process per local card on the config saved in ``job_dir``; returns rank zero's results
-    (empty on other nodes). Raises ``RuntimeError`` when a rank fails."""
+    """Runs ``task`` in one process per local card on ``cfg`` (saved in ``job_dir``); returns rank zero's results."""
     reference, import_root = task_reference(task)
     nprocs = local_world_size(cfg)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -101,12 +100,6 @@ def load_rank_config(path: Path) -> DictConfig:
     return cfg
 
 
-def _write_results(path: Path, results: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(dict(results), indent=2, default=str) + "\n")
-    tmp.replace(path)
-
-
 def main(argv: list[str]) -> int:
     """A rank process (``python -m lightning_gaudi.hydra CONFIG MODULE:FUNCTION``). Returns the exit code."""
     if len(argv) != 2:
@@ -122,5 +115,7 @@ def main(argv: list[str]) -> int:
     prepare(cfg)
     results = task(cfg)
     if results is not None and LaunchEnvironment.from_env().is_global_zero:
-        _write_results(config_path.with_name(RANK_RESULTS_FILE), results)
+        tmp = config_path.with_name(f".{RANK_RESULTS_FILE}.tmp")
+        tmp.write_text(json.dumps(dict(results), indent=2, default=str) + "\n")
+        tmp.replace(config_path.with_name(RANK_RESULTS_FILE))
     return 0

@@ -1,6 +1,4 @@
-"""OmegaConf resolvers that make every rank of a launch agree on one run folder: ``lg.run_id``, ``lg.rank_zero``,
-``lg.rank_suffix`` and ``lg.on_gaudi`` (``A`` with Intel's bridge, ``B`` under emulation).
-"""
+"""OmegaConf resolvers (:data:`RESOLVERS`) that make every rank of a launch agree on one run folder."""
 
 from __future__ import annotations
 

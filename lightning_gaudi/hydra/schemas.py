@@ -41,11 +41,10 @@ def _seconds(value: timedelta | float | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else value
 
 
+_TIMEOUT = Override(Optional[float], _seconds, "seconds")  # noqa: UP045 - OmegaConf reads typing.Optional
 #: Arguments whose config form differs from the class's, by (class, argument).
 OVERRIDES: dict[tuple[type, str], Override] = {
-    (HPUParallelStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
-    (HPUFSDPStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
-    (HPUDeepSpeedStrategy, "timeout"): Override(Optional[float], _seconds, "seconds"),  # noqa: UP045 - OmegaConf
+    (strategy, "timeout"): _TIMEOUT for strategy in (HPUParallelStrategy, HPUFSDPStrategy, HPUDeepSpeedStrategy)
 }
 
 #: Keyword arguments a class hands on through ``**kwargs``: ``(receiver, names)``, offered with the receiver's defaults.
@@ -97,10 +96,6 @@ def omegaconf_type(annotation: Any) -> Any:
     return Any
 
 
-def _config_default(default: Any) -> Any:
-    return list(default) if isinstance(default, tuple) else default
-
-
 def _init_hints(target: type) -> tuple[dict[str, Any], inspect.Signature]:
     if dataclasses.is_dataclass(target):
         return typing.get_type_hints(target), inspect.signature(target)
@@ -119,7 +114,8 @@ def config_defaults(target: type) -> dict[str, Any]:
             defaults[param.name] = "???"
             continue
         override = OVERRIDES.get((target, param.name))
-        defaults[param.name] = override.to_config(param.default) if override else _config_default(param.default)
+        default = list(param.default) if isinstance(param.default, tuple) else param.default
+        defaults[param.name] = override.to_config(param.default) if override else default
     return defaults
 
 

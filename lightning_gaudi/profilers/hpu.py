@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity
 from typing_extensions import override
 
 from lightning_gaudi import hpu
+from lightning_gaudi.callbacks.memory_stats import check_interval
 
 #: Spans Lightning records around the model's own work in a training step (forward and backward).
 _MODEL_SPANS = re.compile(r"\[Strategy\]\w+\.(training_step|backward)$")
@@ -34,8 +35,7 @@ _HOST_SYNC_OP = "aten::_local_scalar_dense"
 @dataclass
 class ProfileReport:
     """What the profiled training steps spent their time on: mean step time, the share in the model (forward and
-    backward) and outside it by category, the top ``(op, self ms)``, and the reads of device tensors on the host (reads
-    of CPU tensors, such as an optimizer's step counters, are no host syncs)."""
+    backward) and outside it by category, the top ``(op, self ms)``, and the reads of device tensors on the host."""
 
     steps: int = 0
     step_ms: float = 0.0
@@ -151,10 +151,8 @@ class HPUProfiler(PyTorchProfiler):
         row_limit: int = 20,
         **profiler_kwargs: Any,
     ) -> None:
-        if isinstance(wait_steps, bool) or not isinstance(wait_steps, int) or wait_steps < 0:
-            raise ValueError(f"`wait_steps={wait_steps!r}` must be a whole number >= 0 of steps to skip.")
-        if isinstance(active_steps, bool) or not isinstance(active_steps, int) or active_steps < 1:
-            raise ValueError(f"`active_steps={active_steps!r}` must be a whole number >= 1 of steps to record.")
+        check_interval("wait_steps", wait_steps, allow_zero=True)
+        check_interval("active_steps", active_steps)
         self.wait_steps = wait_steps
         self.active_steps = active_steps
         profiler_kwargs.setdefault(
