@@ -12,15 +12,6 @@ from types import TracebackType
 
 import torch.distributed as dist
 
-__all__ = [
-    "CollectiveError",
-    "CollectiveTimeoutError",
-    "PeerLostError",
-    "classify",
-    "collective_errors",
-    "translate_error",
-]
-
 _RESTART = (
     " Restart the job (torchrun --max-restarts N, SLURM --requeue) and resume with"
     " ckpt_path=lightning_gaudi.resume.resolve_ckpt_path('auto', <checkpoint dir>)."
@@ -48,14 +39,6 @@ _LOST = re.compile(
 _TIMEOUT = re.compile("timed out|timeout|timing out")
 
 
-def _says_lost(text: str) -> bool:
-    return _LOST.search(text) is not None
-
-
-def _says_timeout(text: str) -> bool:
-    return _TIMEOUT.search(text) is not None
-
-
 def classify(err: BaseException) -> type[CollectiveError] | None:
     """:class:`CollectiveTimeoutError`, :class:`PeerLostError`, or ``None`` when ``err`` is not the transport's."""
     if isinstance(err, CollectiveError):
@@ -63,21 +46,14 @@ def classify(err: BaseException) -> type[CollectiveError] | None:
     if not isinstance(err, RuntimeError):
         return None
     text = str(err).lower()
+    lost, timed_out = _LOST.search(text) is not None, _TIMEOUT.search(text) is not None
     if isinstance(err, dist.DistStoreError):  # the store waited for a key in vain, unless its host is gone
-        return PeerLostError if _says_lost(text) else CollectiveTimeoutError
+        return PeerLostError if lost else CollectiveTimeoutError
     if isinstance(err, dist.DistNetworkError):  # a socket failed; a connect that timed out is a timeout
-        return CollectiveTimeoutError if _says_timeout(text) else PeerLostError
-    if _says_timeout(text):
+        return CollectiveTimeoutError if timed_out else PeerLostError
+    if timed_out:
         return CollectiveTimeoutError
-    if _says_lost(text):
-        return PeerLostError
-    return None
-
-
-def _rank_world() -> tuple[int | str, int | str]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return "?", "?"
+    return PeerLostError if lost else None
 
 
 def translate_error(err: BaseException, what: str, timeout: timedelta) -> BaseException:
@@ -85,7 +61,8 @@ def translate_error(err: BaseException, what: str, timeout: timedelta) -> BaseEx
     kind = classify(err)
     if kind is None or isinstance(err, CollectiveError):
         return err
-    rank, world = _rank_world()
+    initialized = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else ("?", "?")
     cause = f"Cause: {type(err).__name__}: {err}"
     if kind is CollectiveTimeoutError:
         return CollectiveTimeoutError(

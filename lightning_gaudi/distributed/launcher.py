@@ -13,8 +13,6 @@ from collections.abc import Mapping
 
 from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
 
-__all__ = ["free_port", "launch_local_ranks", "wait_all"]
-
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2

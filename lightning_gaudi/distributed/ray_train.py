@@ -11,8 +11,6 @@ import sys
 
 from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
 
-__all__ = ["is_ray_environment", "validate_ray_launch"]
-
 
 def is_ray_environment(cluster_environment: object) -> bool:
     """Whether ``cluster_environment`` is Ray Train's ``RayLightningEnvironment`` (Ray is not imported for it: an

@@ -17,16 +17,6 @@ from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEn
 from lightning_gaudi.distributed.errors import CollectiveTimeoutError
 from lightning_gaudi.distributed.launcher import free_port
 
-__all__ = [
-    "DEFAULT_TIMEOUT",
-    "PortInUseError",
-    "coerce_timeout",
-    "init_process_group",
-    "join_generation",
-    "probe_store",
-    "uses_agent_store",
-]
-
 #: The default for ``HPUParallelStrategy(timeout=...)``. See :func:`coerce_timeout`.
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 

@@ -20,32 +20,6 @@ from lightning_gaudi.hpu.autocast_lists import BF16_LIST_ENV, FP32_LIST_ENV, LEG
 from lightning_gaudi.hpu.autocast_lists import write_list as _write_list
 from lightning_gaudi.hpu.backend import GAUDI_NAMES
 
-__all__ = [
-    "COMPILE_BACKEND_ENV",
-    "COMPILE_ENV",
-    "DEFAULT_EMULATED_COMPILE_BACKEND",
-    "DEVICES_ENV",
-    "DEVICE_NAME_ENV",
-    "EMULATE_ENV",
-    "EMULATION_MODES",
-    "EXECUTION_MODES",
-    "INT64_ENV",
-    "LAZY_MODE_ENV",
-    "RECIPE_CACHE_ENV",
-    "VISIBLE_MODULES_ENV",
-    "RecipeCache",
-    "Runtime",
-    "bridge_installed",
-    "bridge_loaded",
-    "configure",
-    "emulated_compile_backend",
-    "emulated_device_name",
-    "emulated_devices",
-    "emulation_mode",
-    "lazy_mode_unavailable",
-    "visible_emulated_devices",
-]
-
 EMULATE_ENV = "LIGHTNING_GAUDI_EMULATE"
 DEVICES_ENV = "LIGHTNING_GAUDI_DEVICES"
 DEVICE_NAME_ENV = "LIGHTNING_GAUDI_DEVICE_NAME"
