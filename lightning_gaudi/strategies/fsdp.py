@@ -124,18 +124,9 @@ def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> None:
 
 
 class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
-    """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card.
-
-    Each rank keeps only its shard of the parameters, gradients and optimizer states (``FULL_SHARD``): per-rank memory
-    falls to about 1 / world size of DDP's, for more communication. On Gaudi it runs over HCCL in eager mode, with or
-    without ``torch.compile`` (Intel supports FSDP on Gaudi 2 in eager mode only; lazy mode is refused); in eager
-    emulation on the CPU over gloo. With ``accelerator="hpu"``, Lightning's ``"fsdp"`` runs this strategy. Launching
-    and its checks are those of :class:`~lightning_gaudi.HPUParallelStrategy`.
-
-    Checkpoints: ``state_dict_type="full"``: rank 0 gathers everything into one atomic file that loads into any
-    strategy. ``"sharded"``: every rank writes its shard (torch distributed checkpoint) into a directory staged beside
-    the target and renamed into place once all have written (:func:`~lightning_gaudi.strategies._staged.save_staged`);
-    it resumes on the same world size and needs a local file system every rank sees.
+    """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card
+    (``docs/sharding.md``): eager or compile mode over HCCL, gloo in emulation; lazy mode is refused. With
+    ``accelerator="hpu"``, Lightning's ``"fsdp"`` runs this strategy.
 
     Args:
         accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
@@ -150,7 +141,8 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (gradients and optimizer states),
             ``"NO_SHARD"`` (like DDP), ``"HYBRID_SHARD"`` (full sharding within a node, replication across nodes;
             needs ``device_mesh``), or a ``torch.distributed.fsdp.ShardingStrategy``.
-        state_dict_type: ``"full"`` or ``"sharded"`` checkpoints (see above).
+        state_dict_type: ``"full"`` (one file, gathered on rank 0) or ``"sharded"`` (a directory of every rank's
+            shards, staged and renamed into place; resumed on the same world size).
         device_mesh: for ``HYBRID_SHARD``, ``(replicas, shards)`` (product: the world size) or a ``DeviceMesh``.
         **kwargs: any other ``FullyShardedDataParallel`` argument, checked against its signature here.
 
@@ -223,7 +215,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
 
     @property
     def state_dict_type(self) -> str:
-        """``"full"`` or ``"sharded"``: how checkpoints are written (settable between saves)."""
+        """``"full"`` or ``"sharded"`` checkpoints (settable between saves)."""
         return self._state_dict_type
 
     @state_dict_type.setter
@@ -263,11 +255,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         self._precision_plugin = precision_plugin
 
     def hpu_precision_plugin(self, precision: str) -> Precision:
-        """The precision plugin for ``Trainer(precision=...)`` (the connector asks).
-
-        Raises:
-            ValueError: a precision FSDP does not train in here (``"fp8"``).
-        """
+        """The precision plugin for ``Trainer(precision=...)``; ``ValueError`` for one FSDP does not train in."""
         if precision not in FSDP_PRECISIONS:
             raise ValueError(
                 f"`precision={precision!r}` does not run with strategy 'hpu_fsdp'; use one of"
@@ -401,8 +389,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
 
 
 def fsdp_device(device: torch.device) -> torch.device:
-    """``device`` with an index on a Gaudi (one process drives one card, index 0, and torch's FSDP takes no index-less
-    accelerator device); the CPU as it is in eager emulation."""
+    """``device`` with an index on a Gaudi (torch's FSDP takes no index-less accelerator device); the CPU as it is."""
     return device if device.type == "cpu" or device.index is not None else torch.device(device.type, 0)
 
 
