@@ -1,5 +1,4 @@
-"""Fabric's ``"hpu_fsdp"`` strategy: torch's FullyShardedDataParallel over HCCL (gloo in emulation), and what Fabric's
-sharded HPU strategies share."""
+"""Fabric's ``"hpu_fsdp"`` strategy, and what Fabric's sharded HPU strategies share."""
 
 from __future__ import annotations
 
@@ -29,9 +28,8 @@ from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, fsdp_devi
 
 
 class FabricShardedCore(FabricParallelCore):
-    """What Fabric's sharded HPU strategies add: sharded checkpoints staged and renamed into place
-    (:func:`~lightning_gaudi.strategies._staged.save_staged`) with their checksum index, and loads that fall back from
-    a checkpoint the resume policy chose that fails to load."""
+    """What Fabric's sharded HPU strategies add: sharded checkpoints staged and renamed into place with their checksum
+    index, and loads that fall back past a chosen checkpoint that fails to load."""
 
     global_rank: int
 
@@ -65,18 +63,14 @@ class FabricShardedCore(FabricParallelCore):
         strict: bool = True,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Loads the checkpoint ``path`` into ``state``; one the resume policy chose that fails to load is moved aside
-        and the next newest that verifies is loaded instead (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
+        """Loads ``path`` into ``state`` (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
         load: Callable[..., dict[str, Any]] = super().load_checkpoint  # type: ignore[misc]
         return load_or_fall_back(self, path, lambda chosen: load(chosen, state, strict, weights_only))
 
 
 class HPUFSDPPrecision(FSDPPrecision):
-    """Fabric's FSDP precision, autocasting on the HPU device type (Lightning's autocasts on CUDA whatever the device).
-
-    Raises:
-        ValueError: a precision FSDP does not run in (``"fp8"``...), or one the device cannot run.
-    """
+    """Fabric's FSDP precision, autocasting on the HPU device type (Lightning's autocasts on CUDA); ``ValueError``
+    for a precision FSDP or the device cannot run."""
 
     def __init__(self, precision: str) -> None:
         check_precision_supported(precision)
@@ -91,15 +85,8 @@ class HPUFSDPPrecision(FSDPPrecision):
 
 
 class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
-    """Sharded data-parallel Fabric loops on several HPUs with torch's ``FullyShardedDataParallel``:
-    ``Fabric(accelerator="hpu", strategy="hpu_fsdp", devices=8)``.
-
-    The Fabric counterpart of :class:`lightning_gaudi.HPUFSDPStrategy`, with Fabric's ``FSDPStrategy`` arguments:
-    HCCL on a Gaudi, gloo in emulation; eager or compile mode, not lazy; autocast on the HPU. ``fabric.save`` writes a
-    directory of shards by default (``state_dict_type="sharded"``), staged and renamed into place, which
-    ``fabric.load`` reads on the same world size; ``"full"``: one file. The model moves to the card before it is
-    sharded. With ``accelerator="hpu"``, Fabric's ``"fsdp"`` name runs this strategy.
-    """
+    """Fabric's counterpart of :class:`lightning_gaudi.HPUFSDPStrategy`, with Fabric's ``FSDPStrategy`` arguments
+    (``state_dict_type="sharded"`` by default)."""
 
     strategy_name = "hpu_fsdp"
     api = "Fabric"
@@ -113,7 +100,7 @@ class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
         refuse_lazy_mode(self.strategy_name)
 
     def hpu_precision_plugin(self, precision: str) -> HPUFSDPPrecision:
-        """The precision plugin for ``Fabric(precision=...)`` (the connector asks)."""
+        """The precision plugin for ``Fabric(precision=...)``."""
         return HPUFSDPPrecision(precision)
 
     @override

@@ -15,13 +15,8 @@ from lightning_gaudi.strategies.adoption import Adoption
 
 
 class SingleHPUStrategy(FabricCore, SingleDeviceStrategy):
-    """Runs a Fabric loop on one HPU (real or emulated): ``Fabric(accelerator="hpu", strategy="hpu_single")``.
-
-    The Fabric counterpart of :class:`lightning_gaudi.SingleHPUStrategy` (the Trainer's), with its arguments
-    (``precision`` for ``precision_plugin``) and ``mark_step``: ``False`` turns off lazy mode's graph cuts after each
-    ``fabric.backward`` and optimizer step. Tied weights stay tied on the HPU, and an optimizer built before
-    ``fabric.setup`` follows its model there (a move to lazy tensors makes new parameter objects).
-    """
+    """Fabric's counterpart of :class:`lightning_gaudi.SingleHPUStrategy`, with its arguments (``precision`` for
+    ``precision_plugin``) and ``mark_step`` (:class:`~lightning_gaudi.fabric._base.FabricCore`)."""
 
     strategy_name = "hpu_single"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (SingleDeviceStrategy,)
