@@ -24,7 +24,7 @@ from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.strategies._staged import ChecksummedWriter, save_staged
 from lightning_gaudi.strategies.adoption import Adoption
-from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, fsdp_device, has_meta_tensors, refuse_lazy_mode
+from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, FSDPCore, fsdp_device, has_meta_tensors
 
 
 class FabricShardedCore(FabricParallelCore):
@@ -84,20 +84,13 @@ class HPUFSDPPrecision(FSDPPrecision):
         return torch.autocast(self._device, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
 
 
-class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
+class HPUFSDPStrategy(FSDPCore, FabricShardedCore, FSDPStrategy):
     """Fabric's counterpart of :class:`lightning_gaudi.HPUFSDPStrategy`, with Fabric's ``FSDPStrategy`` arguments
     (``state_dict_type="sharded"`` by default)."""
 
-    strategy_name = "hpu_fsdp"
     api = "Fabric"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
     adoption = Adoption(extra="_fsdp_kwargs", folded=FSDP_FOLDED, carried=FSDP_CARRIED)
-    backward_collective = "backward (gradient reduce-scatter)"
-    forward_collective = "forward (parameter all-gather)"
-
-    @override
-    def _check_runnable(self) -> None:
-        refuse_lazy_mode(self.strategy_name)
 
     def hpu_precision_plugin(self, precision: str) -> HPUFSDPPrecision:
         """The precision plugin for ``Fabric(precision=...)``."""

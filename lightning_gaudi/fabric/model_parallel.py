@@ -14,25 +14,18 @@ from lightning_gaudi.fabric.fsdp import FabricShardedCore
 from lightning_gaudi.strategies._tied import move_keeping_ties
 from lightning_gaudi.strategies.model_parallel import (
     LateArguments,
+    ModelParallelCore,
     clip_grad_norm_,
     mesh_shape,
-    refuse_lazy_dtensor,
 )
 
 
-class HPUModelParallelStrategy(FabricShardedCore, LateArguments, ModelParallelStrategy):
+class HPUModelParallelStrategy(ModelParallelCore, FabricShardedCore, LateArguments, ModelParallelStrategy):
     """Fabric's counterpart of :class:`lightning_gaudi.HPUModelParallelStrategy`, with Fabric's arguments
     (``parallelize_fn(module, device_mesh)``)."""
 
-    strategy_name = "hpu_model_parallel"
     api = "Fabric"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (ModelParallelStrategy,)
-    backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
-    forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
-
-    @override
-    def _check_runnable(self) -> None:
-        refuse_lazy_dtensor(self.strategy_name)
 
     @override
     def _set_world_ranks(self) -> None:

@@ -215,6 +215,21 @@ class HPUStrategyCore:
             strategy_registry.register(name, cls, description=description, override=True, **init_params)
 
 
+class SingleDeviceCore(HPUStrategyCore):
+    """What the Trainer's and Fabric's ``hpu_single`` share (placed first in the bases)."""
+
+    strategy_name = "hpu_single"
+    _requested_device: torch.device | str | int | None
+
+    @property
+    def root_device(self) -> torch.device:
+        return self._hpu_device(self._requested_device)  # asks the backend once, when the environment is final
+
+    @override
+    def _check_runnable(self) -> None:
+        self.root_device  # noqa: B018 - a device that is no HPU fails here, while the Trainer or Fabric is built
+
+
 class HPUParallelCore(HPUStrategyCore):
     """What every distributed HPU strategy adds: launch checks, the process group, collectives that fail clearly."""
 

@@ -48,7 +48,7 @@ from lightning_gaudi.fsdp_precision import FSDP_PRECISIONS, HPUFSDPPrecision
 from lightning_gaudi.strategies._staged import METADATA_FILENAME as METADATA_FILENAME  # where readers look
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.adoption import Adoption
-from lightning_gaudi.strategies.core import TrainerParallelCore, refuse_unknown_arguments
+from lightning_gaudi.strategies.core import HPUParallelCore, TrainerParallelCore, refuse_unknown_arguments
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -123,7 +123,32 @@ def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
+class FSDPCore(HPUParallelCore):
+    """What the Trainer's and Fabric's ``hpu_fsdp`` share (placed first in the bases)."""
+
+    strategy_name = "hpu_fsdp"
+    backward_collective = "backward (gradient reduce-scatter)"
+    forward_collective = "forward (parameter all-gather)"
+
+    @override
+    def _check_runnable(self) -> None:
+        backend = hpu.get_backend()
+        if not backend.is_lazy():
+            return
+        if backend.emulated:
+            why = "torch's Lazy Tensor Core tensors cannot cross gloo collectives"
+            fix = f"Emulate with {hpu.EMULATE_ENV}=eager"
+        else:
+            why = "Intel supports FSDP on Gaudi in eager mode (with or without torch.compile) only"
+            fix = (
+                "Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or 'eager' (PT_HPU_LAZY_MODE=0)"
+            )
+        raise ValueError(
+            f"{self.strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'."
+        )
+
+
+class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
     """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card
     (``docs/sharding.md``): eager or compile mode over HCCL, gloo in emulation; lazy mode is refused. With
     ``accelerator="hpu"``, Lightning's ``"fsdp"`` runs this strategy.
@@ -152,11 +177,8 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         TypeError: a keyword argument ``FullyShardedDataParallel`` does not take (with the closest name).
     """
 
-    strategy_name = "hpu_fsdp"
     _fsdp_root: Module | None = None
     registered_variants = (("hpu_fsdp_sharded_checkpoint", {"state_dict_type": "sharded"}),)
-    backward_collective = "backward (gradient reduce-scatter)"
-    forward_collective = "forward (parameter all-gather)"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
     adoption = Adoption(
         extra="kwargs",
@@ -222,10 +244,6 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     def state_dict_type(self, value: Literal["full", "sharded"]) -> None:
         _check_state_dict_type(value)
         self._state_dict_type = value
-
-    @override
-    def _check_runnable(self) -> None:
-        refuse_lazy_mode(self.strategy_name)
 
     @property
     def fsdp_device(self) -> torch.device:
@@ -396,17 +414,3 @@ def fsdp_device(device: torch.device) -> torch.device:
 def has_meta_tensors(module: Module) -> bool:
     """Whether ``module`` has a parameter or buffer on the meta device (``init_module(empty_init=True)``)."""
     return any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
-
-
-def refuse_lazy_mode(strategy_name: str) -> None:
-    """Raises a clear error when sharded training is asked for in lazy mode (real or emulated)."""
-    backend = hpu.get_backend()
-    if not backend.is_lazy():
-        return
-    if backend.emulated:
-        why = "torch's Lazy Tensor Core tensors cannot cross gloo collectives"
-        fix = f"Emulate with {hpu.EMULATE_ENV}=eager"
-    else:
-        why = "Intel supports FSDP on Gaudi in eager mode (with or without torch.compile) only"
-        fix = "Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or 'eager' (PT_HPU_LAZY_MODE=0)"
-    raise ValueError(f"{strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'.")

@@ -22,7 +22,7 @@ from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout
 from lightning_gaudi.patches.launcher import checked_launcher
 from lightning_gaudi.precision import HPUPrecision
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
-from lightning_gaudi.strategies.core import TrainerParallelCore
+from lightning_gaudi.strategies.core import HPUParallelCore, TrainerParallelCore
 
 MeshSize = int | Literal["auto"]
 
@@ -44,15 +44,22 @@ def mesh_shape(data_parallel: MeshSize, tensor_parallel: MeshSize, num_nodes: in
     return shape  # type: ignore[return-value]
 
 
-def refuse_lazy_dtensor(strategy_name: str) -> None:
-    """Raises a clear error in lazy mode (real or emulated): DTensor, which FSDP2 and tensor parallelism build on."""
-    backend = hpu.get_backend()
-    if backend.is_lazy():
-        raise ValueError(
-            f"{strategy_name!r} cannot run in lazy mode: Intel supports DTensor (FSDP2, tensor parallelism) on Gaudi in"
-            " eager and compile mode only. Run in eager or compile mode (lightning_gaudi.configure(execution_mode="
-            f"'compile'), PT_HPU_LAZY_MODE=0; {hpu.EMULATE_ENV}=eager in emulation), or use strategy 'hpu_fsdp'."
-        )
+class ModelParallelCore(HPUParallelCore):
+    """What the Trainer's and Fabric's ``hpu_model_parallel`` share (placed first in the bases)."""
+
+    strategy_name = "hpu_model_parallel"
+    backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
+    forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
+
+    @override
+    def _check_runnable(self) -> None:
+        if hpu.get_backend().is_lazy():  # DTensor, which FSDP2 and tensor parallelism build on
+            raise ValueError(
+                f"{self.strategy_name!r} cannot run in lazy mode: Intel supports DTensor (FSDP2, tensor parallelism) on"
+                " Gaudi in eager and compile mode only. Run in eager or compile mode (lightning_gaudi.configure("
+                f"execution_mode='compile'), PT_HPU_LAZY_MODE=0; {hpu.EMULATE_ENV}=eager in emulation), or use strategy"
+                " 'hpu_fsdp'."
+            )
 
 
 @torch.no_grad()
@@ -118,7 +125,7 @@ def require_configure_model(strategy_name: str, module: Any) -> None:
         )
 
 
-class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallelStrategy):
+class HPUModelParallelStrategy(ModelParallelCore, TrainerParallelCore, LateArguments, ModelParallelStrategy):
     """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs: Lightning's
     ``ModelParallelStrategy`` with the 2-D mesh ``(data_parallel, tensor_parallel)`` as ``self.device_mesh`` in
     ``configure_model``; ``gradient_clip_val`` clips by the global norm over every shard. Eager and compile mode only.
@@ -135,14 +142,7 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
         TypeError: a LightningModule without ``configure_model`` (before Lightning's launcher starts any process).
     """
 
-    strategy_name = "hpu_model_parallel"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (ModelParallelStrategy,)
-    backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
-    forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
-
-    @override
-    def _check_runnable(self) -> None:
-        refuse_lazy_dtensor(self.strategy_name)
 
     @override
     def _configure_launcher(self) -> None:
