@@ -53,8 +53,7 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
-def check_hpu_accelerator(strategy_name: str, accelerator: object, api: str = "Trainer") -> None:
-    """Raises a clear error when an HPU strategy is given any accelerator but :class:`HPUAccelerator`."""
+def check_hpu_accelerator(strategy_name: str, accelerator: object, api: str) -> None:
     if accelerator is not None and not isinstance(accelerator, HPUAccelerator):
         raise ValueError(
             f"The {strategy_name!r} strategy runs on HPUs, but the accelerator is {type(accelerator).__name__}."
@@ -106,7 +105,7 @@ def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.dev
     )
 
 
-#: The reductions HCCL has, by name; a mean is a sum divided by the world size.
+#: The reductions HCCL has, by name (a mean: a sum divided by the world size).
 HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
     "sum": ReduceOp.SUM,
     "min": ReduceOp.MIN,
@@ -138,17 +137,6 @@ def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
         " divided by the world size), in emulation as on a Gaudi. Use 'sum', 'mean', 'min' or 'max'; for a product,"
         " all_gather the values and multiply them."
     )
-
-
-def refuse_lazy_emulation(strategy_name: str) -> None:
-    """Raises a clear error when data parallelism is asked for under lazy emulation (gloo cannot carry LTC tensors)."""
-    backend = hpu.get_backend()
-    if backend.is_lazy() and backend.emulated:
-        raise ValueError(
-            f"{strategy_name!r} cannot run under {hpu.EMULATE_ENV}=lazy: torch's Lazy Tensor Core"
-            " tensors cannot cross gloo collectives. Emulate data parallelism with"
-            f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
-        )
 
 
 def _destroy_process_group() -> None:
@@ -256,7 +244,13 @@ class HPUParallelCore(HPUStrategyCore):
 
     @override
     def _check_runnable(self) -> None:
-        refuse_lazy_emulation(self.strategy_name)
+        backend = hpu.get_backend()
+        if backend.is_lazy() and backend.emulated:
+            raise ValueError(
+                f"{self.strategy_name!r} cannot run under {hpu.EMULATE_ENV}=lazy: torch's Lazy Tensor Core"
+                " tensors cannot cross gloo collectives. Emulate data parallelism with"
+                f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
+            )
 
     @property
     def root_device(self) -> torch.device:
