@@ -11,8 +11,6 @@ import torch
 from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
 from lightning.fabric.strategies import FSDPStrategy, Strategy
 from lightning.fabric.utilities.types import _PATH
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn import Module
 from typing_extensions import override
@@ -24,7 +22,7 @@ from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.strategies._staged import ChecksummedWriter, save_staged
 from lightning_gaudi.strategies.adoption import Adoption
-from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, FSDPCore, fsdp_device, has_meta_tensors
+from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, FSDPCore, has_meta_tensors
 
 
 class FabricShardedCore(FabricParallelCore):
@@ -91,6 +89,7 @@ class HPUFSDPStrategy(FSDPCore, FabricShardedCore, FSDPStrategy):
     api = "Fabric"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
     adoption = Adoption(extra="_fsdp_kwargs", folded=FSDP_FOLDED, carried=FSDP_CARRIED)
+    kwargs_attribute = "_fsdp_kwargs"
 
     def hpu_precision_plugin(self, precision: str) -> HPUFSDPPrecision:
         """The precision plugin for ``Fabric(precision=...)``."""
@@ -103,26 +102,9 @@ class HPUFSDPStrategy(FSDPCore, FabricShardedCore, FSDPStrategy):
 
     @override
     def setup_module(self, module: Module) -> Module:
-        if any(isinstance(child, FullyShardedDataParallel) for child in module.modules()):
-            return super().setup_module(module)  # wrapped by the user: Lightning's handling
-        wrapped = FullyShardedDataParallel(
-            module=module,
-            cpu_offload=self.cpu_offload,
-            mixed_precision=self.mixed_precision_config,
-            sharding_strategy=self.sharding_strategy,
-            device_id=fsdp_device(self.root_device),  # Lightning passes the index: none on the CPU nor on "hpu"
-            **self._fsdp_kwargs,
-        )
-        kwargs = self._fsdp_kwargs  # without the auto-wrap policy, applied just now, which Lightning would warn about
-        self._fsdp_kwargs = {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"}
-        try:
-            return super().setup_module(wrapped)
-        finally:
-            self._fsdp_kwargs = kwargs
+        return self._set_up_sharded(module, super().setup_module)
 
     @override
     def _setup_distributed(self) -> None:
         super()._setup_distributed()
-        mesh = self._fsdp_kwargs.get("device_mesh")
-        if isinstance(mesh, tuple):  # Lightning would build it on CUDA
-            self._fsdp_kwargs["device_mesh"] = init_device_mesh(self.root_device.type, mesh)
+        self._build_device_mesh()

@@ -101,9 +101,11 @@ class Backend(abc.ABC):
 
     def mark_step(self) -> None:
         """Cuts the accumulated graph and launches it (a no-op outside lazy mode)."""
+        return None
 
     def synchronize(self) -> None:
         """Waits for all launched work to finish."""
+        return None
 
     @abc.abstractmethod
     def memory_stats(self) -> dict[str, int]:
@@ -111,6 +113,7 @@ class Backend(abc.ABC):
 
     def reset_peak_memory_stats(self) -> None:
         """Resets ``MaxInUse`` where the backend can."""
+        return None
 
     def is_out_of_memory(self, error: BaseException) -> bool:
         """Whether ``error`` says this device ran out of memory (torch's error, or the device's own wording)."""
@@ -118,6 +121,7 @@ class Backend(abc.ABC):
 
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
         """Prepares the collective backend; call before ``torch.distributed.init_process_group``."""
+        return None
 
     def supports_fp16(self) -> bool:
         """Whether the device computes in float16 (Gaudi2 and later)."""
@@ -133,9 +137,11 @@ class Backend(abc.ABC):
 
     def transformer_engine(self) -> TransformerEngine | None:
         """Intel's FP8 modules, or ``None`` where FP8 is emulated (:mod:`lightning_gaudi.fp8`)."""
+        return None
 
     def neural_compressor(self) -> NeuralCompressor | None:
         """Intel Neural Compressor's FP8 inference, or ``None`` where it is emulated (:mod:`lightning_gaudi.fp8`)."""
+        return None
 
     @abc.abstractmethod
     def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:
@@ -171,6 +177,7 @@ class Backend(abc.ABC):
 
     def _sdpa_kernel(self) -> Any:
         """A fused kernel taking ``sdpa``'s arguments by position, or ``None`` for torch's."""
+        return None
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """RMSNorm over the last dimension as Hugging Face's LLaMA computes it: normalized in float32, cast back to
@@ -184,6 +191,7 @@ class Backend(abc.ABC):
 
     def _rms_norm_kernel(self) -> Any:
         """A fused kernel ``(x, weight, eps)``, or ``None`` for the reference math."""
+        return None
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """Rotary position embedding ``x * cos + rotate_half(x) * sin`` (``cos``/``sin`` broadcast to ``x``; the
@@ -197,6 +205,7 @@ class Backend(abc.ABC):
 
     def _rope_kernel(self) -> Any:
         """A fused kernel ``(x, cos, sin, offset)``, or ``None`` for the reference math."""
+        return None
 
     def wrap_in_hpu_graph(self, module: Module) -> Module:
         """Wraps ``module`` so its forward is captured once and replayed (lazy mode, inference)."""
@@ -204,9 +213,11 @@ class Backend(abc.ABC):
 
     def lazy_counters(self) -> LazyCounters | None:
         """Lazy-mode counters since the last :meth:`reset_lazy_counters`, or ``None`` outside lazy mode."""
+        return None
 
     def reset_lazy_counters(self) -> None:
         """Zeroes the lazy-mode counters."""
+        return None
 
     def explain_error(self, error: BaseException) -> bool:
         """Rewrites ``error``'s message in place when it comes from a known limit of this backend, naming the way

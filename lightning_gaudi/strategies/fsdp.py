@@ -129,6 +129,8 @@ class FSDPCore(HPUParallelCore):
     strategy_name = "hpu_fsdp"
     backward_collective = "backward (gradient reduce-scatter)"
     forward_collective = "forward (parameter all-gather)"
+    #: The attribute of Lightning's strategy holding the other ``FullyShardedDataParallel`` arguments.
+    kwargs_attribute: ClassVar[str] = "kwargs"
 
     @override
     def _check_runnable(self) -> None:
@@ -146,6 +148,34 @@ class FSDPCore(HPUParallelCore):
         raise ValueError(
             f"{self.strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'."
         )
+
+    def _fsdp_arguments(self) -> dict[str, Any]:
+        strategy: Any = self
+        return {
+            "cpu_offload": strategy.cpu_offload,
+            "mixed_precision": strategy.mixed_precision_config,
+            "sharding_strategy": strategy.sharding_strategy,
+            "device_id": fsdp_device(strategy.root_device),  # Lightning passes the index: none on the CPU nor on "hpu"
+            **getattr(self, self.kwargs_attribute),
+        }
+
+    def _set_up_sharded(self, module: Module, set_up: Callable[[Module], Module]) -> Module:
+        """``set_up(module)`` (Lightning's set-up) with ``module`` wrapped in ``FullyShardedDataParallel`` first, unless
+        the user wrapped it; without Lightning's warning that the auto-wrap policy, applied here, was ignored."""
+        if any(isinstance(child, FullyShardedDataParallel) for child in module.modules()):
+            return set_up(module)
+        wrapped = FullyShardedDataParallel(module=module, **self._fsdp_arguments())
+        kwargs = getattr(self, self.kwargs_attribute)
+        setattr(self, self.kwargs_attribute, {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"})
+        try:
+            return set_up(wrapped)
+        finally:
+            setattr(self, self.kwargs_attribute, kwargs)
+
+    def _build_device_mesh(self) -> None:
+        kwargs = getattr(self, self.kwargs_attribute)
+        if isinstance(kwargs.get("device_mesh"), tuple):  # Lightning would build it on CUDA
+            kwargs["device_mesh"] = init_device_mesh(self.root_device.type, kwargs["device_mesh"])  # type: ignore[attr-defined]
 
 
 class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
@@ -283,11 +313,8 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
 
     @override
     def setup_environment(self) -> None:
-        # the process group first (Lightning's set-up then finds it); a tuple device mesh on the HPU's device type
-        self.setup_distributed()
-        mesh = self.kwargs.get("device_mesh")
-        if isinstance(mesh, tuple):
-            self.kwargs["device_mesh"] = init_device_mesh(self.root_device.type, mesh)
+        self.setup_distributed()  # the process group first: Lightning's set-up then finds it
+        self._build_device_mesh()
         super().setup_environment()
 
     @override
@@ -301,39 +328,14 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
     def _setup_model(self, model: Module) -> Module:
         root = self._fsdp_root
         if isinstance(root, FullyShardedDataParallel) and root.module is model:
-            # validate/test/predict after fit: sharded already (wrapping again would take shards for parameters)
-            return root
-        if any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
-            return super()._setup_model(model)  # wrapped by the user (or by an earlier stage): Lightning's handling
-        wrapped = FullyShardedDataParallel(
-            module=model,
-            cpu_offload=self.cpu_offload,
-            mixed_precision=self.mixed_precision_config,
-            sharding_strategy=self.sharding_strategy,
-            device_id=self.fsdp_device,  # Lightning passes the device's index: none on the CPU nor on "hpu"
-            **self.kwargs,
-        )
-        # Lightning's set-up of the wrapped model (metrics to the device, activation checkpointing), without its
-        # warning that the auto-wrap policy, applied just now, was ignored
-        kwargs = self.kwargs
-        self.kwargs = {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"}
-        try:
-            root = self._fsdp_root = super()._setup_model(wrapped)
-        finally:
-            self.kwargs = kwargs
+            return root  # validate/test/predict after fit: sharded already (wrapping again would shard the shards)
+        root = self._fsdp_root = self._set_up_sharded(model, super()._setup_model)
         return root
 
     @contextmanager
     @override
     def model_sharded_context(self) -> Generator[None, None, None]:
-        with enable_wrap(
-            wrapper_cls=FullyShardedDataParallel,
-            cpu_offload=self.cpu_offload,
-            mixed_precision=self.mixed_precision_config,
-            sharding_strategy=self.sharding_strategy,
-            device_id=self.fsdp_device,
-            **self.kwargs,
-        ):
+        with enable_wrap(wrapper_cls=FullyShardedDataParallel, **self._fsdp_arguments()):
             yield
 
     def _full_state_dict_context(self, rank0_only: bool = True) -> AbstractContextManager[Any]:
