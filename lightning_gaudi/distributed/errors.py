@@ -1,8 +1,5 @@
 """Collective errors classified by cause: a stuck peer (:class:`CollectiveTimeoutError`), a dead peer
-(:class:`PeerLostError`), or neither (passed through unchanged).
-
-Gloo raises plain ``RuntimeError``s, so :func:`classify` reads torch's ``DistError`` type where there is one, then
-the text."""
+(:class:`PeerLostError`), or neither (passed through unchanged)."""
 
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ class PeerLostError(CollectiveError):
     """A peer process's connection closed during a collective: the peer died (crash, kill, out of memory)."""
 
 
-#: Texts of a peer that is gone (gloo, the c10d store, NCCL-style backends), lower case.
+#: What gloo, the c10d store and NCCL-style backends say of a peer that is gone (lower case).
 _LOST = re.compile(
     r"connection (closed|reset) by peer|connection refused|broken pipe|connection was likely closed|got 0 bytes"
     r"|remote process exited|end of file|\beof\b"
