@@ -37,15 +37,14 @@ def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None
 
 
 class HPUPrecision(MixedPrecision):
-    """Fabric's mixed precision with ``torch.autocast`` on the HPU device type (the Fabric counterpart of
-    :class:`lightning_gaudi.HPUPrecision`).
+    """Fabric's counterpart of :class:`lightning_gaudi.HPUPrecision`: ``torch.autocast`` on the HPU device type.
 
     Args:
         precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
         scaler: a ``torch.amp.GradScaler`` for ``"16-mixed"``; one is made when not given.
 
     Raises:
-        ValueError: a precision this device cannot run (:func:`lightning_gaudi.precision.check_precision_supported`).
+        ValueError: a precision this device cannot run.
     """
 
     def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:

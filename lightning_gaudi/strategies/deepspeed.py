@@ -181,10 +181,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         config: a DeepSpeed config (https://www.deepspeed.ai/docs/config-json/): a dict, a Hydra node, or the path
             of a JSON file; replaces every other ZeRO argument. ``gradient_clipping`` and
             ``gradient_accumulation_steps`` come from the Trainer; a config that sets them otherwise is refused.
-        offload_optimizer, offload_parameters, remote_device, contiguous_gradients, overlap_comm,
-            allgather_bucket_size, reduce_bucket_size, sub_group_size, zero_allow_untested_optimizer,
-            logging_batch_size_per_gpu, logging_level, partition_activations, cpu_checkpointing, load_full_weights,
-            exclude_frozen_parameters: as Lightning's ``DeepSpeedStrategy``.
+        offload_optimizer, offload_parameters, ..., exclude_frozen_parameters: as Lightning's ``DeepSpeedStrategy``.
         accelerator, parallel_devices, cluster_environment, process_group_backend, timeout: the
             arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: a ``DeepSpeedPrecision``; normally chosen from ``Trainer(precision=...)``.
@@ -236,7 +233,11 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
     ) -> None:
         deepspeed_strategy.check_installed()
         _check_stage(stage, "`stage`")
-        self._check_kwargs(kwargs)
+        accepted = set(inspect.signature(DeepSpeedStrategy.__init__).parameters) - {"self"}
+        own = set(inspect.signature(HPUDeepSpeedStrategy.__init__).parameters) - {"self", "kwargs"}
+        refuse_unknown_arguments(
+            "HPUDeepSpeedStrategy", kwargs, accepted, "Lightning's DeepSpeedStrategy's", accepted | own
+        )
         backend = hpu.get_backend()
         if not DEEPSPEED_AVAILABLE:
             raise DeepSpeedMissingError(missing_deepspeed_message(backend, type(self).__name__))
@@ -245,7 +246,12 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         if loaded is not None:
             check_config(loaded)
         if not backend.emulated:
-            self._warn_unless_intel_fork()
+            import deepspeed
+
+            if not is_intel_fork(deepspeed.__version__):
+                rank_zero_warn(
+                    f"DeepSpeed {deepspeed.__version__} is not Intel's Gaudi fork; install it: `{INTEL_FORK_INSTALL}`."
+                )
         super().__init__(
             accelerator=accelerator,
             zero_optimization=zero_optimization,
@@ -273,23 +279,6 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
             timeout=timeout,
             **kwargs,
         )
-
-    @staticmethod
-    def _check_kwargs(kwargs: dict[str, Any]) -> None:
-        accepted = set(inspect.signature(DeepSpeedStrategy.__init__).parameters) - {"self"}
-        own = set(inspect.signature(HPUDeepSpeedStrategy.__init__).parameters) - {"self", "kwargs"}
-        refuse_unknown_arguments(
-            "HPUDeepSpeedStrategy", kwargs, accepted, "Lightning's DeepSpeedStrategy's", accepted | own
-        )
-
-    @staticmethod
-    def _warn_unless_intel_fork() -> None:
-        import deepspeed
-
-        if not is_intel_fork(deepspeed.__version__):
-            rank_zero_warn(
-                f"DeepSpeed {deepspeed.__version__} is not Intel's Gaudi fork; install it: `{INTEL_FORK_INSTALL}`."
-            )
 
     @property  # type: ignore[override]
     @override

@@ -115,14 +115,6 @@ def _check_state_dict_type(value: object) -> None:
         )
 
 
-def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> None:
-    accepted = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self", *_SET_BY_STRATEGY}
-    refuse_unknown_arguments(
-        "HPUFSDPStrategy", kwargs, accepted, "torch.distributed.fsdp.FullyShardedDataParallel's",
-        hint=f" It takes: {', '.join(sorted(accepted))}.", set_by_owner=_SET_BY_STRATEGY,
-    )  # fmt: skip
-
-
 class FSDPCore(HPUParallelCore):
     """What the Trainer's and Fabric's ``hpu_fsdp`` share (placed first in the bases)."""
 
@@ -246,7 +238,11 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
                 " it ('fsdp_cpu_offload' maps to it), shard over more cards, or use activation_checkpointing_policy."
             )
         _check_state_dict_type(state_dict_type)
-        _check_fsdp_kwargs(kwargs)
+        accepted = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self", *_SET_BY_STRATEGY}
+        refuse_unknown_arguments(
+            "HPUFSDPStrategy", kwargs, accepted, "torch.distributed.fsdp.FullyShardedDataParallel's",
+            hint=f" It takes: {', '.join(sorted(accepted))}.", set_by_owner=_SET_BY_STRATEGY,
+        )  # fmt: skip
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
