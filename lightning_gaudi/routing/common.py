@@ -138,7 +138,6 @@ class Routing:
                 " or `python -m lightning_gaudi train.py` for code that does not import lightning_gaudi), or use"
                 " devices=1 here."
             )
-        strategy = flag
         if isinstance(flag, self.strategy_base):
             strategy = self.adopt_instance(flag, parallel_devices)
         else:
