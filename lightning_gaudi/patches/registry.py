@@ -10,12 +10,9 @@ from typing import Any
 
 from lightning_utilities.core.imports import RequirementCache
 
-#: The lowest Lightning the Lightning patches were tested on (docs/compat.md). No upper cap, as for torch: a newer
-#: Lightning keeps a patch on wherever what it relies on is still there (each patch's ``missing_targets()``, and the
-#: canaries in tests/patches/, which run the patched path).
+#: The lowest versions the patches were tested on (docs/compat.md); no upper cap: a newer one keeps a patch on wherever
+#: what it relies on is still there (each patch's ``missing_targets()``, probed at install).
 SUPPORTED_LIGHTNING = "lightning>=2.5.6"
-#: The lowest torch the torch patches were tested on (docs/compat.md). No upper cap: a newer torch keeps a patch on
-#: wherever what it relies on is still there and behaves (each patch's ``missing_targets()``, probed at install).
 SUPPORTED_TORCH = "torch>=2.7"
 
 #: Truthy when the installed Lightning is in :data:`SUPPORTED_LIGHTNING`; ``.message`` says why not otherwise.

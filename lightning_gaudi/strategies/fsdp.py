@@ -167,7 +167,7 @@ class FSDPCore(HPUParallelCore):
     def _build_device_mesh(self) -> None:
         kwargs = getattr(self, self.kwargs_attribute)
         if isinstance(kwargs.get("device_mesh"), tuple):  # Lightning would build it on CUDA
-            kwargs["device_mesh"] = init_device_mesh(self.root_device.type, kwargs["device_mesh"])  # type: ignore[attr-defined]
+            kwargs["device_mesh"] = init_device_mesh(self.root_device.type, kwargs["device_mesh"])
 
 
 class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
