@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lightning_gaudi.patches import registry
@@ -61,11 +62,11 @@ class ConnectorPolicy(Protocol):
         Lightning's check of the choice."""
 
 
+@dataclass
 class Hooks:
     """The policy the wrappers of one connector call; with none, they leave everything to Lightning."""
 
-    def __init__(self) -> None:
-        self.policy: ConnectorPolicy | None = None
+    policy: ConnectorPolicy | None = None
 
 
 def connector_wrappers(
