@@ -14,8 +14,6 @@ import torch.distributed as dist
 
 from lightning_gaudi.distributed.errors import collective_errors
 
-__all__ = ["StopVote"]
-
 _KEY = "lightning_gaudi/stop"
 _POLL_S = (0.001, 0.02)  # first and longest pause between looks at a round that has not ended
 _setups = itertools.count()  # every rank sets up as many votes, so the n-th one has the same key on every rank

@@ -9,8 +9,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["CollectiveMismatchError", "check_same_layout"]
-
 _DIMS = 8  # dimensions described one by one; more are compared through the element count
 _MAX = 2**31 - 1  # int32 (every backend gathers it), clamped: no real tensor has that many elements along a dim
 

@@ -13,16 +13,6 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from lightning.fabric.plugins.environments import ClusterEnvironment
 
-__all__ = [
-    "RUN_ID_ENV",
-    "InvalidLaunchError",
-    "LaunchEnvironment",
-    "Launcher",
-    "SlurmLayout",
-    "parse_slurm_tasks_per_node",
-    "validate_launch",
-]
-
 #: An id every rank of one launch shares, set by the user or a job script; see :attr:`LaunchEnvironment.run_id`.
 RUN_ID_ENV = "LIGHTNING_GAUDI_RUN_ID"
 
@@ -87,14 +77,10 @@ def parse_slurm_tasks_per_node(value: str) -> list[int]:
 
 @dataclass(frozen=True)
 class SlurmLayout:
-    """What SLURM says about the job: each field is the ``SLURM_<NAME>`` variable (``None`` where unset);
-    ``tasks_per_node`` is ``SLURM_TASKS_PER_NODE`` expanded, ``tasks_per_node_text`` as SLURM wrote it."""
+    """The ``SLURM_<NAME>`` variables the launch checks use (``None`` where unset); ``tasks_per_node`` is
+    ``SLURM_TASKS_PER_NODE`` expanded, ``tasks_per_node_text`` as SLURM wrote it."""
 
-    job_id: str | None = None
-    step_id: str | None = None
     job_name: str | None = None
-    procid: int | None = None
-    localid: int | None = None
     nodeid: int | None = None
     ntasks: int | None = None
     nnodes: int | None = None
@@ -107,11 +93,7 @@ class SlurmLayout:
         """The layout from ``environ``, or ``None`` when no SLURM variable is set; a malformed one raises."""
         text = environ.get("SLURM_TASKS_PER_NODE") or None
         layout = cls(
-            job_id=environ.get("SLURM_JOB_ID"),
-            step_id=environ.get("SLURM_STEP_ID"),
             job_name=environ.get("SLURM_JOB_NAME"),
-            procid=_int(environ, "SLURM_PROCID"),
-            localid=_int(environ, "SLURM_LOCALID"),
             nodeid=_int(environ, "SLURM_NODEID"),
             ntasks=_int(environ, "SLURM_NTASKS", minimum=1),
             nnodes=_int(environ, "SLURM_NNODES", minimum=1),
@@ -156,14 +138,6 @@ class SlurmLayout:
             )
 
 
-def _first_int(environ: Mapping[str, str], names: tuple[str, ...], minimum: int = 0) -> tuple[int | None, str | None]:
-    for name in names:
-        value = _int(environ, name, minimum)
-        if value is not None:
-            return value, name
-    return None, None
-
-
 def _detect(environ: Mapping[str, str], slurm: SlurmLayout | None) -> Launcher:
     """The launcher, in the order Lightning's connector tries its cluster environments."""
     if environ.get("TORCHELASTIC_RUN_ID") is not None:  # torch.distributed.is_torchelastic_launched()
@@ -172,7 +146,7 @@ def _detect(environ: Mapping[str, str], slurm: SlurmLayout | None) -> Launcher:
         return "slurm"
     if all(name in environ for name in _LSF_REQUIRED):
         return "lsf"
-    size, _ = _first_int(environ, ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), minimum=1)
+    size = _int(environ, "OMPI_COMM_WORLD_SIZE", minimum=1) or _int(environ, "PMI_SIZE", minimum=1)
     if size is not None and size > 1:  # Lightning's MPIEnvironment: MPI reports more than one process
         return "mpi"
     if "LOCAL_RANK" in environ:
@@ -201,13 +175,9 @@ def _run_id(environ: Mapping[str, str]) -> str | None:
 
 @dataclass(frozen=True)
 class LaunchEnvironment:
-    """Who started this process and where it sits in the job; build it with :meth:`from_env`.
-
-    Each rank value comes from the generic variable where set (``WORLD_SIZE``, ``RANK``, ...), else from the detected
-    launcher's own; :meth:`source` names it. ``agent_store``: ``TORCHELASTIC_USE_AGENT_STORE=True``.
-    ``torchrun_settings``: the ``PET_*`` variables set, as (name, value) pairs (torchrun's arguments, which Kubeflow's
-    jobs set in each pod).
-    """
+    """Who started this process and where it sits in the job (:meth:`from_env`). Each rank value comes from the
+    generic variable (``WORLD_SIZE``, ``RANK``...), else the launcher's own; :meth:`source` names it.
+    ``torchrun_settings``: the ``PET_*`` variables (torchrun's arguments, which Kubeflow sets in each pod)."""
 
     launcher: Launcher = "none"
     world_size: int | None = None
@@ -226,10 +196,7 @@ class LaunchEnvironment:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
         """Parses ``environ`` (``os.environ`` when ``None``); a malformed variable raises :class:`InvalidLaunchError`.
-
-        The run id is ``LIGHTNING_GAUDI_RUN_ID``, else ``slurm-<job>[-<step>]``, else ``torchrun-<run id>`` (for a
-        static rendezvous ``torchrun-<MASTER_PORT>-<parent pid>``), else ``mpi-<PMIx namespace>`` under Open MPI's
-        ``mpirun``, else ``None``.
+        The run id is ``LIGHTNING_GAUDI_RUN_ID``, else the launcher's job id (SLURM, torchrun, Open MPI), else ``None``.
         """
         env: Mapping[str, str] = os.environ if environ is None else environ
         slurm = SlurmLayout.from_env(env)
@@ -316,10 +283,9 @@ class LaunchEnvironment:
         slurm: bool | None = None,
         mpi: bool | None = None,
     ) -> None:
-        """Raises :class:`InvalidLaunchError` unless the launcher starts no more processes on the node than it has
-        HPUs, ``devices`` fit the node, and the rank variables agree with ``num_nodes`` x ``devices``: the generic
-        ones always, SLURM's (:meth:`SlurmLayout.check`) and MPI's when ``slurm``/``mpi`` or, where ``None``, when
-        that launcher started this process."""
+        """Raises :class:`InvalidLaunchError` unless the processes and ``devices`` fit the node's HPUs and the rank
+        variables agree with ``num_nodes`` x ``devices``; SLURM's and MPI's are checked when ``slurm``/``mpi`` (by
+        default: when that launcher started this process)."""
         world = num_devices * num_nodes
         self._check_processes_per_node(devices_on_node)
         if num_devices > devices_on_node:
@@ -364,7 +330,6 @@ class LaunchEnvironment:
             self._check_mpi(num_devices, num_nodes)
 
     def _check_processes_per_node(self, devices_on_node: int) -> None:
-        """Names a launch that starts more processes on this node than it has HPUs, with the launcher's fix."""
         per_node = self.local_world_size
         if per_node is None or per_node <= devices_on_node:
             return
@@ -431,7 +396,6 @@ class LaunchEnvironment:
             )
 
     def _generic(self, attribute: str) -> int | None:
-        """``attribute``'s value when a generic variable set it."""
         value: int | None = getattr(self, attribute)
         return value if self.source(attribute) in _GENERIC else None
 
@@ -439,8 +403,7 @@ class LaunchEnvironment:
 def validate_launch(
     cluster_environment: ClusterEnvironment, num_devices: int, num_nodes: int, devices_on_node: int
 ) -> None:
-    """:meth:`LaunchEnvironment.check_detected` and :meth:`LaunchEnvironment.validate` of this process; the SLURM and
-    MPI checks apply under ``SLURMEnvironment`` and ``MPIEnvironment``."""
+    """:meth:`LaunchEnvironment.check_detected` and :meth:`LaunchEnvironment.validate` of this process."""
     from lightning.fabric.plugins.environments import MPIEnvironment, SLURMEnvironment
 
     launch = LaunchEnvironment.from_env()

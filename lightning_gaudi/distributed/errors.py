@@ -1,8 +1,5 @@
 """Collective errors classified by cause: a stuck peer (:class:`CollectiveTimeoutError`), a dead peer
-(:class:`PeerLostError`), or neither (passed through unchanged).
-
-Gloo raises plain ``RuntimeError``s, so :func:`classify` reads torch's ``DistError`` type where there is one, then
-the text."""
+(:class:`PeerLostError`), or neither (passed through unchanged)."""
 
 from __future__ import annotations
 
@@ -11,15 +8,6 @@ from datetime import timedelta
 from types import TracebackType
 
 import torch.distributed as dist
-
-__all__ = [
-    "CollectiveError",
-    "CollectiveTimeoutError",
-    "PeerLostError",
-    "classify",
-    "collective_errors",
-    "translate_error",
-]
 
 _RESTART = (
     " Restart the job (torchrun --max-restarts N, SLURM --requeue) and resume with"
@@ -39,21 +27,13 @@ class PeerLostError(CollectiveError):
     """A peer process's connection closed during a collective: the peer died (crash, kill, out of memory)."""
 
 
-#: Texts of a peer that is gone (gloo, the c10d store, NCCL-style backends), lower case.
+#: What gloo, the c10d store and NCCL-style backends say of a peer that is gone (lower case).
 _LOST = re.compile(
     r"connection (closed|reset) by peer|connection refused|broken pipe|connection was likely closed|got 0 bytes"
     r"|remote process exited|end of file|\beof\b"
 )
 #: Texts of a peer that did not answer in time (gloo, the store, NCCL/HCCL watchdogs), lower case.
 _TIMEOUT = re.compile("timed out|timeout|timing out")
-
-
-def _says_lost(text: str) -> bool:
-    return _LOST.search(text) is not None
-
-
-def _says_timeout(text: str) -> bool:
-    return _TIMEOUT.search(text) is not None
 
 
 def classify(err: BaseException) -> type[CollectiveError] | None:
@@ -63,21 +43,14 @@ def classify(err: BaseException) -> type[CollectiveError] | None:
     if not isinstance(err, RuntimeError):
         return None
     text = str(err).lower()
+    lost, timed_out = _LOST.search(text) is not None, _TIMEOUT.search(text) is not None
     if isinstance(err, dist.DistStoreError):  # the store waited for a key in vain, unless its host is gone
-        return PeerLostError if _says_lost(text) else CollectiveTimeoutError
+        return PeerLostError if lost else CollectiveTimeoutError
     if isinstance(err, dist.DistNetworkError):  # a socket failed; a connect that timed out is a timeout
-        return CollectiveTimeoutError if _says_timeout(text) else PeerLostError
-    if _says_timeout(text):
+        return CollectiveTimeoutError if timed_out else PeerLostError
+    if timed_out:
         return CollectiveTimeoutError
-    if _says_lost(text):
-        return PeerLostError
-    return None
-
-
-def _rank_world() -> tuple[int | str, int | str]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return "?", "?"
+    return PeerLostError if lost else None
 
 
 def translate_error(err: BaseException, what: str, timeout: timedelta) -> BaseException:
@@ -85,7 +58,8 @@ def translate_error(err: BaseException, what: str, timeout: timedelta) -> BaseEx
     kind = classify(err)
     if kind is None or isinstance(err, CollectiveError):
         return err
-    rank, world = _rank_world()
+    initialized = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else ("?", "?")
     cause = f"Cause: {type(err).__name__}: {err}"
     if kind is CollectiveTimeoutError:
         return CollectiveTimeoutError(

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 
 from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
 
-__all__ = ["free_port", "launch_local_ranks", "wait_all"]
-
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2
@@ -31,11 +29,8 @@ def free_port() -> int:
 def launch_local_ranks(
     command: list[str], nprocs: int, num_nodes: int = 1, env: Mapping[str, str] | None = None
 ) -> list[int]:
-    """Runs ``command`` once per local rank and returns :func:`wait_all`'s exit codes.
-
-    Each process gets ``env`` (default ``os.environ``) plus ``MASTER_ADDR`` (default ``127.0.0.1``), ``MASTER_PORT``
-    (default: a free port), ``NODE_RANK`` (default ``0``), ``WORLD_SIZE=nprocs * num_nodes`` and its ``LOCAL_RANK``.
-    """
+    """Runs ``command`` once per local rank with ``env`` (default ``os.environ``), ``MASTER_ADDR``/``MASTER_PORT``/
+    ``NODE_RANK`` (default: localhost, a free port, 0), ``WORLD_SIZE``, ``LOCAL_RANK``; returns their exit codes."""
     if not command:
         raise InvalidLaunchError("launch_local_ranks needs a command to run, e.g. [sys.executable, 'train.py'].")
     if nprocs < 1 or num_nodes < 1:
@@ -77,9 +72,7 @@ def _stop(procs: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
 
 def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
     """Waits for ``procs`` and returns their exit codes (negative: killed); when one fails, terminates the rest.
-
-    ``SIGTERM``/``SIGHUP`` is passed on to the ranks, then ends this process; a rank alive 30 s later is killed.
-    """
+    ``SIGTERM``/``SIGHUP`` is passed on to the ranks, then ends this process; a rank alive 30 s later is killed."""
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:

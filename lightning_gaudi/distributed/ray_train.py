@@ -1,17 +1,10 @@
-"""Rank processes Ray Train creates and places: Ray's world, each worker driving one card (``docs/ray.md``).
-
-Under ``RayLightningEnvironment`` the world size and ranks come from Ray, not from the Trainer's ``num_nodes`` x
-``devices``: Ray's documented pattern passes ``devices="auto"``, which is one card in a worker that Ray gave one
-(``HABANA_VISIBLE_MODULES``), while Ray runs ``ScalingConfig(num_workers=N)`` workers.
-"""
+"""Rank processes Ray Train creates and places, each worker driving one card (``docs/ray.md``)."""
 
 from __future__ import annotations
 
 import sys
 
 from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
-
-__all__ = ["is_ray_environment", "validate_ray_launch"]
 
 
 def is_ray_environment(cluster_environment: object) -> bool:
@@ -23,12 +16,8 @@ def is_ray_environment(cluster_environment: object) -> bool:
 
 
 def validate_ray_launch(num_devices: int, world_size: int) -> None:
-    """Raises :class:`InvalidLaunchError` unless each Ray worker drives one card: ``devices`` is 1 (``"auto"`` in a
-    worker Ray gave one card) or, in a worker that sees every card, the number of workers on this node (as with
-    torchrun, each worker then takes the card at its local rank).
-
-    Ray Train sets ``LOCAL_WORLD_SIZE`` in every worker; ``world_size`` is Ray's, for the message.
-    """
+    """Raises :class:`InvalidLaunchError` unless each Ray worker drives one card: ``devices`` is 1 or, in a worker
+    that sees every card, the number of workers on this node (Ray sets ``LOCAL_WORLD_SIZE``)."""
     workers_here = LaunchEnvironment.from_env().local_world_size
     if num_devices == 1 or num_devices == workers_here:
         return

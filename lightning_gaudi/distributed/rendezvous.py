@@ -17,17 +17,7 @@ from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEn
 from lightning_gaudi.distributed.errors import CollectiveTimeoutError
 from lightning_gaudi.distributed.launcher import free_port
 
-__all__ = [
-    "DEFAULT_TIMEOUT",
-    "PortInUseError",
-    "coerce_timeout",
-    "init_process_group",
-    "join_generation",
-    "probe_store",
-    "uses_agent_store",
-]
-
-#: The default for ``HPUParallelStrategy(timeout=...)``. See :func:`coerce_timeout`.
+#: The default for ``HPUParallelStrategy(timeout=...)`` (:func:`coerce_timeout`).
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 _KEY = "lightning_gaudi/pg"
@@ -192,11 +182,9 @@ def init_process_group(
     launch: LaunchEnvironment | None = None,
     **kwargs: Any,
 ) -> None:
-    """``torch.distributed.init_process_group`` that waits for late peers (up to ``timeout``) and survives restarts.
-
-    torchrun's agent store outlives its workers, so each attempt joins a fresh namespace (:func:`join_generation`).
-    Raises :class:`CollectiveTimeoutError` (naming the missing rank) or :class:`PortInUseError`.
-    """
+    """``torch.distributed.init_process_group`` that waits for late peers (up to ``timeout``) and survives restarts
+    (each attempt joins a fresh namespace of torchrun's agent store, :func:`join_generation`); raises
+    :class:`CollectiveTimeoutError` (naming the missing rank) or :class:`PortInUseError`."""
     launch = launch or LaunchEnvironment.from_env()
     try:
         if launch.agent_store:

@@ -41,11 +41,8 @@ installed, install = _State.installed, _State.install
 
 
 def disable_inference_mode(trainer: Any) -> None:
-    """Makes ``trainer``'s evaluation loops use ``torch.no_grad`` instead of ``torch.inference_mode``.
-
-    Raises:
-        RuntimeError: the loops lack the ``inference_mode`` flag, or this Lightning was not checked.
-    """
+    """Makes ``trainer``'s evaluation loops use ``torch.no_grad`` instead of ``torch.inference_mode``;
+    ``RuntimeError`` where the loops lack the flag or this Lightning was not checked."""
     loops = []
     for name in EVALUATION_LOOPS:
         loop = getattr(trainer, name, None)

@@ -1,10 +1,5 @@
-"""Synchronized batch norm under eager emulation, where torch's ``SyncBatchNorm`` cannot run.
-
-On the CPU torch refuses ``SyncBatchNorm`` (device checks, kernels without a CPU implementation), so emulation converts
-batch norms to :class:`EmulatedSyncBatchNorm`: a ``_BatchNorm`` computing the global mean and variance with two
-differentiable all-reduces, with torch's semantics (running statistics from the global batch with the unbiased
-variance; gradients of the sum of every rank's loss).
-"""
+"""Synchronized batch norm under eager emulation, where torch refuses ``SyncBatchNorm`` on the CPU: the global mean and
+variance from two differentiable all-reduces, with torch's semantics."""
 
 from __future__ import annotations
 
@@ -21,8 +16,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_gaudi.patches import registry
 from lightning_gaudi.patches._checked import Checked
-
-__all__ = ["PATCH", "EmulatedSyncBatchNorm", "convert", "install", "installed", "revert"]
 
 BASE = "torch.nn.modules.batchnorm._BatchNorm"
 BASE_ARGUMENTS = ("num_features", "eps", "momentum", "affine", "track_running_stats", "device", "dtype")
@@ -45,11 +38,8 @@ class _AllReduceSum(Function):
 
 
 class EmulatedSyncBatchNorm(_BatchNorm):
-    """Batch norm over the whole distributed batch, on CPU tensors (eager emulation of ``torch.nn.SyncBatchNorm``).
-
-    Takes ``torch.nn.SyncBatchNorm``'s arguments (``process_group``: the whole world when ``None``). Outside training,
-    or without two or more ranks, it is plain batch norm. Build it with :func:`convert`; :func:`revert` undoes it.
-    """
+    """``torch.nn.SyncBatchNorm`` on CPU tensors, with its arguments; plain batch norm outside training or without
+    two or more ranks. Build it with :func:`convert`; :func:`revert` undoes it."""
 
     def __init__(
         self,
@@ -139,11 +129,8 @@ def _arguments(module: _BatchNorm) -> dict[str, Any]:
 
 
 def convert(module: Module, process_group: Any | None = None) -> Module:
-    """``module`` with every batch norm made an :class:`EmulatedSyncBatchNorm` sharing its parameters and buffers.
-
-    Raises:
-        RuntimeError: the patch is not in effect (a torch outside the checked range).
-    """
+    """``module`` with every batch norm an :class:`EmulatedSyncBatchNorm` sharing its parameters and buffers;
+    ``RuntimeError`` where the patch is not in effect."""
     if not installed():
         raise RuntimeError(
             f"Synchronized batch norm under emulation was checked against {registry.SUPPORTED_TORCH}"

@@ -1,16 +1,5 @@
-"""Lightning Fabric on Intel Gaudi HPUs.
-
-``import lightning_gaudi`` registers the ``"hpu"`` accelerator and the HPU strategies with Fabric's registries as
-well as the Trainer's, so a Fabric loop moves to Gaudi by changing the accelerator::
-
-    fabric = Fabric(accelerator="hpu", strategy="hpu_parallel", devices=8, precision="bf16-mixed")
-
-Fabric has strategy classes of its own; these are the HPU ones, sharing their HPU work with the Trainer's:
-:class:`SingleHPUStrategy`, :class:`HPUParallelStrategy`, :class:`HPUFSDPStrategy` (sharded ``fabric.save``/``load``),
-:class:`HPUModelParallelStrategy` (FSDP2 and tensor parallelism), :class:`HPUPrecision` and :class:`HPUFP8Precision`
-(``precision="fp8"``, Gaudi 2 and later, emulated on the CPU). With ``accelerator="hpu"``, Fabric's
-``strategy="auto"`` and precision strings pick them (:mod:`lightning_gaudi.patches.fabric_connector`).
-"""
+"""Lightning Fabric on Intel Gaudi HPUs: Fabric's HPU strategies and precision plugins, registered by
+``import lightning_gaudi`` (``Fabric(accelerator="hpu", strategy="hpu_parallel", devices=8)``)."""
 
 from __future__ import annotations
 
@@ -44,14 +33,13 @@ __all__ = [
 
 
 def compile_backend_for(strategy: Any) -> str | None:
-    """The ``torch.compile`` backend ``fabric.setup`` recompiles a model with on ``strategy``: the execution mode's on
-    an HPU strategy (:meth:`FabricCore.compile_backend`), ``None`` (torch's default) on any other."""
+    """The ``torch.compile`` backend ``fabric.setup`` recompiles a model with: the execution mode's on an HPU
+    strategy (:meth:`FabricCore.compile_backend`), ``None`` (torch's default) on any other."""
     return strategy.compile_backend() if isinstance(strategy, FabricCore) else None
 
 
 def register() -> None:
-    """Registers ``"hpu"`` and the HPU strategies with Fabric's registries (``import lightning_gaudi`` does; again is
-    harmless)."""
+    """Registers ``"hpu"`` and the HPU strategies with Fabric's registries (idempotent)."""
     HPUAccelerator.register_accelerators(ACCELERATOR_REGISTRY)
     SingleHPUStrategy.register_strategies(STRATEGY_REGISTRY)
     HPUParallelStrategy.register_strategies(STRATEGY_REGISTRY)

@@ -1,5 +1,4 @@
-"""What every Fabric HPU strategy adds to the shared core: the move to the HPU with the optimizer following it, and
-lazy mode's graph cuts (Fabric has no callbacks that could place them)."""
+"""What every Fabric HPU strategy adds to the shared core."""
 
 from __future__ import annotations
 
@@ -23,12 +22,8 @@ from lightning_gaudi.strategies.core import HPUParallelCore, HPUStrategyCore
 
 
 def rebind_parameters(optimizer: Optimizer, moved: dict[int, tuple[weakref.ref[Tensor], Tensor]]) -> None:
-    """Points ``optimizer`` (its parameter groups and its state) at the parameters that replaced the ones it holds.
-
-    Args:
-        optimizer: an optimizer built on a module's parameters before the module moved.
-        moved: ``id(old) -> (weak reference to old, new)``, as :meth:`FabricCore.module_to_device` records.
-    """
+    """Points ``optimizer``'s groups and state at the parameters that replaced its own (``moved``: ``id(old) ->
+    (weak reference to old, new)``, as :meth:`FabricCore.module_to_device` records)."""
 
     def replacement(parameter: Tensor) -> Tensor:
         entry = moved.get(id(parameter))
@@ -48,15 +43,9 @@ def _explain_forward_error(module: Module, args: Any, output: Any) -> None:
 
 
 class FabricCore(HPUStrategyCore):
-    """Fabric's hooks of every HPU strategy, placed before Lightning's strategy class in the bases.
-
-    - ``module_to_device`` keeps tied weights tied and records the parameters the move replaced (a move to the HPU or
-      to lazy emulation makes new ones); ``setup_optimizer`` points an optimizer built before ``fabric.setup`` at them.
-    - In lazy mode the graph is cut (``mark_step``) after each ``fabric.backward`` and optimizer step, as
-      :class:`~lightning_gaudi.callbacks.MarkStep` does for the Trainer.
-    - An error that is a limit of lazy emulation gets the note the Trainer adds, naming the way out.
-    - A model ``torch.compile``d before ``fabric.setup`` is compiled again with :meth:`compile_backend` when it was
-      compiled without a backend (:mod:`lightning_gaudi.patches.fabric_compile`), as LitGPT's pretraining does.
+    """Fabric's hooks of every HPU strategy: tied weights kept and an optimizer built before ``fabric.setup``
+    following its model to the HPU, lazy mode's graph cut after each ``fabric.backward`` and optimizer step (Fabric
+    has no callbacks to place it), the note on an emulator's limits.
 
     Args:
         mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).
@@ -75,13 +64,7 @@ class FabricCore(HPUStrategyCore):
         self._mark = backend.mark_step if self._mark_step and backend.is_lazy() else None
 
     def compile_backend(self) -> str:
-        """The ``torch.compile`` backend of the execution mode: ``hpu_backend`` on a Gaudi; in eager emulation
-        ``LIGHTNING_GAUDI_COMPILE_BACKEND`` (``inductor`` when unset).
-
-        Raises:
-            ValueError: the HPU runs in lazy mode, which ``torch.compile`` does not run in, or the emulated backend is
-                not one of torch's.
-        """
+        """The ``torch.compile`` backend of the execution mode; ``ValueError`` in lazy mode, where it does not run."""
         backend = hpu.get_backend()
         if backend.is_lazy():
             raise ValueError(
@@ -139,8 +122,7 @@ class FabricCore(HPUStrategyCore):
 
 
 class FabricParallelCore(FabricCore, HPUParallelCore):
-    """Fabric's hooks of every distributed HPU strategy: the launch checked while Fabric is built (Fabric sets the
-    ranks then), the process group on HCCL (gloo in emulation) when the processes start, HCCL's reductions."""
+    """Fabric's hooks of every distributed HPU strategy (the launch checked while Fabric sets the ranks)."""
 
     log = logging.getLogger("lightning.fabric.strategies.hpu")
 
@@ -163,10 +145,5 @@ class FabricParallelCore(FabricCore, HPUParallelCore):
     def all_reduce(
         self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
     ) -> Tensor | Any:
-        """All-reduces ``tensor``; a mean is a sum divided by the world size (HCCL has no mean), in floating point.
-
-        Raises:
-            CollectiveMismatchError: the ranks passed tensors of more than one element in different shapes or dtypes.
-            ValueError: ``reduce_op`` is not a reduction HCCL has, also in emulation and in a single process.
-        """
+        """All-reduces ``tensor`` as the Trainer's strategies ``reduce`` it (:meth:`HPUParallelCore._all_reduce`)."""
         return self._all_reduce(tensor, group, reduce_op)

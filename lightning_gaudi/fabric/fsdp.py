@@ -1,5 +1,4 @@
-"""Fabric's ``"hpu_fsdp"`` strategy: torch's FullyShardedDataParallel over HCCL (gloo in emulation), and what Fabric's
-sharded HPU strategies share."""
+"""Fabric's ``"hpu_fsdp"`` strategy, and what Fabric's sharded HPU strategies share."""
 
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ import torch
 from lightning.fabric.plugins.precision.fsdp import FSDPPrecision
 from lightning.fabric.strategies import FSDPStrategy, Strategy
 from lightning.fabric.utilities.types import _PATH
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn import Module
 from typing_extensions import override
@@ -25,13 +22,12 @@ from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.strategies._staged import ChecksummedWriter, save_staged
 from lightning_gaudi.strategies.adoption import Adoption
-from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, fsdp_device, has_meta_tensors, refuse_lazy_mode
+from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, FSDPCore, has_meta_tensors
 
 
 class FabricShardedCore(FabricParallelCore):
-    """What Fabric's sharded HPU strategies add: sharded checkpoints staged and renamed into place
-    (:func:`~lightning_gaudi.strategies._staged.save_staged`) with their checksum index, and loads that fall back from
-    a checkpoint the resume policy chose that fails to load."""
+    """What Fabric's sharded HPU strategies add: sharded checkpoints staged and renamed into place with their checksum
+    index, and loads that fall back past a chosen checkpoint that fails to load."""
 
     global_rank: int
 
@@ -65,19 +61,15 @@ class FabricShardedCore(FabricParallelCore):
         strict: bool = True,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Loads the checkpoint ``path`` into ``state``; one the resume policy chose that fails to load is moved aside
-        and the next newest that verifies is loaded instead (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
+        """Loads ``path`` into ``state`` (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
         load: Callable[..., dict[str, Any]] = super().load_checkpoint  # type: ignore[misc]
         extra = {} if weights_only is None else {"weights_only": weights_only}  # Lightning 2.5 takes no weights_only
         return load_or_fall_back(self, path, lambda chosen: load(chosen, state, strict, **extra))
 
 
 class HPUFSDPPrecision(FSDPPrecision):
-    """Fabric's FSDP precision, autocasting on the HPU device type (Lightning's autocasts on CUDA whatever the device).
-
-    Raises:
-        ValueError: a precision FSDP does not run in (``"fp8"``...), or one the device cannot run.
-    """
+    """Fabric's FSDP precision, autocasting on the HPU device type (Lightning's autocasts on CUDA); ``ValueError``
+    for a precision FSDP or the device cannot run."""
 
     def __init__(self, precision: str) -> None:
         check_precision_supported(precision)
@@ -91,30 +83,17 @@ class HPUFSDPPrecision(FSDPPrecision):
         return torch.autocast(self._device, dtype=torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16)
 
 
-class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
-    """Sharded data-parallel Fabric loops on several HPUs with torch's ``FullyShardedDataParallel``:
-    ``Fabric(accelerator="hpu", strategy="hpu_fsdp", devices=8)``.
+class HPUFSDPStrategy(FSDPCore, FabricShardedCore, FSDPStrategy):
+    """Fabric's counterpart of :class:`lightning_gaudi.HPUFSDPStrategy`, with Fabric's ``FSDPStrategy`` arguments
+    (``state_dict_type="sharded"`` by default)."""
 
-    The Fabric counterpart of :class:`lightning_gaudi.HPUFSDPStrategy`, with Fabric's ``FSDPStrategy`` arguments:
-    HCCL on a Gaudi, gloo in emulation; eager or compile mode, not lazy; autocast on the HPU. ``fabric.save`` writes a
-    directory of shards by default (``state_dict_type="sharded"``), staged and renamed into place, which
-    ``fabric.load`` reads on the same world size; ``"full"``: one file. The model moves to the card before it is
-    sharded. With ``accelerator="hpu"``, Fabric's ``"fsdp"`` name runs this strategy.
-    """
-
-    strategy_name = "hpu_fsdp"
     api = "Fabric"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
     adoption = Adoption(extra="_fsdp_kwargs", folded=FSDP_FOLDED, carried=FSDP_CARRIED)
-    backward_collective = "backward (gradient reduce-scatter)"
-    forward_collective = "forward (parameter all-gather)"
-
-    @override
-    def _check_runnable(self) -> None:
-        refuse_lazy_mode(self.strategy_name)
+    kwargs_attribute = "_fsdp_kwargs"
 
     def hpu_precision_plugin(self, precision: str) -> HPUFSDPPrecision:
-        """The precision plugin for ``Fabric(precision=...)`` (the connector asks)."""
+        """The precision plugin for ``Fabric(precision=...)``."""
         return HPUFSDPPrecision(precision)
 
     @override
@@ -124,26 +103,9 @@ class HPUFSDPStrategy(FabricShardedCore, FSDPStrategy):
 
     @override
     def setup_module(self, module: Module) -> Module:
-        if any(isinstance(child, FullyShardedDataParallel) for child in module.modules()):
-            return super().setup_module(module)  # wrapped by the user: Lightning's handling
-        wrapped = FullyShardedDataParallel(
-            module=module,
-            cpu_offload=self.cpu_offload,
-            mixed_precision=self.mixed_precision_config,
-            sharding_strategy=self.sharding_strategy,
-            device_id=fsdp_device(self.root_device),  # Lightning passes the index: none on the CPU nor on "hpu"
-            **self._fsdp_kwargs,
-        )
-        kwargs = self._fsdp_kwargs  # without the auto-wrap policy, applied just now, which Lightning would warn about
-        self._fsdp_kwargs = {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"}
-        try:
-            return super().setup_module(wrapped)
-        finally:
-            self._fsdp_kwargs = kwargs
+        return self._set_up_sharded(module, super().setup_module)
 
     @override
     def _setup_distributed(self) -> None:
         super()._setup_distributed()
-        mesh = self._fsdp_kwargs.get("device_mesh")
-        if isinstance(mesh, tuple):  # Lightning would build it on CUDA
-            self._fsdp_kwargs["device_mesh"] = init_device_mesh(self.root_device.type, mesh)
+        self._build_device_mesh()

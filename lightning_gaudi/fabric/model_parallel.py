@@ -14,31 +14,18 @@ from lightning_gaudi.fabric.fsdp import FabricShardedCore
 from lightning_gaudi.strategies._tied import move_keeping_ties
 from lightning_gaudi.strategies.model_parallel import (
     LateArguments,
+    ModelParallelCore,
     clip_grad_norm_,
     mesh_shape,
-    refuse_lazy_dtensor,
 )
 
 
-class HPUModelParallelStrategy(FabricShardedCore, LateArguments, ModelParallelStrategy):
-    """FSDP2 and tensor parallelism, alone or together, in Fabric loops on HPUs:
-    ``Fabric(accelerator="hpu", strategy=HPUModelParallelStrategy(parallelize, tensor_parallel_size=2), devices=2)``.
+class HPUModelParallelStrategy(ModelParallelCore, FabricShardedCore, LateArguments, ModelParallelStrategy):
+    """Fabric's counterpart of :class:`lightning_gaudi.HPUModelParallelStrategy`, with Fabric's arguments
+    (``parallelize_fn(module, device_mesh)``)."""
 
-    The Fabric counterpart of :class:`lightning_gaudi.HPUModelParallelStrategy`, with Fabric's arguments:
-    ``fabric.setup_module`` calls ``parallelize_fn(module, device_mesh)``, then places what the plan left on the card;
-    ``fabric.clip_gradients`` clips by the global norm. ``fabric.save`` writes a staged directory of shards (or, with
-    ``save_distributed_checkpoint=False``, one full file); ``fabric.load`` reads either.
-    """
-
-    strategy_name = "hpu_model_parallel"
     api = "Fabric"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (ModelParallelStrategy,)
-    backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
-    forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
-
-    @override
-    def _check_runnable(self) -> None:
-        refuse_lazy_dtensor(self.strategy_name)
 
     @override
     def _set_world_ranks(self) -> None:
@@ -64,7 +51,6 @@ class HPUModelParallelStrategy(FabricShardedCore, LateArguments, ModelParallelSt
         norm_type: float | int = 2.0,
         error_if_nonfinite: bool = True,
     ) -> Tensor:
-        """Clips by the global norm over every rank's shards (:func:`~lightning_gaudi.strategies.model_parallel.
-        clip_grad_norm_`), plain and DTensor gradients alike."""
+        """Clips by the global norm over every rank's shards, plain and DTensor gradients alike."""
         self.precision.unscale_gradients(optimizer)
         return clip_grad_norm_(self.precision.main_params(optimizer), max_norm, norm_type)

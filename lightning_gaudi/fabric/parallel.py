@@ -23,15 +23,8 @@ from lightning_gaudi.strategies.ddp_settings import PARALLEL_VARIANTS, DDPCore, 
 
 
 class HPUParallelStrategy(DDPCore, FabricParallelCore, DDPStrategy):
-    """Data-parallel Fabric loops on several HPUs, one process per card, with ``DistributedDataParallel``:
-    ``Fabric(accelerator="hpu", strategy="hpu_parallel", devices=8)``.
-
-    The Fabric counterpart of :class:`lightning_gaudi.HPUParallelStrategy` (the Trainer's), with the same arguments,
-    settings, checks and errors, except ``precision`` (normally ``Fabric(precision=...)``) for ``precision_plugin``,
-    and ``mark_step``: ``False`` turns off lazy mode's graph cuts after each ``fabric.backward`` and optimizer step
-    (like ``MarkStep(enabled=False)`` for the Trainer). ``fast_ddp`` all-reduces after ``fabric.backward``. With
-    ``accelerator="hpu"``, Fabric's own DDP names (``"ddp"``, ``"ddp_spawn"``...) run this strategy.
-    """
+    """Fabric's counterpart of :class:`lightning_gaudi.HPUParallelStrategy`, with its arguments (``precision`` for
+    ``precision_plugin``) and ``mark_step`` (:class:`~lightning_gaudi.fabric._base.FabricCore`)."""
 
     strategy_name = "hpu_parallel"
     registered_variants = PARALLEL_VARIANTS
@@ -79,8 +72,7 @@ class HPUParallelStrategy(DDPCore, FabricParallelCore, DDPStrategy):
 
     @override
     def setup_module(self, module: Module) -> Module:  # type: ignore[override]
-        """Wraps ``module`` in ``DistributedDataParallel`` with the strategy's settings and communication hook (under
-        ``fast_ddp``, takes rank 0's weights instead: the gradients are all-reduced after ``fabric.backward``)."""
+        """Wraps ``module`` in ``DistributedDataParallel`` (under ``fast_ddp``: takes rank 0's weights instead)."""
         self._bind_mark_step()
         if self.ddp_settings.fast_ddp:
             self._fast_ddp_setup(module)
@@ -93,8 +85,7 @@ class HPUParallelStrategy(DDPCore, FabricParallelCore, DDPStrategy):
 
 
 class _FastDDPSync:
-    """``fabric.no_backward_sync`` under fast DDP: gradients accumulate locally, all-reduced at the next backward
-    outside it."""
+    """``fabric.no_backward_sync`` under fast DDP: gradients accumulate locally."""
 
     def __init__(self, strategy: HPUParallelStrategy) -> None:
         self._strategy = strategy

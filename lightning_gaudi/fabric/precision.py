@@ -17,12 +17,8 @@ _Precision = Literal["bf16-mixed", "16-mixed"]
 
 
 def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None) -> None:
-    """Raises a clear error for a Fabric precision plugin that ``backend`` (default: the current HPU) cannot run.
-
-    Raises:
-        ValueError: a Trainer's precision plugin, a mixed-precision plugin that autocasts on another device type than
-            the HPU's, or a precision the HPU cannot run (:func:`lightning_gaudi.precision.check_precision_supported`).
-    """
+    """Raises ``ValueError`` for a Fabric precision plugin ``backend`` (default: the current HPU) cannot run: a
+    Trainer's plugin, autocast on another device type, or a precision the device lacks."""
     backend = backend or hpu.get_backend()
     name = str(plugin.precision)
     if isinstance(plugin, TrainerPrecision):
@@ -41,17 +37,14 @@ def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None
 
 
 class HPUPrecision(MixedPrecision):
-    """Fabric's automatic mixed precision with ``torch.autocast`` on the HPU device type.
-
-    The Fabric counterpart of :class:`lightning_gaudi.HPUPrecision`: CPU autocast in eager emulation; lazy emulation
-    has none (use ``"bf16-true"``). ``Fabric(accelerator="hpu", precision="bf16-mixed")`` builds it.
+    """Fabric's counterpart of :class:`lightning_gaudi.HPUPrecision`: ``torch.autocast`` on the HPU device type.
 
     Args:
         precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
         scaler: a ``torch.amp.GradScaler`` for ``"16-mixed"``; one is made when not given.
 
     Raises:
-        ValueError: a precision this device cannot run (:func:`lightning_gaudi.precision.check_precision_supported`).
+        ValueError: a precision this device cannot run.
     """
 
     def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:
@@ -59,8 +52,6 @@ class HPUPrecision(MixedPrecision):
 
     @override
     def unscale_gradients(self, optimizer: Optimizer) -> None:
-        """Unscales the gradients before ``fabric.clip_gradients``, fused optimizers' included (Lightning refuses
-        them); ``scaler.step`` then hands such an optimizer the inf check, not the scale, so it does not unscale
-        twice."""
+        """Unscales the gradients before ``fabric.clip_gradients``, fused optimizers' too (Lightning refuses them)."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)

@@ -8,22 +8,16 @@ import torch
 from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import CheckpointIO, Precision
 from lightning.fabric.strategies import SingleDeviceStrategy, Strategy
-from typing_extensions import override
 
 from lightning_gaudi.fabric._base import FabricCore
 from lightning_gaudi.strategies.adoption import Adoption
+from lightning_gaudi.strategies.core import SingleDeviceCore
 
 
-class SingleHPUStrategy(FabricCore, SingleDeviceStrategy):
-    """Runs a Fabric loop on one HPU (real or emulated): ``Fabric(accelerator="hpu", strategy="hpu_single")``.
+class SingleHPUStrategy(SingleDeviceCore, FabricCore, SingleDeviceStrategy):
+    """Fabric's counterpart of :class:`lightning_gaudi.SingleHPUStrategy`, with its arguments (``precision`` for
+    ``precision_plugin``) and ``mark_step`` (:class:`~lightning_gaudi.fabric._base.FabricCore`)."""
 
-    The Fabric counterpart of :class:`lightning_gaudi.SingleHPUStrategy` (the Trainer's), with its arguments
-    (``precision`` for ``precision_plugin``) and ``mark_step``: ``False`` turns off lazy mode's graph cuts after each
-    ``fabric.backward`` and optimizer step. Tied weights stay tied on the HPU, and an optimizer built before
-    ``fabric.setup`` follows its model there (a move to lazy tensors makes new parameter objects).
-    """
-
-    strategy_name = "hpu_single"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (SingleDeviceStrategy,)
     adoption = Adoption(renamed={"device": "_root_device"})
 
@@ -43,12 +37,3 @@ class SingleHPUStrategy(FabricCore, SingleDeviceStrategy):
             precision=precision,
             mark_step=mark_step,
         )
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        return self._hpu_device(self._requested_device)  # asks the backend once, when the environment is final
-
-    @override
-    def _check_runnable(self) -> None:
-        self.root_device  # noqa: B018 - a device that is no HPU fails here, while Fabric is built

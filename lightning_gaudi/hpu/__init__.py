@@ -1,6 +1,5 @@
-"""The one seam to whatever provides the HPU: :func:`get_backend` picks eager or lazy emulation
-(``LIGHTNING_GAUDI_EMULATE``) or Intel's bridge; every ``habana_frameworks`` and ``torch._lazy`` call goes through it.
-"""
+"""The one seam to whatever provides the HPU (:func:`get_backend`: eager or lazy emulation, or Intel's bridge); every
+``habana_frameworks`` and ``torch._lazy`` call goes through it."""
 
 from __future__ import annotations
 
@@ -107,7 +106,10 @@ def get_backend() -> Backend:
     if mode is None:
         if not runtime.bridge_installed():
             raise HPUUnavailableError(NO_HPU_MESSAGE)
-        _refuse_unavailable_lazy_mode()
+        lazy = os.environ.get(runtime.LAZY_MODE_ENV, "").strip().lower()
+        if lazy in ("1", "true") and not runtime.bridge_loaded() and (why := runtime.lazy_mode_unavailable()):
+            # refused before the bridge loads, which would stop on an assertion
+            raise ValueError(f"{runtime.LAZY_MODE_ENV}={lazy} asks for lazy mode, but {why}. {runtime.NO_LAZY_FIX}.")
         from lightning_gaudi.hpu.bridge import HabanaBackend
 
         backend = HabanaBackend()
@@ -121,16 +123,6 @@ def get_backend() -> Backend:
         backend = LazyBackend(key[2])
     _backends[key] = backend
     return backend
-
-
-def _refuse_unavailable_lazy_mode() -> None:
-    """Lazy mode asked for (``PT_HPU_LAZY_MODE=1``) on Gaudi software without it: an error before the bridge loads
-    (the bridge itself stops on an assertion)."""
-    value = os.environ.get(runtime.LAZY_MODE_ENV, "").strip().lower()
-    if value in ("1", "true") and not runtime.bridge_loaded():
-        why = runtime.lazy_mode_unavailable()
-        if why is not None:
-            raise ValueError(f"{runtime.LAZY_MODE_ENV}={value} asks for lazy mode, but {why}. {runtime.NO_LAZY_FIX}.")
 
 
 def is_available() -> bool:

@@ -62,8 +62,7 @@ class ClipNorm(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """What lightning_gaudi needs from an HPU, whatever provides it; the defaults are those of a device without
-    lazy mode, graphs or a collective set-up.
+    """What lightning_gaudi needs from an HPU; the defaults are a device's without lazy mode, graphs or collectives.
 
     Attributes:
         name, emulated: ``"habana"``, ``"eager"`` or ``"lazy"``; whether it runs on the CPU instead of a Gaudi.

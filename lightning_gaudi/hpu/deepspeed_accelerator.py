@@ -1,6 +1,5 @@
-"""DeepSpeed's accelerator for the HPU backend (``"hpu"`` on a Gaudi, ``"cpu"`` in eager emulation), chosen before
-DeepSpeed is imported: it reads ``DS_ACCELERATOR`` once per process.
-"""
+"""DeepSpeed's accelerator for the HPU backend, chosen before DeepSpeed is imported (it reads ``DS_ACCELERATOR`` once
+per process)."""
 
 from __future__ import annotations
 
@@ -63,12 +62,8 @@ def _cannot_drive(wanted: str, error: BaseException, backend: Backend, what: str
 
 def select_deepspeed_accelerator(backend: Backend, what: str) -> str:
     """Sets ``DS_ACCELERATOR`` for ``backend``, imports DeepSpeed and checks its choice; returns the accelerator's name.
-
-    Raises:
-        ValueError: lazy emulation, or ``DS_ACCELERATOR`` set to another accelerator.
-        DeepSpeedMissingError: DeepSpeed is missing or cannot drive the accelerator.
-        RuntimeError: DeepSpeed, imported earlier, chose another accelerator.
-    """
+    Raises ``ValueError`` (lazy emulation, another ``DS_ACCELERATOR``), :class:`DeepSpeedMissingError` (missing or
+    unusable DeepSpeed), ``RuntimeError`` (DeepSpeed, imported earlier, chose another accelerator)."""
     wanted = deepspeed_accelerator_name(backend)
     chosen = os.environ.get(DS_ACCELERATOR_ENV)
     if chosen is not None and chosen != wanted:

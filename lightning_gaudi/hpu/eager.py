@@ -1,9 +1,5 @@
-"""Eager emulation: the HPU code paths on CPU tensors, gloo collectives and CPU bf16 autocast.
-
-Memory statistics are the host process's, against the emulated card's memory (``Limit``: the generation's HBM).
-Unless the user chose a thread count, torch gets :data:`EMULATED_THREADS` (a thread per core ran 2.8 to 3.9 times
-slower on 2 shared cores, measured with the former ``benchmarks/threads.py``).
-"""
+"""Eager emulation: the HPU code paths on CPU tensors, gloo collectives and CPU bf16 autocast; memory statistics are
+the host process's against the emulated card's HBM."""
 
 from __future__ import annotations
 
@@ -19,7 +15,8 @@ from torch.optim import Optimizer
 from lightning_gaudi.hpu.backend import GAUDI_MEMORY_GIB, MEMORY_STAT_KEYS, Backend, ClipNorm
 from lightning_gaudi.hpu.runtime import emulated_compile_backend
 
-#: torch threads per emulator process when the user has not chosen a count (see the module docstring).
+#: torch threads per emulator process unless the user chose a count (a thread per core ran 2.8 to 3.9 times slower
+#: on 2 shared cores).
 EMULATED_THREADS = 1
 #: The variables by which a user sets torch's thread count before it starts.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -68,8 +65,7 @@ class TorchClipNorm(ClipNorm):
 
 
 def host_memory_stats(limit: int | None = None) -> dict[str, int]:
-    """This process's memory in the bridge's ``memory_stats`` form: ``InUse`` and ``MaxInUse`` are the process's, the
-    ``Limit`` is ``limit`` bytes (the emulated card's) or the host's memory."""
+    """This process's memory in the bridge's ``memory_stats`` form, against ``limit`` bytes (default: the host's)."""
     page = os.sysconf("SC_PAGE_SIZE")
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * page

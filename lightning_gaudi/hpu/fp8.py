@@ -1,6 +1,5 @@
-"""Intel's FP8 APIs on Gaudi 2 and later as the seam hands them out: training (``hpex.experimental.transformer_engine``)
-and inference (Intel Neural Compressor); emulated backends have neither, FP8 is emulated in :mod:`lightning_gaudi.fp8`.
-"""
+"""Intel's FP8 APIs on Gaudi 2 and later as the seam hands them out: training (``transformer_engine``) and inference
+(Intel Neural Compressor); emulated backends have neither (:mod:`lightning_gaudi.fp8` emulates FP8)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Lazy emulation: torch's Lazy Tensor Core (TorchScript backend) on the CPU, one device.
-
-Unlike Gaudi's lazy mode it has no autocast, fused optimizers or collectives, and hands back CPU tensors for
-``split``/``chunk``/``unbind`` pieces (:meth:`LazyBackend.explain_error` says so when it fails).
-"""
+"""Lazy emulation: torch's Lazy Tensor Core (TorchScript backend) on the CPU, one device, without autocast, fused
+optimizers or collectives (:data:`LIMIT_NOTE`)."""
 
 from __future__ import annotations
 

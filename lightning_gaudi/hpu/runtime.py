@@ -1,8 +1,5 @@
-"""The HPU runtime settings as one typed value, :class:`Runtime`, applied once by :func:`configure`.
-
-The settings travel in environment variables, so processes started later inherit them; :meth:`Runtime.from_env` is
-their only parser. Changing a setting the bridge reads after the bridge has loaded is an error (it would be ignored).
-"""
+"""The HPU runtime settings as one typed value, :class:`Runtime`, applied by :func:`configure` to the environment
+variables (which later processes inherit); :meth:`Runtime.from_env` is their only parser."""
 
 from __future__ import annotations
 
@@ -19,32 +16,6 @@ from typing import Any, Literal
 from lightning_gaudi.hpu.autocast_lists import BF16_LIST_ENV, FP32_LIST_ENV, LEGACY_ENV, check_op_names, read_list
 from lightning_gaudi.hpu.autocast_lists import write_list as _write_list
 from lightning_gaudi.hpu.backend import GAUDI_NAMES
-
-__all__ = [
-    "COMPILE_BACKEND_ENV",
-    "COMPILE_ENV",
-    "DEFAULT_EMULATED_COMPILE_BACKEND",
-    "DEVICES_ENV",
-    "DEVICE_NAME_ENV",
-    "EMULATE_ENV",
-    "EMULATION_MODES",
-    "EXECUTION_MODES",
-    "INT64_ENV",
-    "LAZY_MODE_ENV",
-    "RECIPE_CACHE_ENV",
-    "VISIBLE_MODULES_ENV",
-    "RecipeCache",
-    "Runtime",
-    "bridge_installed",
-    "bridge_loaded",
-    "configure",
-    "emulated_compile_backend",
-    "emulated_device_name",
-    "emulated_devices",
-    "emulation_mode",
-    "lazy_mode_unavailable",
-    "visible_emulated_devices",
-]
 
 EMULATE_ENV = "LIGHTNING_GAUDI_EMULATE"
 DEVICES_ENV = "LIGHTNING_GAUDI_DEVICES"
@@ -90,12 +61,8 @@ NO_LAZY_FIX = (
 
 
 def lazy_mode_unavailable(torch_version: str | None = None) -> str | None:
-    """Why the installed Gaudi software has no lazy mode, or ``None`` when it has one or cannot tell (no bridge, or
-    a bridge without its ``lib`` folder). Reads files only: the bridge is not imported.
-
-    Intel's bridge runs lazy mode only on Intel's PyTorch fork (its ``torch.__version__`` has a ``+git`` local part)
-    and only with its lazy plug-in library; Gaudi software 1.24's images on stock PyTorch have neither.
-    """
+    """Why the installed Gaudi software has no lazy mode (it needs Intel's PyTorch fork, ``+git``, and the lazy
+    plug-in), or ``None`` when it has one or cannot tell. Reads files only: the bridge is not imported."""
     try:
         spec = importlib.util.find_spec("habana_frameworks.torch")
     except (ImportError, ValueError):
@@ -258,17 +225,15 @@ class RecipeCache:
 
 @dataclass(frozen=True)
 class Runtime:
-    """The HPU runtime settings, all validated at construction; ``None`` leaves a setting as it is.
+    """The HPU runtime settings, validated at construction; ``None`` leaves a setting as it is (``docs/runtime.md``).
 
     Args:
         emulate: ``True``: the CPU emulator, ``False``: a Gaudi, ``None``: emulate when asked or without the bridge.
         execution_mode: ``"compile"`` (eager + ``torch.compile``), ``"eager"`` or ``"lazy"``.
-        emulated_devices: emulated cards per node (``LIGHTNING_GAUDI_DEVICES``).
-        emulated_device_name: the emulated generation, ``"GAUDI"``, ``"GAUDI2"`` (when unset) or ``"GAUDI3"``.
-        int64_support: ``PT_ENABLE_INT64_SUPPORT``: keep int64 tensors instead of casting them to int32.
-        recipe_cache: ``PT_HPU_RECIPE_CACHE_CONFIG``: a :class:`RecipeCache`, a mapping of its fields, or its string.
-        autocast_bf16_ops: op names autocast runs in bfloat16 (replaces the bridge's list), e.g. ``["linear"]``.
-        autocast_fp32_ops: op names autocast keeps in float32, e.g. ``["softmax", "nll_loss"]``.
+        emulated_devices, emulated_device_name: the emulated node's cards and generation (``"GAUDI2"`` when unset).
+        int64_support: keep int64 tensors instead of casting them to int32.
+        recipe_cache: a :class:`RecipeCache`, a mapping of its fields, or its string.
+        autocast_bf16_ops, autocast_fp32_ops: op names autocast runs in bfloat16 / keeps in float32.
         autocast_list_dir: where the list files are written (a new temporary directory when ``None``).
     """
 

@@ -1,10 +1,5 @@
-"""Shims of Lightning's and torch's private internals: the bottom layer of lightning_gaudi.
-
-A shim imports nothing of the package above it; policy comes in as hooks (the connector shims call the policy
-:mod:`lightning_gaudi.routing` sets). Each module patches (or relies on) one upstream target and describes itself with
-a :class:`~lightning_gaudi.patches.registry.Patch` in :data:`PATCHES`. On an upstream version outside the checked
-range nothing is patched and a warning says what still works; ``tests/patches/`` holds one canary per module.
-"""
+"""Shims of Lightning's and torch's private internals, one target each, policy coming in as hooks; each module's
+:class:`~lightning_gaudi.patches.registry.Patch` is in :data:`PATCHES`, its canary in ``tests/patches/``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""The Trainer's accelerator connector (``_AcceleratorConnector``), wrapped so that a routing policy answers first.
-
-Lightning 2.6's connector refuses ``accelerator="hpu"`` with ``strategy="auto"``, builds its own CPU/GPU strategies
-for ``"ddp"``, ``"fsdp"``... and autocasts ``"bf16-mixed"`` on CUDA. The :data:`WRAPPED` methods hand the connector's
-flags to the :class:`ConnectorPolicy` in ``HOOKS.policy`` (set by :mod:`lightning_gaudi.routing`) and leave every
-choice it declines to Lightning. Fabric's connector is wrapped the same way (:mod:`.fabric_connector`).
-"""
+"""The Trainer's ``_AcceleratorConnector``, wrapped so that a routing policy (``HOOKS.policy``) answers first:
+Lightning's refuses ``accelerator="hpu"`` with ``strategy="auto"``, builds CPU/GPU strategies for ``"ddp"``... and
+autocasts on CUDA. Every choice the policy declines is Lightning's."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lightning_gaudi.patches import registry
@@ -65,11 +62,11 @@ class ConnectorPolicy(Protocol):
         Lightning's check of the choice."""
 
 
+@dataclass
 class Hooks:
     """The policy the wrappers of one connector call; with none, they leave everything to Lightning."""
 
-    def __init__(self) -> None:
-        self.policy: ConnectorPolicy | None = None
+    policy: ConnectorPolicy | None = None
 
 
 def connector_wrappers(
@@ -180,8 +177,7 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Wraps the connector methods (idempotent); returns whether they are wrapped and have a policy. On a Lightning
-    that is unsupported or whose connector changed, nothing is patched and a warning says what still works."""
+    """Wraps the connector methods (idempotent); returns whether they are wrapped and have a policy, else warns."""
     fallback = (
         "`strategy='auto'` and precision strings will not pick HPU classes: pass `strategy='hpu_single'`/"
         "'hpu_parallel' and `plugins=[HPUPrecision(...)]`."

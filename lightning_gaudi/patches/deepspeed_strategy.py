@@ -1,11 +1,5 @@
 """What :class:`~lightning_gaudi.strategies.HPUDeepSpeedStrategy` relies on inside Lightning's CUDA-only
-``DeepSpeedStrategy``; nothing is patched globally.
-
-The HPU strategy runs ``DDPStrategy.setup_environment`` (Lightning's is CUDA only), forms the process group for
-DeepSpeed to adopt, and wraps ``init_deepspeed`` in :func:`device_rank` (``deepspeed.initialize`` gets
-``args.device_rank=root_device.index``, ``None`` on the HPU). ``gradient_clipping`` is set before Lightning's
-``_format_batch_size_and_grad_accum_config`` fills it.
-"""
+``DeepSpeedStrategy`` (:data:`METHODS`); nothing is patched globally."""
 
 from __future__ import annotations
 
@@ -95,12 +89,8 @@ def waits_on_a_lock_file() -> bool:
 
 @contextmanager
 def bounded_build_lock(timeout: timedelta) -> Iterator[None]:
-    """Within it, torch's wait for the lock file under which a process builds or loads a DeepSpeed op
-    (``cpp_extension.FileBaton``, which waits forever) fails after ``timeout`` with a ``TimeoutError`` naming it.
-
-    Where torch does not wait on a lock file (:func:`waits_on_a_lock_file`), no stale lock can block a job: then
-    nothing changes.
-    """
+    """Within it, torch's endless wait for the lock file of a DeepSpeed op build (``cpp_extension.FileBaton``) fails
+    after ``timeout`` with a ``TimeoutError`` naming it (where torch has such a lock: :func:`waits_on_a_lock_file`)."""
     from torch.utils import cpp_extension
 
     if not waits_on_a_lock_file():

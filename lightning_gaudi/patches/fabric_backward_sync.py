@@ -1,10 +1,5 @@
-"""``fabric.no_backward_sync`` through a strategy's own control (``hpu_fast_ddp``: gradients accumulate locally and
-are all-reduced at the next backward outside it); nothing is patched globally.
-
-Fabric asks the strategy's private ``_backward_sync_control`` (Lightning's DDP strategy sets one driving
-``DistributedDataParallel.no_sync``) and offers no public hook for another; :func:`set_control` gives one strategy
-instance its own. :func:`install` checks that Fabric still asks that attribute.
-"""
+"""``fabric.no_backward_sync`` through a strategy's own control (``hpu_fast_ddp``): Fabric asks the strategy's private
+``_backward_sync_control``; :func:`set_control` sets it on one instance, :func:`install` checks Fabric still asks."""
 
 from __future__ import annotations
 

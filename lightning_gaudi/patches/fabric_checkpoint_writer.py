@@ -1,11 +1,5 @@
-"""Fabric's sharded saves (``fabric.save`` on ``hpu_fsdp`` and ``hpu_model_parallel``) through a storage writer the
-HPU strategy gives, while :func:`storage_writer` is in effect.
-
-Lightning's Fabric strategies write their torch distributed checkpoints with the module function
-``_distributed_checkpoint_save(converted_state, path)`` (``torch.distributed.checkpoint.save`` with
-``checkpoint_id=path``), which takes no writer; the patch wraps it in both modules that call it. Outside
-:func:`storage_writer` the wrapper calls Lightning's function unchanged.
-"""
+"""Fabric's sharded saves through a storage writer the HPU strategy gives (:func:`storage_writer`): Lightning's
+``_distributed_checkpoint_save(converted_state, path)`` takes none, so it is wrapped in both modules that call it."""
 
 from __future__ import annotations
 
@@ -52,8 +46,7 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Wraps ``_distributed_checkpoint_save`` in both modules (idempotent); on a Lightning that differs, warns and
-    patches nothing."""
+    """Wraps ``_distributed_checkpoint_save`` in both modules (idempotent), else warns."""
     if installed():
         return True
     if not registry.supported(missing_targets(), _FALLBACK):

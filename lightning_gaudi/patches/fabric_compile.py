@@ -1,14 +1,6 @@
-"""``torch.compile``d modules set up by Lightning Fabric get the HPU's compile backend.
-
-``fabric.setup(torch.compile(model))`` takes the compiled wrapper off, sets the model up, and compiles it again with
-the arguments Lightning recorded when ``torch.compile`` was called (``OptimizedModule._compile_kwargs``, read by
-``lightning.fabric.wrappers._unwrap_compiled``). Code written for GPUs (LitGPT's pretraining) passes no backend, so
-torch's default, inductor, would compile for the CPU. :func:`install` wraps ``Fabric.setup`` and
-``Fabric.setup_module`` so that a record without a backend first gets the one :attr:`Hooks.backend` answers for the
-Fabric's strategy (the execution mode's on an HPU strategy, nothing otherwise). A backend the user passed is kept.
-(``OptimizedModule`` keeps attributes on the module it wraps, so the record is shared with the recompiled module,
-which Lightning records again: both then name the backend the model runs with.)
-"""
+"""``torch.compile``d modules set up by Fabric get the HPU's compile backend: ``fabric.setup`` compiles a model again
+with the arguments Lightning recorded (``_compile_kwargs``), where GPU code (LitGPT) passes no backend; the wrapped
+``Fabric.setup``/``setup_module`` fill in the one :attr:`Hooks.backend` answers. A backend the user passed is kept."""
 
 from __future__ import annotations
 
@@ -31,12 +23,8 @@ _MARK = "__lightning_gaudi_compile_hook__"
 
 @dataclass
 class Hooks:
-    """The policy the wrappers ask.
-
-    Attributes:
-        backend: ``backend(strategy)``: the ``torch.compile`` backend for modules set up on ``strategy``, or ``None``
-            to leave the record as it is (``None``: the patch does nothing).
-    """
+    """The policy the wrappers ask: ``backend(strategy)``, the backend for modules set up on ``strategy`` (``None``:
+    leave the record)."""
 
     backend: Callable[[Any], str | None] | None = None
 

@@ -1,24 +1,14 @@
-"""Lightning Fabric's connector (``lightning.fabric.connector._Connector``), wrapped as the Trainer's is
-(:mod:`.connector`) so that a routing policy answers first. The launch is checked while Fabric is built by the HPU
-strategies' own ``_set_world_ranks``, which Fabric's ``_lazy_init_strategy`` calls."""
+"""Fabric's ``_Connector``, wrapped as the Trainer's is (:mod:`.connector`) so that a routing policy answers first."""
 
 from __future__ import annotations
 
 import functools
 
 from lightning_gaudi.patches import registry
-from lightning_gaudi.patches.connector import Hooks, connector_wrappers, find_class, wrap_connector
+from lightning_gaudi.patches.connector import WRAPPED, Hooks, connector_wrappers, find_class, wrap_connector
 
 _MODULE = "lightning.fabric.connector"
 _CLASS = "_Connector"
-WRAPPED = (
-    "_check_config_and_set_final_flags",
-    "_choose_auto_accelerator",
-    "_set_devices_flag_if_auto_passed",
-    "_choose_strategy",
-    "_check_strategy_and_fallback",
-    "_check_and_init_precision",
-)
 CONNECTOR_ATTRIBUTES = (*WRAPPED, "_init_strategy", "_set_parallel_devices_and_init_accelerator", "_lazy_init_strategy")
 #: Connector instance attributes the wrappers read (or set).
 INSTANCE_ATTRIBUTES = (
@@ -34,8 +24,6 @@ INSTANCE_ATTRIBUTES = (
     "strategy",
 )
 MARK = "__lightning_gaudi_fabric_hook__"
-
-
 HOOKS = Hooks()
 
 
@@ -55,7 +43,6 @@ def install() -> bool:
         "Fabric's `strategy='auto'` and precision strings will not pick HPU classes: pass `strategy='hpu_single'`/"
         "'hpu_parallel' and `plugins=[lightning_gaudi.fabric.HPUPrecision(...)]`."
     )
-
     wrappers = functools.partial(connector_wrappers, HOOKS, ("_precision_input", "_precision_instance"), None)
     where = f"{_MODULE}.{_CLASS}"
     return wrap_connector(connector_class(), where, CONNECTOR_ATTRIBUTES, MARK, wrappers, fallback) and installed()

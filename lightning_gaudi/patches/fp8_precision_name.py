@@ -1,9 +1,5 @@
-"""``precision="fp8"`` through Lightning's precision-name check, in the Trainer and in Fabric.
-
-Both connectors check names with ``lightning.fabric.connector._convert_precision_to_unified_args``, which refuses
-``"fp8"``; :func:`install` replaces it in both :data:`MODULES` with a function that passes ``"fp8"`` through to the
-connector wrappers' routing policy. Installed after (and only with) the connector patches.
-"""
+"""``precision="fp8"`` through Lightning's precision-name check (``_convert_precision_to_unified_args``, in both
+:data:`MODULES`) to the connectors' routing policy; installed after (and only with) the connector patches."""
 
 from __future__ import annotations
 

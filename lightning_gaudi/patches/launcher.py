@@ -1,10 +1,5 @@
-"""What a check before Lightning's launcher of local rank processes (``_SubprocessScriptLauncher``) relies on; nothing
-is patched globally.
-
-:func:`checked_launcher` turns that launcher into an instance of a subclass whose ``launch`` first runs a check of the
-Trainer (a policy hook) and only then lets Lightning start the other rank processes (``_call_children_scripts``), so
-that a mistake in the LightningModule fails before any process starts. ``isinstance`` checks on Lightning's class hold.
-"""
+"""A check of the Trainer before Lightning's ``_SubprocessScriptLauncher`` starts the other ranks
+(:func:`checked_launcher`, a subclass instance); nothing is patched globally."""
 
 from __future__ import annotations
 

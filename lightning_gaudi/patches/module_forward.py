@@ -1,9 +1,5 @@
-"""A module's ``forward`` replaced on the instance, until put back (``HPUCompile``: the compiled forward;
-``HPUGraphs``: the bridge's HPU-graph forward, which the bridge itself sets the same way); nothing is patched globally.
-
-``nn.Module.__call__`` runs ``self.forward``, so an instance attribute wins over the class's method while names,
-hooks and the state dict stay the module's. :func:`install` checks that torch still calls it so.
-"""
+"""A module's ``forward`` replaced on the instance until put back (``HPUCompile``, ``HPUGraphs``):
+``nn.Module.__call__`` runs ``self.forward``, which :func:`install` checks; nothing is patched globally."""
 
 from __future__ import annotations
 

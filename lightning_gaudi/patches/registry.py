@@ -1,8 +1,4 @@
-"""What a patch is, the upstream versions the patches were checked against, and the helpers the shims share.
-
-Every patch module of :mod:`lightning_gaudi.patches` describes itself with a :class:`Patch` and checks the installed
-version with :data:`LIGHTNING_SUPPORTED` or :data:`TORCH_SUPPORTED` (read at call time, so a test can replace them).
-"""
+"""What a patch is, the upstream versions the patches were checked against, and the helpers the shims share."""
 
 from __future__ import annotations
 
@@ -14,12 +10,9 @@ from typing import Any
 
 from lightning_utilities.core.imports import RequirementCache
 
-#: The lowest Lightning the Lightning patches were tested on (docs/compat.md). No upper cap, as for torch: a newer
-#: Lightning keeps a patch on wherever what it relies on is still there (each patch's ``missing_targets()``, and the
-#: canaries in tests/patches/, which run the patched path).
+#: The lowest versions the patches were tested on (docs/compat.md); no upper cap: a newer one keeps a patch on wherever
+#: what it relies on is still there (each patch's ``missing_targets()``, probed at install).
 SUPPORTED_LIGHTNING = "lightning>=2.5.6"
-#: The lowest torch the torch patches were tested on (docs/compat.md). No upper cap: a newer torch keeps a patch on
-#: wherever what it relies on is still there and behaves (each patch's ``missing_targets()``, probed at install).
 SUPPORTED_TORCH = "torch>=2.7"
 
 #: Truthy when the installed Lightning is in :data:`SUPPORTED_LIGHTNING`; ``.message`` says why not otherwise.
@@ -30,16 +23,8 @@ TORCH_SUPPORTED = RequirementCache(SUPPORTED_TORCH)
 
 @dataclass(frozen=True)
 class Patch:
-    """One patch of Lightning's or torch's private internals.
-
-    Attributes:
-        name: the registry key, e.g. ``"connector"``.
-        targets: the upstream objects the patch replaces or relies on, as dotted paths.
-        requirement: the versions it was checked against (:data:`SUPPORTED_LIGHTNING` or :data:`SUPPORTED_TORCH`).
-        install: puts the patch in effect (idempotent) and returns whether it is; on an unsupported version it
-            patches nothing and warns what still works.
-        installed: whether the patch is in effect.
-    """
+    """One patch: its registry key, the upstream objects it replaces or relies on (dotted paths), the versions it was
+    checked against, ``install`` (idempotent; on an unsupported version patches nothing and warns) and ``installed``."""
 
     name: str
     targets: tuple[str, ...]
@@ -49,10 +34,7 @@ class Patch:
 
 
 def lookup(module: str, name: str | None = None) -> Any:
-    """The module (or its attribute ``name``), or ``None`` when this upstream version lacks it.
-
-    Looked up when called, never at import, so that an upstream version that moved it still imports lightning_gaudi.
-    """
+    """The module (or its attribute ``name``), looked up when called; ``None`` when this upstream version lacks it."""
     try:
         found: Any = importlib.import_module(module)
     except ImportError:
@@ -61,11 +43,8 @@ def lookup(module: str, name: str | None = None) -> Any:
 
 
 def supported(missing: list[str], fallback: str, torch: bool = False) -> bool:
-    """Whether a patch may be installed: the version is in the checked range and nothing it relies on is missing.
-
-    Otherwise warns, naming the checked range, what is missing and ``fallback`` (what still works), and returns
-    ``False``.
-    """
+    """Whether a patch may be installed (the version in the checked range, nothing ``missing``); otherwise warns,
+    naming both and ``fallback`` (what still works)."""
     requirement, cache = (SUPPORTED_TORCH, TORCH_SUPPORTED) if torch else (SUPPORTED_LIGHTNING, LIGHTNING_SUPPORTED)
     if cache and not missing:
         return True

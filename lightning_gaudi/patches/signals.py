@@ -1,10 +1,6 @@
-"""SIGTERM during fit, handled by :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` instead of Lightning.
-
-Lightning's ``_sigterm_notifier_fn`` (registered when a fit starts) runs a ``broadcast`` inside the signal handler,
-which can unpair collectives, and ``_TrainingEpochLoop._broadcast_sigterm_tensor`` (2.6) a blocking collective and a
-host read per step. :func:`take_over_sigterm` replaces both on one trainer's instances; Lightning still chains the
-handler with the one installed before and removes it when the fit ends.
-"""
+"""SIGTERM during fit, handled by :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint`: Lightning's handler
+broadcasts inside the signal handler and its epoch loop adds a collective and a host read per step;
+:func:`take_over_sigterm` replaces both on one trainer's instances."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Host-sync-free logging: progress-bar values stay on the device until the bar refreshes or a logger writes.
-
-Lightning turns each ``prog_bar=True`` value into a Python number at every batch end (``_ResultCollection.metrics``
-through ``convert_tensors_to_scalars``): a host sync per step, which on Gaudi flushes the lazy graph. For trainers on
-the HPU only, ``_LoggerConnector.metrics`` leaves those values as tensors, ``_LoggerConnector.progress_bar_metrics``
-(read when the bar refreshes) converts them, and the default progress bar becomes a ``TQDMProgressBar`` refreshing
-every :data:`HPU_PROGRESS_BAR_REFRESH_RATE` steps (a bar the user passes, or ``TQDM_MINITERS``, wins).
-"""
+"""Host-sync-free logging on the HPU: Lightning reads each ``prog_bar=True`` value to the host at every batch end; here
+``_LoggerConnector.metrics`` leaves them as tensors, ``progress_bar_metrics`` converts them when the bar refreshes,
+and the default bar is a ``TQDMProgressBar`` refreshing every :data:`HPU_PROGRESS_BAR_REFRESH_RATE` steps."""
 
 from __future__ import annotations
 
@@ -142,8 +137,7 @@ def missing_targets() -> list[str]:
 
 
 def install() -> bool:
-    """Installs the wrappers (idempotent); returns whether they are installed. On an unsupported Lightning nothing
-    is patched and a warning says what that costs."""
+    """Installs the wrappers (idempotent); returns whether they are installed, else warns."""
     if installed():
         return True
     fallback = (

@@ -1,9 +1,5 @@
-"""HPU out-of-memory errors in Lightning's batch-size search (``Tuner.scale_batch_size``).
-
-The scaling loops of ``lightning.pytorch.tuner.batch_size_scaling`` call that module's ``is_oom_error`` on every
-``RuntimeError`` to decide between backing off and re-raising; :func:`install` replaces the name with one that also
-asks the HPU backend (:meth:`~lightning_gaudi.hpu.Backend.is_out_of_memory`).
-"""
+"""HPU out-of-memory errors in Lightning's batch-size search: the module's ``is_oom_error``, which its scaling loops
+look up on every ``RuntimeError``, also asks the HPU backend."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Routing: which HPU strategy or precision plugin answers a Lightning name, for the Trainer (:mod:`.trainer`) and
-Fabric (:mod:`.fabric`), both built on :mod:`.common`; :func:`install` hands them to the connector shims of
-:mod:`lightning_gaudi.patches`, which know Lightning's private names and no policy."""
+"""Which HPU strategy or precision plugin answers a Lightning name, for the Trainer and Fabric; :func:`install` hands
+the policies to the connector shims of :mod:`lightning_gaudi.patches`."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The routing both connectors share: which HPU class or precision plugin answers a Lightning name on HPUs.
-
-- ``strategy="auto"``: the single-HPU strategy for one device, ``"hpu_parallel"`` for more (``devices="auto"``:
-  every card of the node; one in an interactive session, where several devices are refused with the fix).
-- A Lightning strategy name whose class an HPU strategy lists in ``lightning_counterparts`` becomes that HPU class,
-  with the registry's ``init_params`` (``"deepspeed_stage_2"``: ``HPUDeepSpeedStrategy(stage=2)``); an instance of
-  such a class, or of a subclass of one (Ray's ``RayDDPStrategy``), is adopted: an object of its own class on the HPU
-  strategy, with the arguments read back from it (:mod:`lightning_gaudi.strategies.adoption`). A forking
-  ``start_method`` and Lightning strategies no HPU class claims are refused with the fix.
-- Precision: a strategy's ``hpu_precision_plugin(precision)`` first, else ``HPUPrecision`` for mixed precision;
-  ``"fp8"`` is the FP8 plugin. Every other accelerator is left to Lightning.
-"""
+"""The routing both connectors share: which HPU class or precision plugin answers a Lightning name on HPUs
+(``docs/strategies.md``): ``"auto"`` by the device count, a Lightning name or instance by the HPU class that lists its
+class in ``lightning_counterparts`` (instances adopted, :mod:`lightning_gaudi.strategies.adoption`), precision by the
+strategy's ``hpu_precision_plugin`` first."""
 
 from __future__ import annotations
 
@@ -135,8 +127,7 @@ class Routing:
         return self.single_hpu(device=parallel_devices[0] if parallel_devices else None)
 
     def check_strategy(self, accelerator: Any, flag: Any, parallel_devices: list[Any], num_nodes: int) -> Any:
-        """The strategy (name or instance) that runs ``strategy=flag`` on HPUs; raises ``ValueError`` for a flag
-        refused (see the module's docstring) or a single-HPU strategy given several devices."""
+        """The strategy (name or instance) that runs ``strategy=flag`` on HPUs; ``ValueError`` for one refused."""
         if not is_hpu(accelerator):
             return flag
         if interactive() and (len(parallel_devices) > 1 or num_nodes > 1) and "LOCAL_RANK" not in os.environ:
@@ -147,7 +138,6 @@ class Routing:
                 " or `python -m lightning_gaudi train.py` for code that does not import lightning_gaudi), or use"
                 " devices=1 here."
             )
-        strategy = flag
         if isinstance(flag, self.strategy_base):
             strategy = self.adopt_instance(flag, parallel_devices)
         else:
@@ -162,12 +152,8 @@ class Routing:
         return strategy
 
     def adopt_instance(self, strategy: Any, parallel_devices: list[Any]) -> Any:
-        """The strategy that runs the object ``strategy`` on HPUs.
-
-        An HPU strategy, or a user's own strategy class (on Lightning's abstract ``Strategy`` or ``ParallelStrategy``),
-        as it is; an instance of a Lightning strategy class with an HPU stand-in, or of a subclass of one (Ray's, a
-        user's), adopted (:func:`~lightning_gaudi.strategies.adoption.adopt`): an object of its own class on the HPU
-        strategy, built with the object's arguments.
+        """The strategy that runs the object ``strategy`` on HPUs: an HPU strategy or one on Lightning's abstract bases
+        as it is, an instance of a Lightning class with an HPU stand-in (or of its subclass) adopted.
 
         Raises:
             ValueError: a Lightning strategy without an HPU stand-in, or an argument the HPU strategy refuses.
@@ -197,11 +183,8 @@ class Routing:
         return adopted
 
     def from_lightning_name(self, name: str, parallel_devices: list[Any]) -> Any:
-        """The HPU strategy standing in for the Lightning strategy registered as ``name``; other names unchanged.
-
-        Raises:
-            ValueError: ``name`` forks its rank processes, or is a Lightning strategy without an HPU stand-in.
-        """
+        """The HPU strategy standing in for the Lightning strategy registered as ``name`` (other names as they are);
+        ``ValueError`` for one that forks its ranks or has no HPU stand-in."""
         entry = dict.get(self.registry, name)  # the registry's own get() builds a strategy
         cls = entry["strategy"] if entry is not None else None
         if not isinstance(cls, type) or not _is_lightnings(cls):

@@ -1,12 +1,6 @@
 """Sharded checkpoints written as one step for readers: every rank writes into a staging directory beside the target,
-which is renamed into place once all have written (``hpu_fsdp``, ``hpu_model_parallel``, ``hpu_deepspeed``, the
-Fabric counterparts).
-
-Torch distributed checkpoints (the Trainer's and Fabric's) carry a checksum index
-(:data:`~lightning_gaudi.resume.CHECKSUMS_FILENAME`): the CRC-32 and size of every file torch's writer wrote, computed
-as the bytes went to disk (:class:`ChecksummedWriter`; each rank writes its part, rank 0 merges them before the
-rename), which :func:`lightning_gaudi.resume.verify_checkpoint` checks.
-"""
+renamed into place once all have written; torch distributed checkpoints carry a checksum index
+(:class:`ChecksummedWriter`) that :func:`lightning_gaudi.resume.verify_checkpoint` checks."""
 
 from __future__ import annotations
 
@@ -38,16 +32,9 @@ _CHECKSUM_PART = ".checksums-rank"  # each rank's part of the index, merged by r
 
 
 def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -> None:
-    """Has every rank ``write(staging)`` its shards into a staging folder beside ``filepath`` (``.<name>.<writer>-<pid>-
-    <id>.tmp``, removed by a later save if this one is killed), then renames the complete folder to ``filepath`` (a
-    collective: call it on every rank).
-
-    A failed write removes the staging directory and leaves a previous checkpoint as it was. Overwriting moves the old
-    checkpoint aside first: between those two renames (microseconds) it sits under ``.<name>.old-<id>``.
-
-    Raises:
-        ValueError: ``filepath`` is a URL (each rank writes its shard with torch's file-system writer).
-    """
+    """Has every rank ``write(staging)`` its shards into a staging folder beside ``filepath``, then renames the complete
+    folder to ``filepath`` (a collective); a failed write leaves a previous checkpoint as it was. ``ValueError`` for a
+    URL (each rank writes with torch's file-system writer)."""
     location = os.fspath(filepath)
     if "://" in location and not location.startswith("file://"):
         raise ValueError(

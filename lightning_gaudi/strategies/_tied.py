@@ -1,10 +1,6 @@
-"""Parameters shared between modules (tied weights), kept shared across the strategies' move to the device.
-
-``Module.to`` keeps a parameter shared only when it converts it in place. A move to tensors of another kind (torch's
-Lazy Tensor Core under lazy emulation; Intel's Gaudi guide warns of the same on the HPU), or any move under
-``torch.__future__.set_overwrite_module_params_on_conversion(True)``, makes a new parameter for every module that
-holds it: a language model's head tied to its token embedding becomes a second weight, trained on its own.
-"""
+"""Tied weights kept shared across the move to the device: ``Module.to`` makes a new parameter for every module that
+holds one when it does not convert in place (Lazy Tensor Core, the HPU per Intel's guide), untying a head from its
+embedding."""
 
 from __future__ import annotations
 
@@ -21,11 +17,7 @@ def find_tied_parameters(module: Module) -> list[list[str]]:
 
 
 def move_keeping_ties(module: Module, device: torch.device) -> None:
-    """``module.to(device)``, after which the parameters shared before the move are shared again.
-
-    Each name of a group gets the moved parameter of the group's first name; the copies the move made for the other
-    names are dropped.
-    """
+    """``module.to(device)``, after which the parameters shared before the move are shared again."""
     tied = find_tied_parameters(module)
     module.to(device)
     restore_ties(module, tied)

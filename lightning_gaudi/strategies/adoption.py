@@ -1,10 +1,5 @@
-"""Strategy objects built by other code (LitGPT's ``FSDPStrategy(...)``, Ray's ``RayDDPStrategy()``, a user's
-``DDPStrategy(...)``) run on the HPU: :func:`adopt` gives such an object the HPU strategy that stands in for its
-Lightning class, built with the arguments read back from the object, while it stays an instance of its own class.
-
-How the arguments are read back is declared per HPU class (:class:`Adoption`); ``tests/routing/test_adoption.py``
-builds every Lightning class with non-default arguments and fails when one can no longer be read back.
-"""
+"""Strategy objects built by other code (LitGPT's ``FSDPStrategy(...)``, Ray's ``RayDDPStrategy()``) run on the HPU:
+:func:`adopt` puts the HPU stand-in of their Lightning class under their own class, built with their arguments."""
 
 from __future__ import annotations
 
@@ -17,19 +12,17 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Adoption:
-    """How an HPU strategy reads back the arguments an instance of its Lightning counterpart was built with.
-
-    An argument ``name`` is read from the attribute ``_name``, else ``name``, unless declared here.
+    """How an HPU strategy reads back the arguments of its Lightning counterpart's instance: ``name`` from the
+    attribute ``_name``, else ``name``, unless declared here.
 
     Args:
-        extra: the attribute holding the ``**kwargs`` Lightning was given (passed on as keyword arguments).
+        extra: the attribute holding the ``**kwargs`` Lightning was given.
         folded: arguments Lightning folds into another one that is read back (a DeepSpeed ``stage`` into ``config``).
-        renamed: argument -> the attribute holding it, where it is neither ``_name`` nor ``name``.
-        carried: attributes Lightning derives from arguments and cannot take back, copied as they are.
+        renamed: argument -> the attribute holding it.
+        carried: attributes Lightning derives from arguments, copied as they are.
         refused: argument -> why it has no meaning on the HPU; refused unless left at Lightning's default.
-        prevails: attributes the HPU strategy decides even where the adopted object's own class defines them (Ray's
-            strategies put the model on ``ray.train.torch.get_device()``, the CPU in a worker without Ray's ``HPU``
-            resource); only those an HPU class defines.
+        prevails: attributes the HPU class decides even where the adopted object's class defines them (Ray's put the
+            model on ``ray.train.torch.get_device()``, the CPU without Ray's ``HPU`` resource).
     """
 
     extra: str | None = None
@@ -41,12 +34,8 @@ class Adoption:
 
 
 def read_arguments(strategy: object, lightning_cls: Any, adoption: Adoption) -> dict[str, Any]:
-    """The arguments ``strategy`` (an instance of ``lightning_cls``) was built with, as ``lightning_cls`` stores them.
-
-    Raises:
-        ValueError: an argument with no HPU meaning (``adoption.refused``) was given.
-        RuntimeError: an argument cannot be found on the object (this Lightning stores it elsewhere).
-    """
+    """The arguments ``strategy`` (a ``lightning_cls``) was built with. ``ValueError`` for one refused on the HPU,
+    ``RuntimeError`` for one this Lightning stores elsewhere."""
     state = vars(strategy)
     arguments: dict[str, Any] = {}
     for name, parameter in inspect.signature(lightning_cls.__init__).parameters.items():
@@ -105,14 +94,9 @@ def _rebuild(cls: Any, hpu_cls: Any, state: dict[str, Any]) -> Any:
 
 
 def adopt(strategy: Any, hpu_cls: Any, lightning_cls: Any, **overrides: Any) -> tuple[Any, dict[str, Any]]:
-    """A new strategy of ``strategy``'s class with ``hpu_cls`` under it, built by ``hpu_cls.__init__`` from the
-    arguments read back from ``strategy`` (``overrides`` replace some), and those arguments; attributes of
-    ``strategy``'s own class are kept.
-
-    Raises:
-        ValueError, TypeError: ``hpu_cls`` refuses an argument, or it has no meaning on the HPU; the message says
-            which object it came from.
-    """
+    """A new strategy of ``strategy``'s class with ``hpu_cls`` under it, built from the arguments read back from
+    ``strategy`` (``overrides`` replace some), and those arguments. ``ValueError``/``TypeError`` for an argument
+    ``hpu_cls`` refuses, naming the object."""
     adoption: Adoption = hpu_cls.adoption  # type: ignore[attr-defined]
     owner = f"`strategy={type(strategy).__name__}(...)`"
     try:

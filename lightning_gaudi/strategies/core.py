@@ -1,8 +1,4 @@
-"""The HPU strategy core: what every HPU strategy does, written once for the Trainer's and Fabric's classes, which
-put these mixins before Lightning's class and keep only what is specific to their parallelism: :class:`HPUStrategyCore`
-(every strategy), :class:`HPUParallelCore` (distributed ones), :class:`TrainerCore` and :class:`TrainerParallelCore`
-(the Trainer's hooks; Fabric's are in ``lightning_gaudi/fabric/_base.py``). ``docs/development.md`` describes them.
-"""
+"""The HPU strategy core: the mixins every HPU strategy puts before Lightning's class (``docs/development.md``)."""
 
 from __future__ import annotations
 
@@ -57,8 +53,7 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
-def check_hpu_accelerator(strategy_name: str, accelerator: object, api: str = "Trainer") -> None:
-    """Raises a clear error when an HPU strategy is given any accelerator but :class:`HPUAccelerator`."""
+def check_hpu_accelerator(strategy_name: str, accelerator: object, api: str) -> None:
     if accelerator is not None and not isinstance(accelerator, HPUAccelerator):
         raise ValueError(
             f"The {strategy_name!r} strategy runs on HPUs, but the accelerator is {type(accelerator).__name__}."
@@ -89,15 +84,8 @@ def refuse_unknown_arguments(
 
 
 def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.device:
-    """The ``torch.device`` this process's HPU backend uses for ``device``.
-
-    ``None`` or an index is the backend's device; an ``"hpu"`` device (``"hpu"``, ``"hpu:1"``, ``torch.device("hpu")``)
-    is the HPU on a Gaudi and the emulated device in emulation (``cpu`` for eager, ``lazy`` for lazy); a device of the
-    backend's own type is kept.
-
-    Raises:
-        ValueError: ``device`` is not a device, or a device of another kind (``cuda``, ``meta``...).
-    """
+    """The backend's ``torch.device`` for ``device``: ``None``, an index or an ``"hpu"`` device (the emulated one in
+    emulation); a device of the backend's own type is kept. ``ValueError`` for anything else (``cuda``, ``meta``...)."""
     backend = hpu.get_backend()
     if device is None or (isinstance(device, int) and not isinstance(device, bool)):
         return backend.device(device)
@@ -117,7 +105,7 @@ def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.dev
     )
 
 
-#: The reductions HCCL has, by name; a mean is a sum divided by the world size.
+#: The reductions HCCL has, by name (a mean: a sum divided by the world size).
 HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
     "sum": ReduceOp.SUM,
     "min": ReduceOp.MIN,
@@ -128,11 +116,7 @@ HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
 
 
 def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
-    """The HCCL reduction ``reduce_op`` names (``None`` is the mean).
-
-    Raises:
-        ValueError: ``reduce_op`` is no reduction, or one HCCL lacks (a product, bitwise ones).
-    """
+    """The HCCL reduction ``reduce_op`` names (``None``: the mean); ``ValueError`` for one HCCL lacks."""
     if reduce_op is None:
         return ReduceOp.AVG
     if isinstance(reduce_op, str):
@@ -155,17 +139,6 @@ def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
     )
 
 
-def refuse_lazy_emulation(strategy_name: str) -> None:
-    """Raises a clear error when data parallelism is asked for under lazy emulation (gloo cannot carry LTC tensors)."""
-    backend = hpu.get_backend()
-    if backend.is_lazy() and backend.emulated:
-        raise ValueError(
-            f"{strategy_name!r} cannot run under {hpu.EMULATE_ENV}=lazy: torch's Lazy Tensor Core"
-            " tensors cannot cross gloo collectives. Emulate data parallelism with"
-            f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
-        )
-
-
 def _destroy_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):  # peers may be gone: nothing to do about it at exit
@@ -175,21 +148,15 @@ def _destroy_process_group() -> None:
 class HPUStrategyCore:
     """What every HPU strategy adds to Lightning's, for the Trainer and for Fabric (placed first in the bases).
 
-    Subclasses set :attr:`strategy_name` and may list extra registry names in :attr:`registered_variants`. The
-    arguments every HPU strategy takes:
-
-    - ``accelerator``, ``parallel_devices``, ``cluster_environment``: normally left to the Trainer or Fabric
-      (``accelerator="hpu"``, ``devices=N``); in emulation ``torch.device("hpu")`` means the emulated device;
-    - ``checkpoint_io``: :class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` by default (CPU tensors, atomic);
-    - ``process_group_backend``: HCCL on a Gaudi, gloo in emulation, unless given;
-    - ``timeout``: how long a collective, a barrier or the process-group set-up waits for its peers before it fails
-      with a :class:`~lightning_gaudi.distributed.CollectiveTimeoutError` (a dead peer fails sooner, with a
-      :class:`~lightning_gaudi.distributed.PeerLostError`); a ``timedelta`` or seconds, 10 minutes by default (a
-      third of PyTorch's 30: enough for rank 0 to write a large checkpoint or compile a graph while the others wait).
+    The arguments every HPU strategy takes: ``accelerator``, ``parallel_devices``, ``cluster_environment`` (normally
+    left to the Trainer or Fabric); ``checkpoint_io`` (:class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` by
+    default); ``process_group_backend`` (HCCL on a Gaudi, gloo in emulation); ``timeout``: how long a collective waits
+    for its peers before a :class:`~lightning_gaudi.distributed.CollectiveTimeoutError`, a ``timedelta`` or seconds
+    (10 minutes by default).
     """
 
     strategy_name: str
-    #: Names registered besides :attr:`strategy_name`, each with the arguments it implies.
+    #: Names registered besides :attr:`strategy_name`, with the arguments each implies.
     registered_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
     #: Which object the user configures, for error messages ("Trainer" or "Fabric").
     api: ClassVar[str] = "Trainer"
@@ -236,9 +203,23 @@ class HPUStrategyCore:
             strategy_registry.register(name, cls, description=description, override=True, **init_params)
 
 
+class SingleDeviceCore(HPUStrategyCore):
+    """What the Trainer's and Fabric's ``hpu_single`` share (placed first in the bases)."""
+
+    strategy_name = "hpu_single"
+    _requested_device: torch.device | str | int | None
+
+    @property
+    def root_device(self) -> torch.device:
+        return self._hpu_device(self._requested_device)  # asks the backend once, when the environment is final
+
+    @override
+    def _check_runnable(self) -> None:
+        self.root_device  # noqa: B018 - a device that is no HPU fails here, while the Trainer or Fabric is built
+
+
 class HPUParallelCore(HPUStrategyCore):
-    """What every distributed HPU strategy adds, for the Trainer and for Fabric: launch checks, the process group on
-    HCCL (gloo in emulation), collectives that fail clearly when a peer is lost or hangs, HCCL's reductions."""
+    """What every distributed HPU strategy adds: launch checks, the process group, collectives that fail clearly."""
 
     #: What a failed backward or forward was doing, for the error (the collectives differ per parallelism).
     backward_collective: ClassVar[str] = "backward (gradient all-reduce)"
@@ -263,12 +244,17 @@ class HPUParallelCore(HPUStrategyCore):
 
     @override
     def _check_runnable(self) -> None:
-        refuse_lazy_emulation(self.strategy_name)
+        backend = hpu.get_backend()
+        if backend.is_lazy() and backend.emulated:
+            raise ValueError(
+                f"{self.strategy_name!r} cannot run under {hpu.EMULATE_ENV}=lazy: torch's Lazy Tensor Core"
+                " tensors cannot cross gloo collectives. Emulate data parallelism with"
+                f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
+            )
 
     @property
     def root_device(self) -> torch.device:
-        """This process's device: the one it was given (a Ray worker's own card), else the one at its local rank; in
-        emulation an ``"hpu"`` device in ``parallel_devices`` is the emulated one."""
+        """The device given (a Ray worker's own card), else the one at the local rank."""
         devices = self.parallel_devices  # type: ignore[attr-defined]
         return self._hpu_device(devices[0] if devices and len(devices) == 1 else super().root_device)  # type: ignore[misc]
 
@@ -280,9 +266,8 @@ class HPUParallelCore(HPUStrategyCore):
         return super().distributed_sampler_kwargs  # type: ignore[misc,no-any-return]
 
     def check_launch(self) -> None:
-        """Checks the launcher's variables against ``num_nodes`` x devices and this node's HPUs (under Ray Train's
-        ``RayLightningEnvironment``: one card per worker), and that every device is an HPU; runs while the Trainer or
-        Fabric is built, before any process starts, and again in each process.
+        """Checks the launcher's variables against ``num_nodes`` x devices and this node's HPUs (Ray Train: one card
+        per worker), and every device; runs before any process starts, and again in each process.
 
         Raises:
             InvalidLaunchError: the launch is malformed or disagrees with the requested layout.
@@ -306,8 +291,7 @@ class HPUParallelCore(HPUStrategyCore):
         return self._process_group_backend or hpu.get_backend().collective_backend
 
     def _form_process_group(self) -> None:
-        """Sets the ranks, prepares the HPU's collectives (``initialize_distributed_hpu`` on a Gaudi) and forms the
-        process group unless one exists, with Lightning-style start-up lines (each rank's, then rank zero's)."""
+        """Sets the ranks, prepares the HPU's collectives and forms the process group unless one exists."""
         reset_seed()
         self._set_ranks()
         backend_name = self._process_group_backend = self._get_process_group_backend()
@@ -356,11 +340,7 @@ class HPUParallelCore(HPUStrategyCore):
             return super().broadcast(obj, src)  # type: ignore[misc]
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        """Gathers ``tensor`` from every rank; first checks that all ranks pass the same shape and dtype.
-
-        Raises:
-            CollectiveMismatchError: the ranks passed different shapes or dtypes (on every rank, naming each one's).
-        """
+        """Gathers ``tensor`` from every rank; ``CollectiveMismatchError`` when the ranks' shapes or dtypes differ."""
         with collective_errors("all_gather", self.timeout):
             check_same_layout(tensor, "all_gather", group)
             return super().all_gather(tensor, group=group, sync_grads=sync_grads)  # type: ignore[misc]
@@ -376,9 +356,8 @@ class HPUParallelCore(HPUStrategyCore):
         """Runs after every backward, inside its collective guard (fast DDP all-reduces the gradients here)."""
 
     def _all_reduce(self, tensor: Tensor | Any, group: Any | None, reduce_op: ReduceOp | str | None) -> Tensor | Any:
-        """All-reduces ``tensor`` with what HCCL has (a mean is a sum divided by the world size, in floating point),
-        first checking that a tensor of more than one element has the same layout on every rank (gloo would abort a
-        rank over a mismatch); anything but a tensor, or a tensor outside a process group, is returned as is."""
+        """All-reduces ``tensor`` with HCCL's reductions (a mean: a sum divided by the world size, in floating point),
+        checking the layout first (gloo would abort a rank); anything else, or outside a process group, as is."""
         if not isinstance(tensor, Tensor):
             return tensor
         op = as_reduce_op(reduce_op)
@@ -406,10 +385,8 @@ class TrainerCore(HPUStrategyCore):
             self._prepare_trainer(self.lightning_module.trainer)
 
     def _prepare_trainer(self, trainer: pl.Trainer) -> None:
-        """The start-up line (once per Trainer), and the default callbacks: :class:`~lightning_gaudi.callbacks.MarkStep`
-        in lazy mode, :class:`~lightning_gaudi.callbacks.HPUCompile` in compile mode,
-        :class:`~lightning_gaudi.callbacks.PreemptionCheckpoint` (configured ones win). Under lazy emulation,
-        evaluation runs under ``torch.no_grad``: torch's Lazy Tensor Core cannot trace ``torch.inference_mode``."""
+        """The start-up line (once per Trainer), the default callbacks (configured ones win), and under lazy emulation
+        evaluation under ``torch.no_grad`` (Lazy Tensor Core cannot trace ``torch.inference_mode``)."""
         if trainer not in _ANNOUNCED:
             _ANNOUNCED.add(trainer)
             strategy = type(self).__name__
@@ -424,8 +401,7 @@ class TrainerCore(HPUStrategyCore):
             disable_inference_mode(trainer)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Loads the checkpoint to resume from (:meth:`load_checkpoint_files`); one the resume policy chose that fails
-        to load is moved aside, and the next newest that verifies is loaded instead
+        """Loads the checkpoint (:meth:`load_checkpoint_files`), falling back past a chosen one that fails to load
         (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
         return load_or_fall_back(self, checkpoint_path, lambda path: self.load_checkpoint_files(path, weights_only))
 
@@ -461,11 +437,7 @@ class TrainerParallelCore(TrainerCore, HPUParallelCore):
     _layer_sync: Any
 
     def set_world_ranks(self) -> None:
-        """Checks the launch (:meth:`check_launch`), then sets the ranks.
-
-        Lightning calls this while building the Trainer, before the launcher starts any process, and again in every
-        process before the process group forms, so a bad launch fails before anything is started or written.
-        """
+        """Checks the launch (:meth:`check_launch`), then sets the ranks; runs before any process starts and in each."""
         self.check_launch()
         super().set_world_ranks()  # type: ignore[misc]
 
@@ -498,12 +470,11 @@ class TrainerParallelCore(TrainerCore, HPUParallelCore):
     def reduce(
         self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean"
     ) -> Tensor | Any:
-        """All-reduces ``tensor``; a mean is a sum divided by the world size (HCCL has no mean), in floating point.
+        """All-reduces ``tensor`` (:meth:`_all_reduce`).
 
         Raises:
             CollectiveMismatchError: the ranks passed tensors of more than one element in different shapes or dtypes.
-            ValueError: ``reduce_op`` is not a reduction HCCL has (sum, min, max; mean as a sum), also in emulation
-                and in a single process.
+            ValueError: ``reduce_op`` is not a reduction HCCL has (sum, min, max; mean as a sum).
         """
         return self._all_reduce(tensor, group, reduce_op)
 

@@ -1,6 +1,4 @@
-"""The DDP settings of the data-parallel HPU strategies, one typed and checked object that the Trainer's and Fabric's
-``HPUParallelStrategy`` share, and the DDP behaviour both add to Lightning's (communication hooks on the HPU, the
-release of the first step's gradients)."""
+"""The DDP settings and behaviour the Trainer's and Fabric's ``HPUParallelStrategy`` share."""
 
 from __future__ import annotations
 
@@ -37,27 +35,18 @@ FAST_DDP_BUCKET_MB = 100.0
 
 @dataclass(frozen=True)
 class DDPSettings:
-    """How the HPU data-parallel strategies wrap the model in ``DistributedDataParallel``; checked when built, so a
-    bad value fails before any process starts.
+    """How the HPU data-parallel strategies wrap the model in ``DistributedDataParallel``, checked when built.
 
     Args:
-        bucket_cap_mb: gradient bucket size in MB (torch's 25 when ``None``); larger buckets, fewer all-reduces
-            (Intel reports 100 MB best for ResNet50, 200 MB for ResNeXt101).
-        gradient_as_bucket_view: gradients as views into the all-reduce buckets, saving a gradient copy (Intel's
-            advice on Gaudi); the first step's gradients are released after it, so DDP's bucket rebuild never holds
-            two copies.
-        static_graph: tell DDP the set of used parameters and the graph never change between iterations.
-        find_unused_parameters: search the autograd graph for parameters without gradients each step (a graph
-            traversal per step).
-        broadcast_buffers: broadcast module buffers from rank 0 at each forward; ``None`` leaves torch's default.
+        bucket_cap_mb: gradient bucket size in MB (torch's 25 when ``None``; Intel suggests 100 to 230).
+        gradient_as_bucket_view: gradients as views into the buckets, saving a copy (the first step's are released).
+        static_graph, find_unused_parameters, broadcast_buffers: as ``DistributedDataParallel``'s (``None``: torch's
+            default).
         start_method: how extra local ranks start: "popen" (re-run the script) or "spawn".
-        comm_state: the state passed to ``comm_hook``.
-        comm_hook: a DDP communication hook (``hook(state, bucket) -> Future``), registered on the HPU.
-        comm_wrapper: wraps ``comm_hook`` before registration (e.g. a compression wrapper).
-        fast_ddp: no ``DistributedDataParallel`` wrapper (optimum-habana's ``fast_ddp``): rank 0's parameters and
-            buffers are broadcast once, and the gradients all-reduced after backward in flat buffers of
-            ``bucket_cap_mb`` (100 by default), except while they accumulate. DDP's results; under ``torch.compile``
-            no graph split at every bucket. No per-forward buffer broadcast, unused-parameter search or comm hooks.
+        comm_state, comm_hook, comm_wrapper: a DDP communication hook, its state and wrapper, registered on the HPU.
+        fast_ddp: no wrapper (optimum-habana's ``fast_ddp``): rank 0's weights broadcast once, the gradients
+            all-reduced after backward in flat buffers of ``bucket_cap_mb`` (100 by default) except while they
+            accumulate; no per-forward buffer broadcast, unused-parameter search or comm hooks.
         extra: any other ``DistributedDataParallel`` argument, passed through.
 
     Raises:
@@ -110,12 +99,8 @@ class DDPSettings:
         return {**kwargs, **self.extra}
 
     def check_extra(self, owner: type, base: type) -> DDPSettings:
-        """These settings, after refusing an ``extra`` argument that neither ``DistributedDataParallel`` nor
-        Lightning's DDP strategy ``base`` takes, naming the likely intended one.
-
-        Raises:
-            TypeError: such an argument (with the closest name), or one the strategy sets itself.
-        """
+        """These settings; ``TypeError`` for an ``extra`` argument neither ``DistributedDataParallel`` nor Lightning's
+        ``base`` takes (naming the closest), or one the strategy sets itself."""
         ddp = inspect.signature(DistributedDataParallel.__init__).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ddp.values()):
             return self
@@ -133,10 +118,9 @@ def _parameters(cls: type) -> set[str]:
 
 
 class DDPCore:
-    """What the HPU data-parallel strategies (Trainer's and Fabric's) add to Lightning's DDP: the communication hook
-    registered on the HPU (Lightning registers them on CUDA only), the release of the first optimizer step's
-    gradients under ``gradient_as_bucket_view`` (DDP rebuilds its buckets in the second step; gradients still viewing
-    the first step's buckets would keep a whole extra gradient copy alive at the peak), and fast DDP (no wrapper)."""
+    """What the HPU data-parallel strategies add to Lightning's DDP: the communication hook on the HPU (Lightning's is
+    CUDA only), the first step's gradients released under ``gradient_as_bucket_view`` (they would view the buckets
+    DDP rebuilds in the second step, an extra gradient copy at the peak), and fast DDP."""
 
     ddp_settings: DDPSettings
     _fast_modules: list[Module]
@@ -145,7 +129,6 @@ class DDPCore:
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments ``DistributedDataParallel`` is built with."""
         return self.ddp_settings.ddp_kwargs
 
     def _on_ddp_wrapped(self, model: DistributedDataParallel) -> None:
@@ -163,7 +146,7 @@ class DDPCore:
         return output
 
     def _fast_ddp_setup(self, module: Module) -> None:
-        """Fast DDP's start: every rank takes rank 0's parameters and buffers (what DDP's wrapper does)."""
+        """Fast DDP's start: every rank takes rank 0's parameters and buffers (as DDP's wrapper does)."""
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor.data, src=0)

@@ -78,13 +78,7 @@ def _check_stage(stage: Any, where: str) -> None:
 
 def load_config(config: Mapping[str, Any] | str | Path | None) -> dict[str, Any] | None:
     """A DeepSpeed config as a new ``dict``, from a mapping (a Hydra node too), a JSON file, or (when ``None``) the
-    file named by Lightning's ``PL_DEEPSPEED_CONFIG_PATH``; ``None`` when there is none.
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: the file is not JSON, or holds no JSON object.
-        TypeError: ``config`` is neither a mapping nor a path.
-    """
+    file named by ``PL_DEEPSPEED_CONFIG_PATH``; ``None`` when there is none. Raises for a missing or malformed file."""
     if config is None:
         config = os.environ.get(DeepSpeedStrategy.DEEPSPEED_ENV_VAR)
         if config is None:
@@ -108,14 +102,8 @@ def load_config(config: Mapping[str, Any] | str | Path | None) -> dict[str, Any]
 
 
 def check_config(config: Mapping[str, Any]) -> None:
-    """Refuses what DeepSpeed or Lightning would only refuse once the processes run: an unknown ZeRO stage, a
-    ``zero_optimization`` section DeepSpeed's schema rejects, settings the Trainer owns.
-
-    Call after DeepSpeed's accelerator is chosen (it imports DeepSpeed).
-
-    Raises:
-        ValueError: see above, naming the key and the fix.
-    """
+    """Raises ``ValueError`` for what DeepSpeed or Lightning would refuse only once the processes run: an unknown
+    ZeRO stage, a ``zero_optimization`` section DeepSpeed rejects, settings the Trainer owns. Imports DeepSpeed."""
     if "gradient_accumulation_steps" in config:
         raise ValueError(
             "Remove `gradient_accumulation_steps` from the DeepSpeed config: the strategy sets it from"
@@ -138,13 +126,8 @@ def check_config(config: Mapping[str, Any]) -> None:
 
 
 def gradient_clipping(config: Mapping[str, Any], clip_val: float | None, algorithm: str | None) -> float:
-    """The ``gradient_clipping`` DeepSpeed must use: the Trainer's ``gradient_clip_val`` (0, no clipping, when unset),
-    never DeepSpeed's own default of 1.0.
-
-    Raises:
-        ValueError: the config sets another value than the Trainer, or the Trainer clips by value (DeepSpeed clips
-            only by norm).
-    """
+    """The ``gradient_clipping`` DeepSpeed must use: the Trainer's ``gradient_clip_val`` (0 when unset), never
+    DeepSpeed's default of 1.0. ``ValueError`` when the config disagrees, or for clipping by value."""
     wanted = float(clip_val or 0.0)
     if wanted and algorithm == GradClipAlgorithmType.VALUE:
         raise ValueError(
@@ -167,10 +150,8 @@ _PER_GROUP = ("base_lrs", "lr_lambdas", "max_lrs", "min_lrs", "base_momentums", 
 
 
 def _drop_empty_groups(optimizer: Optimizer, scheduler: Any) -> None:
-    """Drops ``optimizer``'s empty param groups (Hugging Face's no-decay group on a model without biases) and their
-    values in ``scheduler``, which was built with them: DeepSpeed drops the groups in place, and the scheduler's steps
-    then fail ("zip() argument 2 is longer than argument 1"). Raises ``ValueError`` for a scheduler that keeps values
-    by group elsewhere (chained schedulers)."""
+    """Drops ``optimizer``'s empty param groups, which DeepSpeed drops, and their values in ``scheduler`` (whose steps
+    would fail); ``ValueError`` for chained schedulers, which keep values by group elsewhere."""
     groups = optimizer.param_groups
     keep = [i for i, group in enumerate(groups) if group["params"]]
     if len(keep) == len(groups):
@@ -189,18 +170,10 @@ def _drop_empty_groups(optimizer: Optimizer, scheduler: Any) -> None:
 
 
 class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
-    """DeepSpeed ZeRO on HPUs, one process per card: optimizer state (stage 1), gradients (2) and parameters (3)
-    partitioned across the ranks.
-
-    On Gaudi: Intel's DeepSpeed fork, DeepSpeed's ``"hpu"`` accelerator, HCCL; in eager emulation: public DeepSpeed,
-    its ``"cpu"`` accelerator, gloo. The accelerator (``DS_ACCELERATOR``) is chosen when the strategy is created,
-    before anything imports DeepSpeed. Launching is as with ``"hpu_parallel"``. With ``accelerator="hpu"``,
-    Lightning's names (``"deepspeed"``, ``"deepspeed_stage_3"``...) run this strategy, and ``precision`` chooses
-    Lightning's ``DeepSpeedPrecision`` (bf16 on Gaudi; fp16 from Gaudi 2 on).
-
-    Gradient clipping is the Trainer's ``gradient_clip_val`` (by norm), never DeepSpeed's default of 1.0. A checkpoint
-    is a directory of every rank's shards, staged and renamed into place (:meth:`save_checkpoint`); resume with
-    ``Trainer.fit(ckpt_path=that_directory)``.
+    """DeepSpeed ZeRO on HPUs, one process per card (``docs/strategies.md``): Intel's fork and DeepSpeed's ``"hpu"``
+    accelerator on Gaudi, public DeepSpeed's ``"cpu"`` accelerator over gloo in eager emulation. Gradient clipping is
+    the Trainer's ``gradient_clip_val``; a checkpoint is a directory of every rank's shards, staged and renamed into
+    place. With ``accelerator="hpu"``, Lightning's names (``"deepspeed"``, ``"deepspeed_stage_3"``...) run it.
 
     Args:
         zero_optimization: enable ZeRO (``False``: DeepSpeed's data parallelism alone).
@@ -208,10 +181,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         config: a DeepSpeed config (https://www.deepspeed.ai/docs/config-json/): a dict, a Hydra node, or the path
             of a JSON file; replaces every other ZeRO argument. ``gradient_clipping`` and
             ``gradient_accumulation_steps`` come from the Trainer; a config that sets them otherwise is refused.
-        offload_optimizer, offload_parameters, remote_device, contiguous_gradients, overlap_comm,
-            allgather_bucket_size, reduce_bucket_size, sub_group_size, zero_allow_untested_optimizer,
-            logging_batch_size_per_gpu, logging_level, partition_activations, cpu_checkpointing, load_full_weights,
-            exclude_frozen_parameters: as Lightning's ``DeepSpeedStrategy``.
+        offload_optimizer, offload_parameters, ..., exclude_frozen_parameters: as Lightning's ``DeepSpeedStrategy``.
         accelerator, parallel_devices, cluster_environment, process_group_backend, timeout: the
             arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: a ``DeepSpeedPrecision``; normally chosen from ``Trainer(precision=...)``.
@@ -263,7 +233,11 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
     ) -> None:
         deepspeed_strategy.check_installed()
         _check_stage(stage, "`stage`")
-        self._check_kwargs(kwargs)
+        accepted = set(inspect.signature(DeepSpeedStrategy.__init__).parameters) - {"self"}
+        own = set(inspect.signature(HPUDeepSpeedStrategy.__init__).parameters) - {"self", "kwargs"}
+        refuse_unknown_arguments(
+            "HPUDeepSpeedStrategy", kwargs, accepted, "Lightning's DeepSpeedStrategy's", accepted | own
+        )
         backend = hpu.get_backend()
         if not DEEPSPEED_AVAILABLE:
             raise DeepSpeedMissingError(missing_deepspeed_message(backend, type(self).__name__))
@@ -272,7 +246,12 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         if loaded is not None:
             check_config(loaded)
         if not backend.emulated:
-            self._warn_unless_intel_fork()
+            import deepspeed
+
+            if not is_intel_fork(deepspeed.__version__):
+                rank_zero_warn(
+                    f"DeepSpeed {deepspeed.__version__} is not Intel's Gaudi fork; install it: `{INTEL_FORK_INSTALL}`."
+                )
         super().__init__(
             accelerator=accelerator,
             zero_optimization=zero_optimization,
@@ -301,23 +280,6 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
             **kwargs,
         )
 
-    @staticmethod
-    def _check_kwargs(kwargs: dict[str, Any]) -> None:
-        accepted = set(inspect.signature(DeepSpeedStrategy.__init__).parameters) - {"self"}
-        own = set(inspect.signature(HPUDeepSpeedStrategy.__init__).parameters) - {"self", "kwargs"}
-        refuse_unknown_arguments(
-            "HPUDeepSpeedStrategy", kwargs, accepted, "Lightning's DeepSpeedStrategy's", accepted | own
-        )
-
-    @staticmethod
-    def _warn_unless_intel_fork() -> None:
-        import deepspeed
-
-        if not is_intel_fork(deepspeed.__version__):
-            rank_zero_warn(
-                f"DeepSpeed {deepspeed.__version__} is not Intel's Gaudi fork; install it: `{INTEL_FORK_INSTALL}`."
-            )
-
     @property  # type: ignore[override]
     @override
     def precision_plugin(self) -> Precision:
@@ -335,8 +297,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         self._precision_plugin = precision_plugin
 
     def hpu_precision_plugin(self, precision: str) -> Precision | None:
-        """The plugin for ``Trainer(precision=precision)``: Lightning's ``DeepSpeedPrecision`` (the dtype goes to
-        DeepSpeed's config)."""
+        """Lightning's ``DeepSpeedPrecision`` for ``Trainer(precision=precision)``."""
         return DeepSpeedPrecision(precision)  # type: ignore[arg-type]  # checked by the plugin
 
     @override
@@ -378,9 +339,8 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
 
     @override
     def save_checkpoint(self, checkpoint: dict, filepath: _PATH, storage_options: Any | None = None) -> None:
-        """Writes the checkpoint directory ``filepath`` (every rank its shards) as one step for readers: staged beside
-        it and renamed into place once every rank has written (:func:`~lightning_gaudi.strategies._staged.save_staged`).
-        The directory must be on a file system every rank writes to (as DeepSpeed requires); URLs are refused."""
+        """Writes the checkpoint directory ``filepath`` (every rank its shards), staged and renamed into place
+        (:func:`~lightning_gaudi.strategies._staged.save_staged`); URLs are refused."""
         save_staged(self, filepath, lambda staging: super(HPUDeepSpeedStrategy, self).save_checkpoint(
             checkpoint, staging, storage_options
         ))  # fmt: skip

@@ -48,7 +48,7 @@ from lightning_gaudi.fsdp_precision import FSDP_PRECISIONS, HPUFSDPPrecision
 from lightning_gaudi.strategies._staged import METADATA_FILENAME as METADATA_FILENAME  # where readers look
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.adoption import Adoption
-from lightning_gaudi.strategies.core import TrainerParallelCore, refuse_unknown_arguments
+from lightning_gaudi.strategies.core import HPUParallelCore, TrainerParallelCore, refuse_unknown_arguments
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -115,27 +115,65 @@ def _check_state_dict_type(value: object) -> None:
         )
 
 
-def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> None:
-    accepted = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self", *_SET_BY_STRATEGY}
-    refuse_unknown_arguments(
-        "HPUFSDPStrategy", kwargs, accepted, "torch.distributed.fsdp.FullyShardedDataParallel's",
-        hint=f" It takes: {', '.join(sorted(accepted))}.", set_by_owner=_SET_BY_STRATEGY,
-    )  # fmt: skip
+class FSDPCore(HPUParallelCore):
+    """What the Trainer's and Fabric's ``hpu_fsdp`` share (placed first in the bases)."""
+
+    strategy_name = "hpu_fsdp"
+    backward_collective = "backward (gradient reduce-scatter)"
+    forward_collective = "forward (parameter all-gather)"
+    #: The attribute of Lightning's strategy holding the other ``FullyShardedDataParallel`` arguments.
+    kwargs_attribute: ClassVar[str] = "kwargs"
+
+    @override
+    def _check_runnable(self) -> None:
+        backend = hpu.get_backend()
+        if not backend.is_lazy():
+            return
+        if backend.emulated:
+            why = "torch's Lazy Tensor Core tensors cannot cross gloo collectives"
+            fix = f"Emulate with {hpu.EMULATE_ENV}=eager"
+        else:
+            why = "Intel supports FSDP on Gaudi in eager mode (with or without torch.compile) only"
+            fix = (
+                "Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or 'eager' (PT_HPU_LAZY_MODE=0)"
+            )
+        raise ValueError(
+            f"{self.strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'."
+        )
+
+    def _fsdp_arguments(self) -> dict[str, Any]:
+        strategy: Any = self
+        return {
+            "cpu_offload": strategy.cpu_offload,
+            "mixed_precision": strategy.mixed_precision_config,
+            "sharding_strategy": strategy.sharding_strategy,
+            "device_id": fsdp_device(strategy.root_device),  # Lightning passes the index: none on the CPU nor on "hpu"
+            **getattr(self, self.kwargs_attribute),
+        }
+
+    def _set_up_sharded(self, module: Module, set_up: Callable[[Module], Module]) -> Module:
+        """``set_up(module)`` (Lightning's set-up) with ``module`` wrapped in ``FullyShardedDataParallel`` first, unless
+        the user wrapped it; without Lightning's warning that the auto-wrap policy, applied here, was ignored."""
+        if any(isinstance(child, FullyShardedDataParallel) for child in module.modules()):
+            return set_up(module)
+        wrapped = FullyShardedDataParallel(module=module, **self._fsdp_arguments())
+        kwargs = getattr(self, self.kwargs_attribute)
+        setattr(self, self.kwargs_attribute, {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"})
+        try:
+            return set_up(wrapped)
+        finally:
+            setattr(self, self.kwargs_attribute, kwargs)
+
+    def _build_device_mesh(self) -> None:
+        kwargs = getattr(self, self.kwargs_attribute)
+        if isinstance(kwargs.get("device_mesh"), tuple):  # Lightning would build it on CUDA
+            kwargs["device_mesh"] = init_device_mesh(self.root_device.type, kwargs["device_mesh"])
 
 
-class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
-    """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card.
-
-    Each rank keeps only its shard of the parameters, gradients and optimizer states (``FULL_SHARD``): per-rank memory
-    falls to about 1 / world size of DDP's, for more communication. On Gaudi it runs over HCCL in eager mode, with or
-    without ``torch.compile`` (Intel supports FSDP on Gaudi 2 in eager mode only; lazy mode is refused); in eager
-    emulation on the CPU over gloo. With ``accelerator="hpu"``, Lightning's ``"fsdp"`` runs this strategy. Launching
-    and its checks are those of :class:`~lightning_gaudi.HPUParallelStrategy`.
-
-    Checkpoints: ``state_dict_type="full"``: rank 0 gathers everything into one atomic file that loads into any
-    strategy. ``"sharded"``: every rank writes its shard (torch distributed checkpoint) into a directory staged beside
-    the target and renamed into place once all have written (:func:`~lightning_gaudi.strategies._staged.save_staged`);
-    it resumes on the same world size and needs a local file system every rank sees.
+class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
+    """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card
+    (``docs/sharding.md``): eager or compile mode over HCCL, gloo in emulation; lazy mode is refused. With
+    ``accelerator="hpu"``, Lightning's ``"fsdp"`` runs this strategy.
 
     Args:
         accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
@@ -150,7 +188,8 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (gradients and optimizer states),
             ``"NO_SHARD"`` (like DDP), ``"HYBRID_SHARD"`` (full sharding within a node, replication across nodes;
             needs ``device_mesh``), or a ``torch.distributed.fsdp.ShardingStrategy``.
-        state_dict_type: ``"full"`` or ``"sharded"`` checkpoints (see above).
+        state_dict_type: ``"full"`` (one file, gathered on rank 0) or ``"sharded"`` (a directory of every rank's
+            shards, staged and renamed into place; resumed on the same world size).
         device_mesh: for ``HYBRID_SHARD``, ``(replicas, shards)`` (product: the world size) or a ``DeviceMesh``.
         **kwargs: any other ``FullyShardedDataParallel`` argument, checked against its signature here.
 
@@ -160,11 +199,8 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         TypeError: a keyword argument ``FullyShardedDataParallel`` does not take (with the closest name).
     """
 
-    strategy_name = "hpu_fsdp"
     _fsdp_root: Module | None = None
     registered_variants = (("hpu_fsdp_sharded_checkpoint", {"state_dict_type": "sharded"}),)
-    backward_collective = "backward (gradient reduce-scatter)"
-    forward_collective = "forward (parameter all-gather)"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (FSDPStrategy,)
     adoption = Adoption(
         extra="kwargs",
@@ -202,7 +238,11 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
                 " it ('fsdp_cpu_offload' maps to it), shard over more cards, or use activation_checkpointing_policy."
             )
         _check_state_dict_type(state_dict_type)
-        _check_fsdp_kwargs(kwargs)
+        accepted = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self", *_SET_BY_STRATEGY}
+        refuse_unknown_arguments(
+            "HPUFSDPStrategy", kwargs, accepted, "torch.distributed.fsdp.FullyShardedDataParallel's",
+            hint=f" It takes: {', '.join(sorted(accepted))}.", set_by_owner=_SET_BY_STRATEGY,
+        )  # fmt: skip
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -223,17 +263,13 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
 
     @property
     def state_dict_type(self) -> str:
-        """``"full"`` or ``"sharded"``: how checkpoints are written (settable between saves)."""
+        """``"full"`` or ``"sharded"`` checkpoints (settable between saves)."""
         return self._state_dict_type
 
     @state_dict_type.setter
     def state_dict_type(self, value: Literal["full", "sharded"]) -> None:
         _check_state_dict_type(value)
         self._state_dict_type = value
-
-    @override
-    def _check_runnable(self) -> None:
-        refuse_lazy_mode(self.strategy_name)
 
     @property
     def fsdp_device(self) -> torch.device:
@@ -263,11 +299,7 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
         self._precision_plugin = precision_plugin
 
     def hpu_precision_plugin(self, precision: str) -> Precision:
-        """The precision plugin for ``Trainer(precision=...)`` (the connector asks).
-
-        Raises:
-            ValueError: a precision FSDP does not train in here (``"fp8"``).
-        """
+        """The precision plugin for ``Trainer(precision=...)``; ``ValueError`` for one FSDP does not train in."""
         if precision not in FSDP_PRECISIONS:
             raise ValueError(
                 f"`precision={precision!r}` does not run with strategy 'hpu_fsdp'; use one of"
@@ -277,11 +309,8 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
 
     @override
     def setup_environment(self) -> None:
-        # the process group first (Lightning's set-up then finds it); a tuple device mesh on the HPU's device type
-        self.setup_distributed()
-        mesh = self.kwargs.get("device_mesh")
-        if isinstance(mesh, tuple):
-            self.kwargs["device_mesh"] = init_device_mesh(self.root_device.type, mesh)
+        self.setup_distributed()  # the process group first: Lightning's set-up then finds it
+        self._build_device_mesh()
         super().setup_environment()
 
     @override
@@ -295,39 +324,14 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
     def _setup_model(self, model: Module) -> Module:
         root = self._fsdp_root
         if isinstance(root, FullyShardedDataParallel) and root.module is model:
-            # validate/test/predict after fit: sharded already (wrapping again would take shards for parameters)
-            return root
-        if any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
-            return super()._setup_model(model)  # wrapped by the user (or by an earlier stage): Lightning's handling
-        wrapped = FullyShardedDataParallel(
-            module=model,
-            cpu_offload=self.cpu_offload,
-            mixed_precision=self.mixed_precision_config,
-            sharding_strategy=self.sharding_strategy,
-            device_id=self.fsdp_device,  # Lightning passes the device's index: none on the CPU nor on "hpu"
-            **self.kwargs,
-        )
-        # Lightning's set-up of the wrapped model (metrics to the device, activation checkpointing), without its
-        # warning that the auto-wrap policy, applied just now, was ignored
-        kwargs = self.kwargs
-        self.kwargs = {key: value for key, value in kwargs.items() if key != "auto_wrap_policy"}
-        try:
-            root = self._fsdp_root = super()._setup_model(wrapped)
-        finally:
-            self.kwargs = kwargs
+            return root  # validate/test/predict after fit: sharded already (wrapping again would shard the shards)
+        root = self._fsdp_root = self._set_up_sharded(model, super()._setup_model)
         return root
 
     @contextmanager
     @override
     def model_sharded_context(self) -> Generator[None, None, None]:
-        with enable_wrap(
-            wrapper_cls=FullyShardedDataParallel,
-            cpu_offload=self.cpu_offload,
-            mixed_precision=self.mixed_precision_config,
-            sharding_strategy=self.sharding_strategy,
-            device_id=self.fsdp_device,
-            **self.kwargs,
-        ):
+        with enable_wrap(wrapper_cls=FullyShardedDataParallel, **self._fsdp_arguments()):
             yield
 
     def _full_state_dict_context(self, rank0_only: bool = True) -> AbstractContextManager[Any]:
@@ -401,25 +405,10 @@ class HPUFSDPStrategy(TrainerParallelCore, FSDPStrategy):
 
 
 def fsdp_device(device: torch.device) -> torch.device:
-    """``device`` with an index on a Gaudi (one process drives one card, index 0, and torch's FSDP takes no index-less
-    accelerator device); the CPU as it is in eager emulation."""
+    """``device`` with an index on a Gaudi (torch's FSDP takes no index-less accelerator device); the CPU as it is."""
     return device if device.type == "cpu" or device.index is not None else torch.device(device.type, 0)
 
 
 def has_meta_tensors(module: Module) -> bool:
     """Whether ``module`` has a parameter or buffer on the meta device (``init_module(empty_init=True)``)."""
     return any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
-
-
-def refuse_lazy_mode(strategy_name: str) -> None:
-    """Raises a clear error when sharded training is asked for in lazy mode (real or emulated)."""
-    backend = hpu.get_backend()
-    if not backend.is_lazy():
-        return
-    if backend.emulated:
-        why = "torch's Lazy Tensor Core tensors cannot cross gloo collectives"
-        fix = f"Emulate with {hpu.EMULATE_ENV}=eager"
-    else:
-        why = "Intel supports FSDP on Gaudi in eager mode (with or without torch.compile) only"
-        fix = "Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or 'eager' (PT_HPU_LAZY_MODE=0)"
-    raise ValueError(f"{strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'.")

@@ -11,14 +11,9 @@ from lightning_gaudi.emulation import sync_batchnorm
 
 
 class HPUSyncBatchNorm(TorchSyncBatchNorm):
-    """Batch norm statistics over every rank's batch.
-
-    On a Gaudi the batch norms become ``torch.nn.SyncBatchNorm`` (as with Lightning's :class:`TorchSyncBatchNorm`),
-    which Intel's bridge runs on the HPU. Under eager emulation, where torch runs ``SyncBatchNorm`` on GPUs only, they
-    become :class:`~lightning_gaudi.emulation.sync_batchnorm.EmulatedSyncBatchNorm`, which computes the same statistics
-    with gloo all-reduces. :class:`~lightning_gaudi.strategies.HPUParallelStrategy` uses it for
-    ``Trainer(sync_batchnorm=True)``; pass it in ``plugins=[...]`` only to subclass it.
-    """
+    """Batch norm statistics over every rank's batch, what ``Trainer(sync_batchnorm=True)`` uses on HPUs:
+    ``torch.nn.SyncBatchNorm`` on a Gaudi, :class:`~lightning_gaudi.emulation.sync_batchnorm.EmulatedSyncBatchNorm`
+    (gloo all-reduces) in eager emulation."""
 
     @override
     def apply(self, model: Module) -> Module:

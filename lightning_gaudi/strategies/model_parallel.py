@@ -22,7 +22,7 @@ from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout
 from lightning_gaudi.patches.launcher import checked_launcher
 from lightning_gaudi.precision import HPUPrecision
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
-from lightning_gaudi.strategies.core import TrainerParallelCore
+from lightning_gaudi.strategies.core import HPUParallelCore, TrainerParallelCore
 
 MeshSize = int | Literal["auto"]
 
@@ -44,24 +44,28 @@ def mesh_shape(data_parallel: MeshSize, tensor_parallel: MeshSize, num_nodes: in
     return shape  # type: ignore[return-value]
 
 
-def refuse_lazy_dtensor(strategy_name: str) -> None:
-    """Raises a clear error in lazy mode (real or emulated): DTensor, which FSDP2 and tensor parallelism build on."""
-    backend = hpu.get_backend()
-    if backend.is_lazy():
-        raise ValueError(
-            f"{strategy_name!r} cannot run in lazy mode: Intel supports DTensor (FSDP2, tensor parallelism) on Gaudi in"
-            " eager and compile mode only. Run in eager or compile mode (lightning_gaudi.configure(execution_mode="
-            f"'compile'), PT_HPU_LAZY_MODE=0; {hpu.EMULATE_ENV}=eager in emulation), or use strategy 'hpu_fsdp'."
-        )
+class ModelParallelCore(HPUParallelCore):
+    """What the Trainer's and Fabric's ``hpu_model_parallel`` share (placed first in the bases)."""
+
+    strategy_name = "hpu_model_parallel"
+    backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
+    forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
+
+    @override
+    def _check_runnable(self) -> None:
+        if hpu.get_backend().is_lazy():  # DTensor, which FSDP2 and tensor parallelism build on
+            raise ValueError(
+                f"{self.strategy_name!r} cannot run in lazy mode: Intel supports DTensor (FSDP2, tensor parallelism) on"
+                " Gaudi in eager and compile mode only. Run in eager or compile mode (lightning_gaudi.configure("
+                f"execution_mode='compile'), PT_HPU_LAZY_MODE=0; {hpu.EMULATE_ENV}=eager in emulation), or use strategy"
+                " 'hpu_fsdp'."
+            )
 
 
 @torch.no_grad()
 def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
-    """Clips the gradients of ``parameters`` by their global norm over every rank's shards; returns that norm.
-
-    Unlike ``torch.nn.utils.clip_grad_norm_`` it takes DTensors of any placement beside plain, replicated tensors.
-    Each DTensor's norm is a collective: call it on every rank.
-    """
+    """Clips the gradients of ``parameters`` (DTensors of any placement and plain tensors) by their global norm over
+    every rank's shards, a collective; returns that norm."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
@@ -78,8 +82,7 @@ def clip_grad_norm_(parameters: Iterable[Tensor], max_norm: float, norm_type: fl
 
 
 class DTensorClipping(Precision):
-    """A precision plugin whose clipping by norm spans every rank's shards (:func:`clip_grad_norm_`): torch's
-    ``clip_grad_norm_``, Lightning's, refuses DTensors of several placements beside plain tensors."""
+    """A precision plugin clipping by the norm over every rank's shards (:func:`clip_grad_norm_`)."""
 
     @override
     def clip_grad_by_norm(self, optimizer: Optimizer, clip_val: int | float) -> None:
@@ -99,8 +102,8 @@ class ModelParallelMixedPrecision(DTensorClipping, HPUPrecision):
 
 
 class LateArguments:
-    """Takes the arguments every strategy takes (Lightning's ``ModelParallelStrategy`` takes none of them and lets the
-    Trainer or Fabric set them later) and sets those given, after Lightning's ``__init__``; the HPU default timeout."""
+    """Takes the arguments every strategy takes, which Lightning's ``ModelParallelStrategy`` does not, and sets those
+    given after its ``__init__``; the HPU default timeout."""
 
     def __init__(self, *args: Any, timeout: timedelta | float | None = DEFAULT_TIMEOUT, **kwargs: Any) -> None:
         names = ("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin")
@@ -122,18 +125,10 @@ def require_configure_model(strategy_name: str, module: Any) -> None:
         )
 
 
-class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallelStrategy):
-    """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs.
-
-    Lightning's :class:`~lightning.pytorch.strategies.ModelParallelStrategy` on the HPU: the 2-D device mesh
-    ``(data_parallel, tensor_parallel)`` (HCCL; gloo in emulation) is ``self.device_mesh`` in ``configure_model``,
-    where the model applies its plan. ``gradient_clip_val`` clips by the global norm over every shard
-    (:func:`clip_grad_norm_`, in the precision plugin ``Trainer(precision=...)`` builds: :class:`DTensorClipping`; a
-    plugin of one's own clips as it does). Eager and compile mode only (Intel supports DTensor there; lazy mode is
-    refused).
-
-    Checkpoints (``save_distributed_checkpoint``): a directory of shards, staged and renamed into place once every
-    rank has written, resumed on the same mesh (``ckpt_path`` the directory); or one full file, for inference.
+class HPUModelParallelStrategy(ModelParallelCore, TrainerParallelCore, LateArguments, ModelParallelStrategy):
+    """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs: Lightning's
+    ``ModelParallelStrategy`` with the 2-D mesh ``(data_parallel, tensor_parallel)`` as ``self.device_mesh`` in
+    ``configure_model``; ``gradient_clip_val`` clips by the global norm over every shard. Eager and compile mode only.
 
     Args:
         *args, **kwargs: Lightning's ``data_parallel_size`` (``"auto"``: the node count), ``tensor_parallel_size``
@@ -147,14 +142,7 @@ class HPUModelParallelStrategy(TrainerParallelCore, LateArguments, ModelParallel
         TypeError: a LightningModule without ``configure_model`` (before Lightning's launcher starts any process).
     """
 
-    strategy_name = "hpu_model_parallel"
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (ModelParallelStrategy,)
-    backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
-    forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
-
-    @override
-    def _check_runnable(self) -> None:
-        refuse_lazy_dtensor(self.strategy_name)
 
     @override
     def _configure_launcher(self) -> None:

@@ -22,28 +22,21 @@ from lightning_gaudi.strategies.ddp_settings import PARALLEL_VARIANTS, DDPCore, 
 
 
 class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
-    """Data-parallel training on several HPUs, one process per card, with ``DistributedDataParallel``.
-
-    The process group uses HCCL on Gaudi, gloo in emulation; multi-node runs use Lightning's cluster environments
-    (torchrun, SLURM, MPI, or ``num_nodes`` with ``MASTER_ADDR``/``NODE_RANK``). ``Trainer(sync_batchnorm=True)``
-    uses :class:`~lightning_gaudi.strategies.HPUSyncBatchNorm`. With ``accelerator="hpu"``, Lightning's own DDP names
-    (``"ddp"``, ``"ddp_spawn"``...) run this strategy with the same settings.
+    """Data-parallel training on several HPUs, one process per card, with ``DistributedDataParallel`` (HCCL on
+    Gaudi, gloo in emulation). With ``accelerator="hpu"``, Lightning's DDP names (``"ddp"``...) run this strategy.
 
     Args:
         accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
             arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: e.g. :class:`~lightning_gaudi.precision.HPUPrecision`.
-        bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers, start_method:
-            the DDP settings, see :class:`~lightning_gaudi.strategies.ddp_settings.DDPSettings`.
-        ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: a DDP communication hook, its state and wrapper
-            (``DDPSettings.comm_*``), registered on the HPU as on CUDA.
-        fast_ddp: all-reduce the gradients after backward without the DDP wrapper (``DDPSettings.fast_ddp``).
-        **kwargs: any other ``DistributedDataParallel`` argument, checked against its signature before any process
-            starts.
+        bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers, start_method,
+            fast_ddp: see :class:`~lightning_gaudi.strategies.ddp_settings.DDPSettings`.
+        ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: ``DDPSettings.comm_*``.
+        **kwargs: any other ``DistributedDataParallel`` argument, checked against its signature.
 
     Raises:
-        TypeError: a keyword argument neither this class nor ``DistributedDataParallel`` takes (with the closest
-            name), or one the strategy sets itself (``module``, ``device_ids``).
+        TypeError: a keyword argument neither this class nor ``DistributedDataParallel`` takes, or one the strategy
+            sets itself (``module``, ``device_ids``).
         ValueError: ``bucket_cap_mb`` or ``timeout`` not a positive finite number, or an unknown ``start_method``.
     """
 

@@ -91,11 +91,7 @@ def test_srun() -> None:
     assert env.source("local_world_size") == "SLURM_TASKS_PER_NODE"
     assert env.run_id == "slurm-1234-0"
     assert env.slurm == SlurmLayout(
-        job_id="1234",
-        step_id="0",
         job_name="train",
-        procid=6,
-        localid=2,
         nodeid=1,
         ntasks=8,
         nnodes=2,

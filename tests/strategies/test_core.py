@@ -215,6 +215,9 @@ CORE_OVERRIDES = {
         "optimizer_step",
     },
     "DDPCore": {"optimizer_step"},
+    "SingleDeviceCore": {"root_device"},
+    "FSDPCore": set(),
+    "ModelParallelCore": set(),
 }
 #: Overrides of a method only some bases have, by the bases that must have it.
 PARTIAL_OVERRIDES = {("TrainerParallelCore", "setup_distributed"): {"DDPStrategy", "DeepSpeedStrategy"}}
@@ -241,6 +244,9 @@ CORE_OWN = {
         "_after_backward",
         "_fast_ddp_buckets",
     },
+    "SingleDeviceCore": {"_check_runnable"},
+    "FSDPCore": {"_check_runnable", "_fsdp_arguments", "_set_up_sharded", "_build_device_mesh"},
+    "ModelParallelCore": {"_check_runnable"},
 }
 
 
@@ -248,9 +254,17 @@ def _core_mixins() -> dict[str, type]:
     from lightning_gaudi.fabric._base import FabricCore
     from lightning_gaudi.strategies import core
     from lightning_gaudi.strategies.ddp_settings import DDPCore
+    from lightning_gaudi.strategies.fsdp import FSDPCore
+    from lightning_gaudi.strategies.model_parallel import ModelParallelCore
 
-    names = ("HPUStrategyCore", "HPUParallelCore", "TrainerCore", "TrainerParallelCore")
-    return {**{name: getattr(core, name) for name in names}, "FabricCore": FabricCore, "DDPCore": DDPCore}
+    names = ("HPUStrategyCore", "HPUParallelCore", "TrainerCore", "TrainerParallelCore", "SingleDeviceCore")
+    mixins = {
+        "FabricCore": FabricCore,
+        "DDPCore": DDPCore,
+        "FSDPCore": FSDPCore,
+        "ModelParallelCore": ModelParallelCore,
+    }
+    return {**{name: getattr(core, name) for name in names}, **mixins}
 
 
 def _hpu_strategy_classes() -> list[type]:
