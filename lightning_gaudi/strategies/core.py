@@ -7,7 +7,6 @@ put these mixins before Lightning's class and keep only what is specific to thei
 from __future__ import annotations
 
 import atexit
-import contextlib
 import difflib
 import logging
 import os
@@ -42,6 +41,7 @@ from lightning_gaudi.distributed import (
     validate_launch,
     validate_ray_launch,
 )
+from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
@@ -164,12 +164,6 @@ def refuse_lazy_emulation(strategy_name: str) -> None:
             " tensors cannot cross gloo collectives. Emulate data parallelism with"
             f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
         )
-
-
-def _destroy_process_group() -> None:
-    if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):  # peers may be gone: nothing to do about it at exit
-            dist.destroy_process_group()
 
 
 class HPUStrategyCore:
@@ -326,7 +320,7 @@ class HPUParallelCore(HPUStrategyCore):
             f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size} on HPU {local_rank} of"
             f" node {strategy.node_rank} ({backend.device_name()}{emulated}, device {self.root_device})"
         )
-        atexit.register(_destroy_process_group)  # before the interpreter's teardown, which can abort on a live one
+        atexit.register(close_process_group, self.timeout)  # before the interpreter's teardown (see its docstring)
         rendezvous.init_process_group(  # the module attribute, which tests replace
             backend_name,
             rank=rank,
@@ -446,6 +440,7 @@ class TrainerCore(HPUStrategyCore):
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)  # type: ignore[misc]
         hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
+        mark_failed()  # the exit skips its last barrier
         if getattr(self, "launcher", None) is not None and not isinstance(exception, SIGTERMException):
             # the job has failed: the ranks this process started would wait for it in a collective until the
             # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card.
