@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import difflib
 import logging
 import os
@@ -38,6 +37,7 @@ from lightning_gaudi.distributed import (
     validate_launch,
     validate_ray_launch,
 )
+from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
@@ -137,12 +137,6 @@ def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
         " divided by the world size), in emulation as on a Gaudi. Use 'sum', 'mean', 'min' or 'max'; for a product,"
         " all_gather the values and multiply them."
     )
-
-
-def _destroy_process_group() -> None:
-    if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):  # peers may be gone: nothing to do about it at exit
-            dist.destroy_process_group()
 
 
 class HPUStrategyCore:
@@ -310,7 +304,7 @@ class HPUParallelCore(HPUStrategyCore):
             f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size} on HPU {local_rank} of"
             f" node {strategy.node_rank} ({backend.device_name()}{emulated}, device {self.root_device})"
         )
-        atexit.register(_destroy_process_group)  # before the interpreter's teardown, which can abort on a live one
+        atexit.register(close_process_group, self.timeout)  # before the interpreter's teardown (see its docstring)
         rendezvous.init_process_group(  # the module attribute, which tests replace
             backend_name,
             rank=rank,
@@ -424,6 +418,7 @@ class TrainerCore(HPUStrategyCore):
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)  # type: ignore[misc]
         hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
+        mark_failed()  # the exit skips its last barrier
         if getattr(self, "launcher", None) is not None and not isinstance(exception, SIGTERMException):
             # the job has failed: the ranks this process started would wait for it in a collective until the
             # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card.

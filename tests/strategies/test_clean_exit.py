@@ -1,7 +1,9 @@
 """A finished job exits 0 on every rank, through the interpreter's normal exit: torchrun and SLURM restart policies
 read a rank's abort at teardown ("terminate called without an active exception", 134) as a failed job and requeue a
 job that had finished. Tensor parallelism (DTensor) and ZeRO-3 are the runs that aborted now and then on torch 2.13, so
-each runs several times under torchrun, which reports every rank's exit code."""
+each runs several times under torchrun, which reports every rank's exit code. The cause (a gloo worker that lets go
+of a finished collective during the interpreter's finalization) is reproduced deterministically in
+tests/distributed/test_shutdown.py."""
 
 from __future__ import annotations
 
@@ -17,14 +19,6 @@ from lightning_gaudi import hpu
 
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
 RUNS = int(os.environ.get("LIGHTNING_GAUDI_TEST_EXIT_RUNS", "2"))  # the issue's check: 8
-
-
-#: Issue 32 item 6, open: the abort was seen again after this round's merges (1 of 2 tensor-parallel runs), its cause
-#: not found; the test runs, reports XFAIL or XPASS, and keeps what users see in view.
-KNOWN_ABORT = pytest.mark.xfail(
-    reason="torch 2.13's C++ teardown aborts now and then after DTensor and ZeRO-3 runs (issue 32 item 6, open)",
-    strict=False,
-)
 
 
 def _torchrun(out: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -49,13 +43,11 @@ def _assert_every_run_exits_0(tmp_path: Path, script: str, *args: str) -> None:
 
 
 @pytest.mark.subprocess
-@KNOWN_ABORT
 def test_a_tensor_parallel_job_exits_0_every_time(tmp_path: Path) -> None:
     _assert_every_run_exits_0(tmp_path, "model_parallel_fit.py", "fit", "1", "2", "tp", "2")
 
 
 @pytest.mark.subprocess
-@KNOWN_ABORT
 @pytest.mark.skipif(not RequirementCache("deepspeed"), reason="DeepSpeed is not installed (scripts/setup.sh installs)")
 def test_a_zero3_job_exits_0_every_time(tmp_path: Path) -> None:
     _assert_every_run_exits_0(tmp_path, "deepspeed_fit.py", "hpu_deepspeed_stage_3", "short")
