@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import schedule
 
 from lightning_gaudi import hpu
 from lightning_gaudi.hpu.runtime import COMPILE_BACKEND_ENV
@@ -55,6 +56,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "double_only(reason): a bridge test that skips on the real bridge, saying why")
     if config.getoption("--real-bridge"):
         os.environ[REAL_BRIDGE_ENV] = "1"
+    config.pluginmanager.register(_SlowFirst(), "lightning_gaudi_slow_first")
+
+
+class _SlowFirst:
+    """Puts the tests that start processes at the front of each xdist worker's share (``helpers.schedule``).
+
+    Runs after every other hook has selected the tests (``-m``, ``-k``, ``--deselect``), so the shares are cut from
+    the tests that run.
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in each worker by pytest-xdist
+        items[:] = schedule.order(
+            items,
+            workers,
+            file_of=lambda item: item.path.relative_to(TESTS_DIR).as_posix(),
+            is_slow=lambda item: item.get_closest_marker("subprocess") is not None,
+        )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
