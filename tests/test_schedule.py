@@ -101,3 +101,11 @@ def test_share_sizes_add_up(total: int, workers: int) -> None:
     sizes = schedule.share_sizes(total, workers)
     assert sum(sizes) == total
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_files_that_share_a_job_go_to_one_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedule, "SAME_SHARE", {"c.py": "a.py"})
+    items = _items()
+    shares = _first_shares([f"{file}::{name}" for file, name, _ in _order(items, 3, monkeypatch)])
+    (together,) = [share for share in shares if any(test.startswith("a.py::") for test in share)]
+    assert sum(test.startswith("c.py::") for test in together) == int(COSTS["c.py"] // 20)
