@@ -99,6 +99,42 @@ class _RealBridgeState:
         pytest.skip(f"uses the bridge double's `{name}` (its call log or settings), which the real bridge lacks")
 
 
+#: Python processes started while a test not marked ``subprocess`` runs (:func:`audit_python_starts`), and whether one
+#: is running.
+PYTHON_STARTS: list[str] = []
+_QUICK_TEST_RUNNING = [False]
+
+
+def audit_python_starts(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook (``sys.addaudithook``): records a Python process started while a quick test runs."""
+    if event != "subprocess.Popen" or not _QUICK_TEST_RUNNING[0]:
+        return
+    executable, command = args[0], args[1]
+    program = executable or (command if isinstance(command, str | bytes) else command[0])
+    if Path(os.fsdecode(program)).name.startswith("python"):
+        PYTHON_STARTS.append(str(command)[:200])
+
+
+sys.addaudithook(audit_python_starts)
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_python(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that starts a Python process (a rank, a launcher, a probe) is marked ``subprocess``, so that the quick
+    subset (``-m "not subprocess"``) starts none and the suite's order (``helpers.schedule``) sees it."""
+    quick = request.node.get_closest_marker("subprocess") is None
+    PYTHON_STARTS.clear()
+    _QUICK_TEST_RUNNING[0] = quick
+    yield
+    _QUICK_TEST_RUNNING[0] = False
+    if quick and PYTHON_STARTS:
+        started, PYTHON_STARTS[:] = list(PYTHON_STARTS), []
+        pytest.fail(
+            f"this test started {len(started)} Python process(es), the first {started[0]}, and is not marked"
+            " subprocess: mark it @pytest.mark.subprocess (the quick subset starts no process)"
+        )
+
+
 @pytest.fixture(autouse=True)
 def _restore_rank_zero() -> Iterator[None]:
     """Puts back the process-wide rank that Lightning's rank-zero helpers read.

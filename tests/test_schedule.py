@@ -3,6 +3,8 @@ front of a worker's first share as ``--dist worksteal`` cuts them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
@@ -109,3 +111,23 @@ def test_files_that_share_a_job_go_to_one_share(monkeypatch: pytest.MonkeyPatch)
     shares = _first_shares([f"{file}::{name}" for file, name, _ in _order(items, 3, monkeypatch)])
     (together,) = [share for share in shares if any(test.startswith("a.py::") for test in share)]
     assert sum(test.startswith("c.py::") for test in together) == int(COSTS["c.py"] // 20)
+
+
+def test_a_quick_test_that_starts_python_fails_naming_the_mark() -> None:
+    import conftest
+
+    conftest.audit_python_starts("subprocess.Popen", ("g++", ["g++", "--version"], None, None))  # not Python
+    assert conftest.PYTHON_STARTS == []
+    conftest.audit_python_starts("subprocess.Popen", (None, [sys.executable, "-c", "pass"], None, None))
+    try:
+        assert [str([sys.executable, "-c", "pass"])] == conftest.PYTHON_STARTS
+    finally:
+        conftest.PYTHON_STARTS.clear()  # this test started nothing: its own teardown check passes
+
+
+@pytest.mark.subprocess
+def test_a_test_marked_subprocess_may_start_python() -> None:
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    import conftest
+
+    assert conftest.PYTHON_STARTS == []
