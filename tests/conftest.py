@@ -67,8 +67,9 @@ class _SlowFirst:
     """
 
     @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in each worker by pytest-xdist
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        # pytest-xdist gives each worker the number of workers; a run without xdist is one worker
+        workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
         items[:] = schedule.order(
             items,
             workers,

@@ -51,6 +51,7 @@ FILE_SECONDS: dict[str, float] = {
     "test_cli.py": 20,
     "test_doctor.py": 70,
     "test_main.py": 60,
+    "test_schedule.py": 1,
 }
 DEFAULT_SECONDS = 10.0
 #: Files whose tests read one shared job (``helpers.shared_job.run_once``): each goes to the share of the file named,
