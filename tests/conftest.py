@@ -63,11 +63,13 @@ class _SlowFirst:
     """Puts the tests that start processes at the front of each xdist worker's share (``helpers.schedule``).
 
     Runs after every other hook has selected the tests (``-m``, ``-k``, ``--deselect``), so the shares are cut from
-    the tests that run.
+    the tests that run; ``--failed-first`` and ``--new-first`` keep the order they asked for.
     """
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if config.getoption("failedfirst", False) or config.getoption("newfirst", False):
+            return
         # pytest-xdist gives each worker the number of workers; a run without xdist is one worker
         workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
         items[:] = schedule.order(
