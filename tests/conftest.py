@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import schedule
 
 from lightning_gaudi import hpu
 from lightning_gaudi.hpu.runtime import COMPILE_BACKEND_ENV
@@ -55,6 +56,28 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "double_only(reason): a bridge test that skips on the real bridge, saying why")
     if config.getoption("--real-bridge"):
         os.environ[REAL_BRIDGE_ENV] = "1"
+    config.pluginmanager.register(_SlowFirst(), "lightning_gaudi_slow_first")
+
+
+class _SlowFirst:
+    """Puts the tests that start processes at the front of each xdist worker's share (``helpers.schedule``).
+
+    Runs after every other hook has selected the tests (``-m``, ``-k``, ``--deselect``), so the shares are cut from
+    the tests that run; ``--failed-first`` and ``--new-first`` keep the order they asked for.
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if config.getoption("failedfirst", False) or config.getoption("newfirst", False):
+            return
+        # pytest-xdist gives each worker the number of workers; a run without xdist is one worker
+        workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+        items[:] = schedule.order(
+            items,
+            workers,
+            file_of=lambda item: item.path.relative_to(TESTS_DIR).as_posix(),
+            is_slow=lambda item: item.get_closest_marker("subprocess") is not None,
+        )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -77,6 +100,42 @@ class _RealBridgeState:
 
     def __getattr__(self, name: str) -> Any:
         pytest.skip(f"uses the bridge double's `{name}` (its call log or settings), which the real bridge lacks")
+
+
+#: Python processes started while a test not marked ``subprocess`` runs (:func:`audit_python_starts`), and whether one
+#: is running.
+PYTHON_STARTS: list[str] = []
+_QUICK_TEST_RUNNING = [False]
+
+
+def audit_python_starts(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook (``sys.addaudithook``): records a Python process started while a quick test runs."""
+    if event != "subprocess.Popen" or not _QUICK_TEST_RUNNING[0]:
+        return
+    executable, command = args[0], args[1]
+    program = executable or (command if isinstance(command, str | bytes) else command[0])
+    if Path(os.fsdecode(program)).name.startswith("python"):
+        PYTHON_STARTS.append(str(command)[:200])
+
+
+sys.addaudithook(audit_python_starts)
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_python(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that starts a Python process (a rank, a launcher, a probe) is marked ``subprocess``, so that the quick
+    subset (``-m "not subprocess"``) starts none and the suite's order (``helpers.schedule``) sees it."""
+    quick = request.node.get_closest_marker("subprocess") is None
+    PYTHON_STARTS.clear()
+    _QUICK_TEST_RUNNING[0] = quick
+    yield
+    _QUICK_TEST_RUNNING[0] = False
+    if quick and PYTHON_STARTS:
+        started, PYTHON_STARTS[:] = list(PYTHON_STARTS), []
+        pytest.fail(
+            f"this test started {len(started)} Python process(es), the first {started[0]}, and is not marked"
+            " subprocess: mark it @pytest.mark.subprocess (the quick subset starts no process)"
+        )
 
 
 @pytest.fixture(autouse=True)

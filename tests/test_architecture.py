@@ -514,7 +514,7 @@ def _import_report() -> dict[str, list[str]]:
         [sys.executable, "-c", _PROBE.format(heavy=HEAVY)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,  # a hang guard: importing Lightning takes seconds, and a minute on a busy machine
         check=False,
     )
     assert result.returncode == 0, result.stderr

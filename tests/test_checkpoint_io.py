@@ -191,6 +191,7 @@ def _exited_pid() -> int:
     return int(done.stdout)
 
 
+@pytest.mark.subprocess
 def test_stale_temporaries_are_removed_before_a_save(tmp_path: Path) -> None:
     """Only our temporaries whose writer cannot be writing them any more: never a live process's, nor a fresh one
     written from another machine (a rank on another node saving into a shared folder), nor anyone else's files."""

@@ -33,6 +33,7 @@ def _seen(out: Path, nprocs: int) -> list[dict[str, str | None]]:
     return [json.loads((out / f"{rank}.json").read_text()) for rank in range(nprocs)]
 
 
+@pytest.mark.subprocess
 def test_each_rank_gets_its_place(tmp_path: Path) -> None:
     codes = launch_local_ranks([sys.executable, "-c", _DUMP, str(tmp_path)], nprocs=3, env=_env())
     assert codes == [0, 0, 0]
@@ -51,6 +52,7 @@ def test_each_rank_gets_its_place(tmp_path: Path) -> None:
         }
 
 
+@pytest.mark.subprocess
 def test_a_multi_node_launch_keeps_the_nodes_settings(tmp_path: Path) -> None:
     env = _env(MASTER_ADDR="10.0.0.1", MASTER_PORT="29555", NODE_RANK="1")
     assert launch_local_ranks([sys.executable, "-c", _DUMP, str(tmp_path)], 2, num_nodes=2, env=env) == [0, 0]
@@ -82,6 +84,7 @@ def test_bad_launches_fail_before_anything_starts(
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.subprocess
 def test_a_failing_rank_stops_the_others() -> None:
     script = "import os, sys, time; rank = int(os.environ['LOCAL_RANK']); sys.exit(3) if rank == 0 else time.sleep(60)"
     started = time.monotonic()
@@ -91,6 +94,7 @@ def test_a_failing_rank_stops_the_others() -> None:
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.subprocess
 def test_wait_all_stops_the_other_ranks_when_one_fails() -> None:
     start = time.monotonic()
     procs = [
@@ -141,7 +145,7 @@ def test_sigterm_to_the_launcher_stops_its_ranks_and_the_launcher(tmp_path: Path
         f" launch_local_ranks([sys.executable, '-c', {rank!r}, {str(tmp_path)!r}], nprocs=2)"
     )
     proc = subprocess.Popen([sys.executable, "-c", launcher])
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # the launcher imports lightning_gaudi first: a minute on a busy machine
     while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     pids = [int(path.read_text()) for path in tmp_path.iterdir()]

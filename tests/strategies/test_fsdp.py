@@ -278,6 +278,7 @@ class _OneRank:
         return None
 
 
+@pytest.mark.subprocess
 def test_a_killed_sharded_saves_staging_folder_is_removed_by_the_next_save(tmp_path: Path) -> None:
     """A staging folder whose writer is gone (a save killed half-way) is removed as the checkpoint IO removes its
     file temporaries; one a live process is writing stays."""
