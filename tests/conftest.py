@@ -56,7 +56,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "double_only(reason): a bridge test that skips on the real bridge, saying why")
     if config.getoption("--real-bridge"):
         os.environ[REAL_BRIDGE_ENV] = "1"
-    config.pluginmanager.register(_SlowFirst(), "lightning_gaudi_slow_first")
+    # helpers.schedule (slow files first) is not registered: its order exposed two tests that depend on what ran
+    # before them in a worker (dynamo state), not yet found; see docs/development.md
 
 
 class _SlowFirst:
