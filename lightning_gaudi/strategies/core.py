@@ -304,6 +304,7 @@ class HPUParallelCore(HPUStrategyCore):
             f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size} on HPU {local_rank} of"
             f" node {strategy.node_rank} ({backend.device_name()}{emulated}, device {self.root_device})"
         )
+        atexit.unregister(close_process_group)  # one exit hook per process (several fits), with the latest timeout
         atexit.register(close_process_group, self.timeout)  # before the interpreter's teardown (see its docstring)
         rendezvous.init_process_group(  # the module attribute, which tests replace
             backend_name,
