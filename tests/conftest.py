@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 from helpers import schedule
 
 from lightning_gaudi import hpu
@@ -152,6 +153,17 @@ def _restore_rank_zero() -> Iterator[None]:
     saved = (getattr(rank_zero_only, "rank", 0), getattr(utils_rank_zero_only, "rank", 0))
     yield
     rank_zero_only.rank, utils_rank_zero_only.rank = saved  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def _restore_functional_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Puts back ``torch.nn.functional.linear`` after each test.
+
+    Building a ZeRO-3 engine in this process swaps it for DeepSpeed's ``zero3_linear_wrap`` for the life of the
+    process (DeepSpeed's ``memory_efficient_linear``, on by default). Left in place, every later ``nn.Linear`` runs a
+    frame that is not torch's, so dynamo starts compiling where it would skip torch's own modules.
+    """
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
 
 
 def _forget_bridge() -> None:

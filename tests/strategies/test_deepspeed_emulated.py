@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers.damage import make_unloadable
 from helpers.models import regression_data
+from helpers.shared_job import run_once
 from lightning_utilities.core.imports import RequirementCache
 
 from lightning_gaudi import hpu, resume
@@ -95,14 +96,22 @@ def test_two_ranks_match_one_process_on_the_union(tmp_path: Path, strategy: str,
     assert_evaluated(tmp_path, final0)  # validate, test and predict after fit, on the same Trainer
 
 
-def test_a_checkpoint_directory_resumes_to_the_same_weights(tmp_path: Path) -> None:
+def _straight(out: Path) -> None:
+    out.mkdir(parents=True)
+    _run(out, "hpu_deepspeed_stage_3", "checkpointed")
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ZeRO-3 run of 2 epochs with a checkpoint directory after each, shared by the resume tests (read only)."""
+    return run_once(tmp_path_factory, "deepspeed-zero3-straight", _straight)
+
+
+def test_a_checkpoint_directory_resumes_to_the_same_weights(straight: Path, tmp_path: Path) -> None:
     """ZeRO-3 (every rank writes its shards): 2 epochs straight, and epoch 2 resumed from the directory written after
     epoch 1, end with the same weights; no staging directory is left behind."""
-    straight = tmp_path / "straight"
     resumed = tmp_path / "resumed"
-    straight.mkdir()
     resumed.mkdir()
-    _run(straight, "hpu_deepspeed_stage_3", "checkpointed")
     written = sorted(path.name for path in (straight / "ckpt").iterdir())
     assert written == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"]
     first = straight / "ckpt" / "epoch=0-step=2.ckpt"
@@ -123,15 +132,12 @@ def test_a_checkpoint_directory_resumes_to_the_same_weights(tmp_path: Path) -> N
     assert not list((straight / "ckpt").glob(".*.tmp")), "a staging directory was left behind"
 
 
-def test_a_checkpoint_that_fails_to_load_is_moved_aside_on_every_rank(tmp_path: Path) -> None:
+def test_a_checkpoint_that_fails_to_load_is_moved_aside_on_every_rank(straight: Path, tmp_path: Path) -> None:
     """The newest checkpoint verifies but fails to load on both ranks: it is moved aside, named once, and both ranks
     resume from the older one, to the uninterrupted run's weights."""
-    straight = tmp_path / "straight"
     resumed = tmp_path / "resumed"
-    straight.mkdir()
     ckpt = resumed / "ckpt"
     ckpt.mkdir(parents=True)
-    _run(straight, "hpu_deepspeed_stage_3", "checkpointed")
     shutil.copytree(straight / "ckpt" / "epoch=0-step=2.ckpt", ckpt / "epoch=0-step=2.ckpt")
     broken = Path(shutil.copytree(straight / "ckpt" / "epoch=1-step=4.ckpt", ckpt / "epoch=1-step=4.ckpt"))
     for states in (broken / "checkpoint").glob("*model_states.pt"):
