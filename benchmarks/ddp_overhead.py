@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 VARIANTS = ("stock", "plugin", "plugin_preemption_off", "stock_again")
+#: What ``--quick`` (a smoke run of the suite) runs: one pair of processes per code path the full run compares.
+QUICK_VARIANTS = ("stock", "plugin")
 WARMUP = 20
 RESULTS = Path(__file__).parent / "results"
 
@@ -69,14 +71,14 @@ def worker(variant: str, steps: int, out: Path) -> None:
         out.write_text(json.dumps({"steps_per_second": timer.steps_per_second()}))
 
 
-def run(rounds: int, steps: int, out_dir: Path) -> dict[str, Any]:
+def run(rounds: int, steps: int, out_dir: Path, variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     from benchmarks.common import child_env, machine, ratio_summary, rotation, run_worker, summarize
 
     out_dir.mkdir(parents=True, exist_ok=True)
     env = child_env()
-    measured: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    measured: dict[str, list[float]] = {variant: [] for variant in variants}
     for index in range(rounds):
-        for variant in rotation(VARIANTS, index):
+        for variant in rotation(variants, index):
             result = out_dir / f"{variant}.json"
             value = run_worker("benchmarks.ddp_overhead", [variant, str(steps), str(result)], result, env)
             measured[variant].append(value["steps_per_second"])
@@ -88,7 +90,7 @@ def run(rounds: int, steps: int, out_dir: Path) -> dict[str, Any]:
         "warmup": WARMUP,
         "steps_per_second": {variant: summarize(values) for variant, values in measured.items()},
         "vs_stock": {
-            variant: ratio_summary(measured[variant], measured["stock"]) for variant in VARIANTS if variant != "stock"
+            variant: ratio_summary(measured[variant], measured["stock"]) for variant in variants if variant != "stock"
         },
     }
     (out_dir / "ddp_overhead.json").write_text(json.dumps(results, indent=2))

@@ -76,8 +76,10 @@ def run_suite(args: argparse.Namespace, gaudi: bool = False) -> dict[str, Any]:
         from benchmarks import ddp_overhead
 
         common.log("[ddp]")
-        rounds, steps = (1, 30) if args.quick else (4, 400)
-        results["sections"]["ddp"] = ddp_overhead.run(rounds, steps, args.out)
+        if args.quick:
+            results["sections"]["ddp"] = ddp_overhead.run(1, 30, args.out, ddp_overhead.QUICK_VARIANTS)
+        else:
+            results["sections"]["ddp"] = ddp_overhead.run(4, 400, args.out)
     results["duration_s"] = time.perf_counter() - started
     return results
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["close_process_group", "mark_failed"]
+__all__ = ["close_process_group", "mark_failed", "run_started"]
 
 #: The exit barrier's work: kept until the interpreter's teardown, which drops it on the main thread.
 _KEPT: list[Any] = []
@@ -35,6 +35,12 @@ def mark_failed() -> None:
     """Records that this process's run failed: the exit skips the last barrier (its peers may be elsewhere)."""
     global _failed
     _failed = True
+
+
+def run_started() -> None:
+    """A new run in this process (a notebook's next fit): the exit follows how it ends, not an earlier failure."""
+    global _failed
+    _failed = False
 
 
 def close_process_group(timeout: timedelta) -> None:

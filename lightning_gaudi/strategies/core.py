@@ -37,7 +37,7 @@ from lightning_gaudi.distributed import (
     validate_launch,
     validate_ray_launch,
 )
-from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed
+from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed, run_started
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
@@ -287,6 +287,7 @@ class HPUParallelCore(HPUStrategyCore):
     def _form_process_group(self) -> None:
         """Sets the ranks, prepares the HPU's collectives and forms the process group unless one exists."""
         reset_seed()
+        run_started()
         self._set_ranks()
         backend_name = self._process_group_backend = self._get_process_group_backend()
         strategy: Any = self

@@ -89,6 +89,9 @@ def test_forming_the_group_registers_the_exit_and_a_failure_marks_the_run(
     assert registered == [(shutdown.close_process_group, strategy.timeout)]
     strategy.on_exception(RuntimeError("a step failed"))
     assert shutdown._failed
+    # the next run in this process (a notebook's next fit) ends with the barrier again if it succeeds
+    Trainer(accelerator="hpu", strategy="hpu_parallel", devices=2, logger=False).strategy.setup_distributed()
+    assert not shutdown._failed
 
 
 @pytest.mark.subprocess
