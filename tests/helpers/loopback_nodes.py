@@ -71,12 +71,18 @@ def run_nodes(out: Path, commands: Sequence[Sequence[str]], envs: Sequence[Mappi
     return codes, "\n".join(log.read_text() for log in logs)
 
 
-def run_two_node_job(out: Path, *args: str, max_restarts: int = 3) -> tuple[list[int], str]:
-    """Two torchrun agents, one process each, meeting on 127.0.0.1 (a 2-node job on one machine), running ``FIT``."""
+def run_two_node_job(
+    out: Path, *args: str, max_restarts: int = 3, monitor_interval: float = 0.2
+) -> tuple[list[int], str]:
+    """Two torchrun agents, one process each, meeting on 127.0.0.1 (a 2-node job on one machine), running ``FIT``.
+
+    ``monitor_interval``: how often an agent looks at its worker and the rendezvous. After a rank dies, the other
+    agent stops its worker (SIGTERM) at its next look, possibly before that worker has met the lost peer.
+    """
     endpoint = f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
     cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", out.name]
-    cmd += ["--max-restarts", str(max_restarts), "--monitor-interval", "0.2", str(FIT), str(out), *args]
+    cmd += ["--max-restarts", str(max_restarts), "--monitor-interval", str(monitor_interval), str(FIT), str(out), *args]
     return run_nodes(out, [cmd, cmd], [loopback_env(), loopback_env()])
 
 
