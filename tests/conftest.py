@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import schedule
 
 from lightning_gaudi import hpu
 from lightning_gaudi.hpu.runtime import COMPILE_BACKEND_ENV
@@ -57,29 +56,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "double_only(reason): a bridge test that skips on the real bridge, saying why")
     if config.getoption("--real-bridge"):
         os.environ[REAL_BRIDGE_ENV] = "1"
-    # helpers.schedule (slow files first) is not registered: its order exposed two tests that depend on what ran
-    # before them in a worker (dynamo state), not yet found; see docs/development.md
-
-
-class _SlowFirst:
-    """Puts the tests that start processes at the front of each xdist worker's share (``helpers.schedule``).
-
-    Runs after every other hook has selected the tests (``-m``, ``-k``, ``--deselect``), so the shares are cut from
-    the tests that run; ``--failed-first`` and ``--new-first`` keep the order they asked for.
-    """
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        if config.getoption("failedfirst", False) or config.getoption("newfirst", False):
-            return
-        # pytest-xdist gives each worker the number of workers; a run without xdist is one worker
-        workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-        items[:] = schedule.order(
-            items,
-            workers,
-            file_of=lambda item: item.path.relative_to(TESTS_DIR).as_posix(),
-            is_slow=lambda item: item.get_closest_marker("subprocess") is not None,
-        )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -126,7 +102,7 @@ sys.addaudithook(audit_python_starts)
 @pytest.fixture(autouse=True)
 def _quick_tests_start_no_python(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that starts a Python process (a rank, a launcher, a probe) is marked ``subprocess``, so that the quick
-    subset (``-m "not subprocess"``) starts none and the suite's order (``helpers.schedule``) sees it."""
+    subset (``-m "not subprocess"``) starts none."""
     quick = request.node.get_closest_marker("subprocess") is None
     PYTHON_STARTS.clear()
     _QUICK_TEST_RUNNING[0] = quick
