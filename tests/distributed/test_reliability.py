@@ -90,10 +90,10 @@ def test_a_killed_rank_resumes_and_finishes_every_time(tmp_path: Path) -> None:
     every, max_steps = 5, 15
     for run, (rank, step) in enumerate(KILLS):
         out = tmp_path / f"run{run}"
-        # agents that look every 2 s: the survivor meets the lost peer (the error checked below) before its agent
+        # agents that look every second: the survivor meets the lost peer (the error checked below) before its agent
         # stops it, even on a loaded machine (seen with 4 test workers on 2 cores)
         args = ("--max-steps", str(max_steps), "--every", str(every), *_kill(rank, step))
-        codes, log = run_two_node_job(out, *args, monitor_interval=2.0)
+        codes, log = run_two_node_job(out, *args, monitor_interval=1.0)
         assert codes == [0, 0], f"run {run} (rank {rank} killed after step {step}) failed:\n{log[-8000:]}"
         # the survivor's error names the failed collective, the lost peer and the timeout
         assert "PeerLostError: Rank " in log, log[-8000:]
