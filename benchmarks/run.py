@@ -76,10 +76,9 @@ def run_suite(args: argparse.Namespace, gaudi: bool = False) -> dict[str, Any]:
         from benchmarks import ddp_overhead
 
         common.log("[ddp]")
-        if args.quick:
-            results["sections"]["ddp"] = ddp_overhead.run(1, 30, args.out, ddp_overhead.QUICK_VARIANTS)
-        else:
-            results["sections"]["ddp"] = ddp_overhead.run(4, 400, args.out)
+        quick = (1, 30, ddp_overhead.QUICK_VARIANTS)
+        rounds, steps, variants = quick if args.quick else (4, 400, ddp_overhead.VARIANTS)
+        results["sections"]["ddp"] = ddp_overhead.run(rounds, steps, args.out, variants)
     results["duration_s"] = time.perf_counter() - started
     return results
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["close_process_group", "mark_failed", "run_started"]
+__all__ = ["close_process_group", "kept_barrier", "mark_failed", "run_started"]
 
 #: The exit barrier's work: kept until the interpreter's teardown, which drops it on the main thread.
 _KEPT: list[Any] = []
@@ -43,6 +43,14 @@ def run_started() -> None:
     _failed = False
 
 
+def kept_barrier(timeout: timedelta) -> None:
+    """A barrier on the default group, waited for with the GIL released; its work is kept until the interpreter's
+    teardown, so gloo's workers let go of every earlier collective before the groups can be destroyed."""
+    work = dist.barrier(async_op=True)
+    _KEPT.append(work)
+    work.wait(timeout)
+
+
 def close_process_group(timeout: timedelta) -> None:
     """Ends the process group at exit: the last barrier (up to ``timeout``; see the module's docstring), then
     ``destroy_process_group``. Errors are ignored: peers that are gone leave nothing to do at exit."""
@@ -50,8 +58,6 @@ def close_process_group(timeout: timedelta) -> None:
         return
     if not _failed and not hasattr(sys, "last_value"):  # set by the interpreter for an uncaught exception
         with contextlib.suppress(Exception):
-            work = dist.barrier(async_op=True)
-            _KEPT.append(work)
-            work.wait(timeout)
+            kept_barrier(timeout)
     with contextlib.suppress(Exception):
         dist.destroy_process_group()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_gaudi.callbacks import dynamo
+from lightning_gaudi.distributed import shutdown
 
 
 @pytest.fixture(autouse=True)
@@ -141,10 +143,6 @@ class DDPSplitRecorder(dynamo._LogRecorder):
         return None if match is None else int(match[1])
 
 
-#: The barriers of :func:`_ddp_split_count`, kept for the life of the process.
-_KEPT_WORKS: list[Any] = []
-
-
 def _ddp_split_count(tmp_path: Any, bucket_cap_mb: float) -> list[int]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -158,10 +156,8 @@ def _ddp_split_count(tmp_path: Any, bucket_cap_mb: float) -> list[int]:
         with DDPSplitRecorder() as recorder:
             model(torch.ones(2, 512)).sum().backward()
         # torch 2.13: the group's destructor (when the model goes) joins gloo's worker thread holding the GIL, while
-        # that thread may wait for the GIL to free the last all-reduce (a hang seen once in the suite). As the exit
-        # hook does (lightning_gaudi.distributed.shutdown): a barrier waited for with the GIL released, its work kept.
-        _KEPT_WORKS.append(dist.barrier(async_op=True))
-        _KEPT_WORKS[-1].wait()
+        # that thread may wait for the GIL to free the last all-reduce (a hang seen once in the suite)
+        shutdown.kept_barrier(timedelta(seconds=60))
         return recorder.splits
     finally:
         dist.destroy_process_group()
