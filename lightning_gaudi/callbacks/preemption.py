@@ -11,6 +11,7 @@ import shutil
 import signal
 import sys
 import threading
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -135,7 +136,9 @@ class PreemptionCheckpoint(Callback):
         self._requested = self._agreed = 0
         # a signal reaches every rank within a quarter of the grace period; the rest is for the step and the save
         self._vote = StopVote(getattr(trainer.strategy, "timeout", DEFAULT_TIMEOUT), latency=self.grace_period / 4)
-        self._vote.setup()
+        # one name per vote, the same on every rank: torchrun's restart count differs between nodes after a restart
+        # that one node counts as a failure and another as a membership change
+        self._vote.setup(trainer.strategy.broadcast(uuid.uuid4().hex))
         if signal.SIGTERM in self.signals:
             # Lightning registers its own SIGTERM handler after setup; it registers this one in its place
             self._took_sigterm = signal_patch.take_over_sigterm(trainer, self._on_signal)

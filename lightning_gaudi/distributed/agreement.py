@@ -16,14 +16,6 @@ from lightning_gaudi.distributed.errors import collective_errors
 
 _KEY = "lightning_gaudi/stop"
 _POLL_S = (0.001, 0.02)  # first and longest pause between looks at a round that has not ended
-_setups = itertools.count()  # every rank sets up as many votes, so the n-th one has the same key on every rank
-
-
-def _namespace() -> str:
-    # torchrun's agent store outlives a restart of the workers: each attempt votes under its own keys
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-    return f"{_KEY}/{run}/{attempt}/{next(_setups)}"
 
 
 class StopVote:
@@ -61,9 +53,10 @@ class StopVote:
         """Seconds between two rounds of the vote."""
         return self.latency / 2
 
-    def setup(self, address: tuple[str, int] | None = None) -> None:
-        """Connects to the job's store (``address``, default ``MASTER_ADDR``/``MASTER_PORT``) and starts voting when a
-        process group of several ranks exists; every rank must call it."""
+    def setup(self, namespace: str, address: tuple[str, int] | None = None) -> None:
+        """Connects to the job's store (``address``, default ``MASTER_ADDR``/``MASTER_PORT``) and starts voting under
+        the keys ``namespace`` when a process group of several ranks exists; every rank must call it, with the same
+        ``namespace``, fresh for this vote (the store can outlive a restart of the ranks: torchrun's agent store)."""
         self.close()
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return
@@ -78,7 +71,7 @@ class StopVote:
             address = (host, int(port))
         with collective_errors("connecting the stop vote to the job's store", self.timeout):
             store = dist.TCPStore(address[0], address[1], None, False, timeout=self.timeout, wait_for_workers=False)
-        self.start(store, dist.get_rank(), dist.get_world_size(), _namespace())
+        self.start(store, dist.get_rank(), dist.get_world_size(), f"{_KEY}/{namespace}")
 
     def start(self, store: dist.Store, rank: int, world_size: int, namespace: str) -> None:
         """Starts voting on ``store`` under the keys ``namespace`` (the same on every rank, fresh for this vote)."""

@@ -202,8 +202,10 @@ def test_a_second_sigterm_during_the_exit_keeps_the_preemption_exit_code(tmp_pat
 
 @pytest.mark.subprocess
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    """Also when the ranks' torchrun restart counts differ (two nodes' agents after a peer's restart): the vote's keys
+    are the same on every rank all the same."""
     grace = 20.0
-    job = Job(tmp_path / "job", "--grace", str(grace))
+    job = Job(tmp_path / "job", "--grace", str(grace), "--restart-counts", "0,1")
     os.kill(job.pids[1], signal.SIGTERM)  # rank 1 alone: rank 0 learns it from the vote
     took = job.wait_gone(within=grace)
     assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]

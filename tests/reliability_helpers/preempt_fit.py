@@ -9,7 +9,8 @@ Checkpoints go to ``OUT_DIR/ckpt`` (the ``ModelCheckpoint`` folder, which saves 
 ``--strategy NAME`` trains with another strategy (``hpu_fsdp``, ``hpu_deepspeed_stage_2``). ``--slow-after N
 --slow-factor F`` makes every step from global step N on take F times ``--step-sleep``. ``--slow-save S`` makes
 pickling the checkpoint take S seconds (the temporary file is open by then), for a grace period that runs out during
-the save.
+the save. ``--restart-counts A,B`` gives rank r the r-th value as ``TORCHELASTIC_RESTART_COUNT``: what two nodes'
+torchrun agents give their ranks after a restart that one counted as a failure and the other as a membership change.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ def main() -> None:
     parser.add_argument("--torchrun", action="store_true")
     parser.add_argument("--strategy", default=None, help="a registered strategy name (default: hpu_parallel)")
     parser.add_argument("--disabled", action="store_true", help="PreemptionCheckpoint(enabled=False)")
+    parser.add_argument("--restart-counts", default=None, help="TORCHELASTIC_RESTART_COUNT per rank, comma-separated")
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay after fit ends (the exit's work)")
     args = parser.parse_args()
+    if args.restart_counts is not None:
+        counts = args.restart_counts.split(",")
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = counts[int(os.environ.get("LOCAL_RANK", "0"))]
     seed_everything(0)
     strategy: Any = HPUParallelStrategy(timeout=60) if args.devices > 1 or args.torchrun else SingleHPUStrategy()
     if args.strategy is not None:
