@@ -1,17 +1,20 @@
 """A real multi-process ``hpu_model_parallel`` fit under eager emulation (tests/strategies/test_model_parallel.py).
 
-Run as ``python model_parallel_fit.py OUT_DIR MODE DP TP PLAN STEPS [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``;
-Lightning's popen launcher re-runs it for the other ranks. ``PLAN`` is ``tp`` (tensor parallelism), ``fsdp`` (FSDP2)
-or ``both`` (tensor parallelism, then FSDP2 over the data-parallel dimension). ``MODE`` is ``fit`` (train ``STEPS``
-steps with gradient clipping, then save a sharded checkpoint ``OUT_DIR/sharded.ckpt`` and a full one
-``OUT_DIR/full.ckpt``) or ``resume`` (resume from ``CKPT`` up to ``STEPS`` steps). Each rank writes
-``OUT_DIR/<MODE>-rank<r>.json``: its data-parallel rank, its batches, the bytes of parameters and optimizer state it
-held, and the full weights at the start and the end of training.
+Run as ``python model_parallel_fit.py OUT_DIR fit DP TP PLAN STEPS [RESUMED_STEPS]`` with
+``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher re-runs it for the other ranks. ``PLAN`` is ``tp``
+(tensor parallelism), ``fsdp`` (FSDP2) or ``both`` (tensor parallelism, then FSDP2 over the data-parallel dimension).
+It trains ``STEPS`` steps with gradient clipping, then saves a sharded checkpoint ``OUT_DIR/sharded.ckpt`` and a full
+one ``OUT_DIR/full.ckpt``. Given ``RESUMED_STEPS``, it then resumes, in the same processes, from each of them up to
+that many steps: the sharded one through the resume policy over ``OUT_DIR/ckpt``, which holds it and a newer copy
+with a damaged shard. Each rank writes ``OUT_DIR/<run>-rank<r>.json`` (``fit``, ``resume-sharded``, ``resume-full``):
+its data-parallel rank, its batches, the bytes of parameters and optimizer state it held, and the full weights at the
+start and the end of training.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,8 +89,8 @@ class Probe(Callback):
         )
 
 
-def main() -> None:
-    out, mode, dp, tp, plan, steps = Path(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:5]), *sys.argv[5:7]
+def run(out: Path, mode: str, dp: int, tp: int, plan: str, steps: int, ckpt_path: str | None = None) -> Trainer:
+    """One fit (a fresh seed, model, strategy and Trainer), its facts in ``OUT_DIR/<mode>-rank<r>.json``."""
     seed_everything(0, verbose=False)
     model = ParallelModel(plan)
     probe = Probe()
@@ -98,21 +101,42 @@ def main() -> None:
         devices=dp * tp,
         callbacks=[probe],
         gradient_clip_val=CLIP,
-        **trainer_kwargs(max_steps=int(steps)),
+        **trainer_kwargs(max_steps=steps),
     )
     loader = regression_loader(samples=32, batch_size=4)
-    if mode == "fit":
+    if ckpt_path is None:
         probe.facts["initial"] = {name: t.tolist() for name, t in model.state_dict().items()}
-        trainer.fit(model, train_dataloaders=loader)
+    trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
+    if ckpt_path is None:
         trainer.save_checkpoint(out / "sharded.ckpt")
         strategy._save_distributed_checkpoint = False
         trainer.save_checkpoint(out / "full.ckpt")
-    else:
-        ckpt_path = sys.argv[7]
-        if ckpt_path.startswith("auto:"):  # the resume policy over that folder, on every rank
-            ckpt_path = resolve_ckpt_path("auto", ckpt_path.removeprefix("auto:"))
-        trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
     (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
+    return trainer
+
+
+def damaged_newer_copy(checkpoint: Path, folder: Path) -> None:
+    """``folder`` with ``checkpoint`` intact and a copy one step newer whose rank-1 shard has bytes flipped."""
+    shutil.copytree(checkpoint, folder / "intact.ckpt")
+    newer = Path(shutil.copytree(checkpoint, folder / "newer.ckpt"))
+    meta = torch.load(newer / "meta.pt", weights_only=False)
+    torch.save({**meta, "global_step": meta["global_step"] + 1}, newer / "meta.pt")
+    shard = newer / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[:8] = bytes(b ^ 0xFF for b in data[:8])
+    shard.write_bytes(bytes(data))
+
+
+def main() -> None:
+    out, dp, tp, plan, steps = Path(sys.argv[1]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+    trainer = run(out, "fit", dp, tp, plan, steps)
+    if len(sys.argv) > 7:
+        if trainer.global_rank == 0:
+            damaged_newer_copy(out / "sharded.ckpt", out / "ckpt")
+        trainer.strategy.barrier()
+        sharded = resolve_ckpt_path("auto", out / "ckpt")  # every rank's policy skips the damaged copy
+        for kind, ckpt_path in (("sharded", str(sharded)), ("full", str(out / "full.ckpt"))):
+            run(out, f"resume-{kind}", dp, tp, plan, int(sys.argv[7]), ckpt_path)
 
 
 if __name__ == "__main__":
