@@ -1,8 +1,9 @@
 """A finished job exits 0 on every rank, through the interpreter's normal exit: torchrun and SLURM restart policies
 read a rank's abort at teardown ("terminate called without an active exception", 134) as a failed job and requeue a
-job that had finished. Tensor parallelism (DTensor) and ZeRO-3 are the runs that aborted now and then on torch 2.13, so
-each runs several times under torchrun, which reports every rank's exit code. The cause (a gloo worker that lets go
-of a finished collective during the interpreter's finalization) is reproduced deterministically in
+job that had finished. Tensor parallelism (DTensor) and ZeRO-3 are the runs that aborted now and then on torch 2.13:
+each runs under torchrun, which reports every rank's exit code, once in the suite and as often as
+LIGHTNING_GAUDI_TEST_EXIT_RUNS says for a statistical check (the issue's: 8). The cause (a gloo worker that lets go of
+a finished collective during the interpreter's finalization) is reproduced deterministically in
 tests/distributed/test_shutdown.py."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from lightning_utilities.core.imports import RequirementCache
 from lightning_gaudi import hpu
 
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
-RUNS = int(os.environ.get("LIGHTNING_GAUDI_TEST_EXIT_RUNS", "2"))  # the issue's check: 8
+RUNS = int(os.environ.get("LIGHTNING_GAUDI_TEST_EXIT_RUNS", "1"))
 
 
 def _torchrun(out: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
