@@ -14,6 +14,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from gpt_recipe import logs, task
 from gpt_recipe.data import StdlibTextDataModule, stdlib_source_files
 from gpt_recipe.model import GPTLanguageModel
 from helpers.configs import CONF_DIR, compose_train
+from omegaconf import DictConfig
 
 import lightning_gaudi.hydra as lg_hydra
 from lightning_gaudi import hpu
@@ -128,9 +130,10 @@ def _experiment_overrides(name: str) -> list[str]:
     "name",
     [
         pytest.param(n, marks=[pytest.mark.subprocess, *_needs_deepspeed(n)])
-        if n in ("gpt_ddp", "gpt_fsdp", "gpt_gaudi", "gpt_tp", "gpt_zero")
+        if n in ("gpt_fsdp", "gpt_gaudi", "gpt_tp", "gpt_zero")
         else n
         for n in EXPERIMENTS
+        if n != "gpt_ddp"  # the two-card profiler run trains it (12 steps: the profiler's schedule)
     ],
 )
 def test_experiment_fast_dev_run(name: str, isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -139,6 +142,10 @@ def test_experiment_fast_dev_run(name: str, isolated_env: pytest.MonkeyPatch, tm
     lg_hydra.run(cfg, task.train)
     results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
     assert results["global_step"] == 1
+    _assert_experiment_ran(cfg, results, tmp_path)
+
+
+def _assert_experiment_ran(cfg: DictConfig, results: dict[str, Any], folder: Path) -> None:
     parallel = cfg.strategy._target_ in (
         "lightning_gaudi.HPUParallelStrategy",
         "lightning_gaudi.HPUFSDPStrategy",
@@ -149,7 +156,7 @@ def test_experiment_fast_dev_run(name: str, isolated_env: pytest.MonkeyPatch, tm
     assert results["backend"] == (cfg.runtime.execution_mode or "eager")
     assert math.isfinite(results["metrics"]["val/loss"])
     if results["world_size"] > 1:
-        assert (tmp_path / ranks.RANK_CONFIG_FILE).is_file()
+        assert (folder / ranks.RANK_CONFIG_FILE).is_file()
         assert results["ddp_kwargs"].get("bucket_cap_mb") == cfg.strategy.get("bucket_cap_mb")
 
 
@@ -211,12 +218,15 @@ def test_profiler_hpu_traces_the_fit_into_the_run_folder_and_reports(
 @pytest.mark.subprocess
 def test_profiler_hpu_on_two_cards_writes_one_trace_per_rank(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The rank processes the app starts build the profiler from the job's resolved config: both trace into the run
-    folder, and rank zero's report reaches results.json."""
+    folder, and rank zero's report reaches results.json. The job is the gpt_ddp experiment's (its own checks too)."""
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")
-    cfg = compose_train([*_PROFILED_FIT, "strategy=hpu_parallel", "trainer.devices=2"], output_dir=tmp_path)
+    overrides = ["experiment=gpt_ddp", "data.num_workers=0", *_PROFILED_FIT, "trainer.val_check_interval=12"]
+    cfg = compose_train(overrides, output_dir=tmp_path)
     lg_hydra.run(cfg, task.train)
     results = json.loads((tmp_path / task.RESULTS_FILE).read_text())
+    assert results["global_step"] == 12
     assert results["world_size"] == 2
+    _assert_experiment_ran(cfg, results, tmp_path)
     assert results["profile"]["steps"] == 5
     traces = sorted(path.name for path in (tmp_path / "profiler").glob("*.pt.trace.json"))
     assert [name.split("-")[1] for name in traces] == ["0", "1"]  # fit-<local rank>-<step function>.<id>.pt.trace.json
