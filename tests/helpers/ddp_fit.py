@@ -3,7 +3,8 @@
 Run as ``python ddp_fit.py OUT_DIR BUCKET_CAP_MB GRADIENT_AS_BUCKET_VIEW STATIC_GRAPH STEPS`` with
 ``LIGHTNING_GAUDI_EMULATE=eager``. Lightning's popen launcher re-runs this script for rank 1. Each rank writes
 ``OUT_DIR/rank<r>.json``: what its ``DistributedDataParallel`` object holds, whether every gradient was a view into
-a bucket the reducer all-reduced, and its weights before and after training.
+a bucket the reducer all-reduced, and its weights before and after training. The test runs :func:`run` from
+``parallel_scenarios.py``, in processes shared with other scenarios.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def _weights(module: torch.nn.Module) -> dict[str, list[Any]]:
 class DDPProbe(Callback):
     """Reads the DDP wrapper and checks, after every backward, that each gradient lives in a reducer bucket."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: Path) -> None:
+        self.out = out
         self.facts: dict[str, Any] = {}
         self.buckets: list[torch.Tensor] = []
         self.views_per_step: list[bool] = []
@@ -79,18 +81,14 @@ class DDPProbe(Callback):
             final=_weights(pl_module),
             steps=trainer.global_step,
         )
-        out = Path(sys.argv[1]) / f"rank{trainer.global_rank}.json"
-        out.write_text(json.dumps(self.facts))
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.facts))
 
 
-def main() -> None:
-    bucket_cap_mb = float(sys.argv[2])
-    gradient_as_bucket_view = sys.argv[3] == "1"
-    static_graph = sys.argv[4] == "1"
-    steps = int(sys.argv[5])
+def run(out: Path, bucket_cap_mb: float, gradient_as_bucket_view: bool, static_graph: bool, steps: int) -> None:
+    """One fit (a fresh seed, model, strategy, Trainer and loader), its facts in ``out/rank<r>.json``."""
     seed_everything(0, verbose=False)
     model = RegressionModel()
-    probe = DDPProbe()
+    probe = DDPProbe(out)
     strategy = HPUParallelStrategy(
         bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=gradient_as_bucket_view,
@@ -101,6 +99,10 @@ def main() -> None:
         accelerator="hpu", strategy=strategy, devices=2, callbacks=[probe], **trainer_kwargs(max_steps=steps)
     )
     trainer.fit(model, train_dataloaders=regression_loader(samples=32, batch_size=4))
+
+
+def main() -> None:
+    run(Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5]))
 
 
 if __name__ == "__main__":

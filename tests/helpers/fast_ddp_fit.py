@@ -3,7 +3,8 @@
 Run as ``python fast_ddp_fit.py OUT_DIR ACCUMULATE`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
 launcher re-runs it for rank 1. Rank 1 starts from other weights than rank 0 (the strategy must broadcast rank 0's).
 4 optimizer steps of SGD, ``ACCUMULATE`` micro-batches of 4 samples each. Each rank writes ``OUT_DIR/rank<r>.json``:
-its weights when the fit starts and ends, its micro-batches, and how many gradient all-reduces ran.
+its weights when the fit starts and ends, its micro-batches, and how many gradient all-reduces ran. The test runs
+:func:`run` from ``parallel_scenarios.py``, in processes shared with other scenarios.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ class Perturbed(RegressionModel):
 
 
 class Probe(Callback):
-    def __init__(self) -> None:
+    def __init__(self, out: Path) -> None:
+        self.out = out
         self.facts: dict[str, Any] = {"batches": [], "gradient_all_reduces": 0}
+        self.original_all_reduce = dist.all_reduce
 
     def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
         self.facts["initial"] = {k: v.tolist() for k, v in pl_module.state_dict().items()}
         self.facts["wrapper"] = type(trainer.strategy.model).__name__
-        original = dist.all_reduce
+        original = self.original_all_reduce
         gradients = sum(p.numel() for p in pl_module.parameters())
 
         def counting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -54,21 +57,28 @@ class Probe(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
         self.facts["final"] = {k: v.tolist() for k, v in pl_module.state_dict().items()}
         self.facts["steps"] = trainer.global_step
-        (Path(sys.argv[1]) / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.facts))
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.facts))
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        dist.all_reduce = self.original_all_reduce  # later fits in this process count nothing
 
 
-def main() -> None:
-    accumulate = int(sys.argv[2])
+def run(out: Path, accumulate: int) -> None:
+    """One fit (a fresh seed, model, strategy, Trainer and loader), its facts in ``out/rank<r>.json``."""
     seed_everything(0, verbose=False)
     trainer = Trainer(
         accelerator="hpu",
         strategy="hpu_fast_ddp",
         devices=2,
-        callbacks=[Probe()],
+        callbacks=[Probe(out)],
         accumulate_grad_batches=accumulate,
         **trainer_kwargs(max_steps=STEPS),
     )
     trainer.fit(Perturbed(), train_dataloaders=regression_loader(samples=64, batch_size=4))
+
+
+def main() -> None:
+    run(Path(sys.argv[1]), int(sys.argv[2]))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ Run as ``python syncbn_fit.py OUT_DIR STEPS`` with ``LIGHTNING_GAUDI_EMULATE=eag
 re-runs it for rank 1. Buffers are not broadcast from rank 0 (``forward_sync_buffers=False``; ``broadcast_buffers``
 before torch 2.13), so the ranks' running statistics agree only if the batch norm itself synchronizes them. Each rank
 writes ``OUT_DIR/rank<r>.json``: its batches, the batch norm's class during and after the fit, and the weights and
-buffers before and after.
+buffers before and after. The test runs :func:`run` from ``parallel_scenarios.py``, in processes shared with other
+scenarios.
 """
 
 from __future__ import annotations
@@ -62,10 +63,10 @@ class Probe(Callback):
         self.facts["batches"].append([tensor.tolist() for tensor in batch])
 
 
-def main() -> None:
+def run(out: Path, steps: int) -> None:
+    """One fit (a fresh seed, model, strategy, Trainer and loader), its facts in ``out/rank<r>.json``."""
     from models import regression_loader, trainer_kwargs  # run as a script: this folder is on sys.path
 
-    out, steps = Path(sys.argv[1]), int(sys.argv[2])
     seed_everything(0, verbose=False)
     model = BNRegression()
     probe = Probe()
@@ -85,6 +86,10 @@ def main() -> None:
         steps=trainer.global_step,
     )
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
+
+
+def main() -> None:
+    run(Path(sys.argv[1]), int(sys.argv[2]))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""A real 2-process ``hpu_parallel`` run under eager emulation (gloo), checked against a 1-process reference."""
+"""Real 2-process ``hpu_parallel`` runs under eager emulation (gloo), checked against a 1-process reference.
+
+The DDP, synchronized batch norm and fast DDP fits run one after another in one 2-process job (the ``scenarios``
+fixture, once per pytest run): each test reads its fit's facts from the job's folder.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +16,55 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.models import make_net, regression_data
+from helpers.shared_job import run_once
 
 from lightning_gaudi import hpu
 
 STEPS = 4
 BATCH = 4  # per rank
+ACCUMULATE = 2  # the fast DDP fit's micro-batches per step
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
+#: (bucket_cap_mb, gradient_as_bucket_view, static_graph) of the DDP fits
+DDP_SETTINGS = [(0.5, True, True), (2, False, False)]
+
+
+def _ddp_name(bucket_cap_mb: float, gradient_as_bucket_view: bool, static_graph: bool) -> str:
+    """The job's subfolder of one DDP fit."""
+    return f"ddp-{bucket_cap_mb}-{int(gradient_as_bucket_view)}-{int(static_graph)}"
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job's folder: ``helpers/parallel_scenarios.py``'s fits in one 2-process job, each fit's facts in its own
+    subfolder, the job's stderr in ``stderr.txt``."""
+
+    def job(out: Path) -> None:
+        out.mkdir()
+        launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+        for name in launch_vars:  # a fresh launch: Lightning picks a free port
+            env.pop(name, None)
+        env[hpu.EMULATE_ENV] = "eager"
+        settings = [f"{_ddp_name(*s)}={s[0]},{int(s[1])},{int(s[2])}" for s in DDP_SETTINGS]
+        script = str(HELPERS_DIR / "parallel_scenarios.py")
+        command = [sys.executable, script, str(out), str(STEPS), str(ACCUMULATE), *settings]
+        proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=360)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        (out / "stderr.txt").write_text(proc.stderr)
+
+    return run_once(tmp_path_factory, "parallel-emulated-scenarios", job)
+
+
+@pytest.mark.subprocess
+def test_the_job_forms_one_process_group_for_all_its_fits(scenarios: Path) -> None:
+    """Lightning's start-up lines: one per rank, then rank zero's summary, naming the backend and the device; once in
+    the job, whose later fits keep the group the first one formed."""
+    stderr = (scenarios / "stderr.txt").read_text()
+    assert stderr.count("using: 2 HPUs, strategy HPUParallelStrategy") == len(DDP_SETTINGS) + 2  # every fit's Trainer
+    for rank in (0, 1):
+        assert stderr.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}") == 1
+    assert stderr.count("distributed_backend=gloo\nAll distributed processes registered. Starting with 2") == 1
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in stderr
 
 
 def _reference(initial: dict[str, list], batches: list[list[list[list[float]]]]) -> dict[str, torch.Tensor]:
@@ -43,40 +90,12 @@ def _rows(x: list[list[float]]) -> set[tuple[float, ...]]:
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize(
-    ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph"),
-    [(0.5, True, True), (2, False, False)],
-)
+@pytest.mark.parametrize(("bucket_cap_mb", "gradient_as_bucket_view", "static_graph"), DDP_SETTINGS)
 def test_two_process_hpu_parallel(
-    tmp_path: Path, bucket_cap_mb: float, gradient_as_bucket_view: bool, static_graph: bool
+    scenarios: Path, bucket_cap_mb: float, gradient_as_bucket_view: bool, static_graph: bool
 ) -> None:
-    launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
-    for name in launch_vars:  # a fresh launch: Lightning picks a free port
-        env.pop(name, None)
-    env[hpu.EMULATE_ENV] = "eager"
-    command = [
-        sys.executable,
-        str(HELPERS_DIR / "ddp_fit.py"),
-        str(tmp_path),
-        str(bucket_cap_mb),
-        str(int(gradient_as_bucket_view)),
-        str(int(static_graph)),
-        str(STEPS),
-    ]
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    # Lightning's start-up lines: one per rank, then rank zero's summary, naming the backend and the device
-    for rank in (0, 1):
-        assert (
-            proc.stderr.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}") == 1
-        )
-    assert proc.stderr.count("distributed_backend=gloo\nAll distributed processes registered. Starting with 2") == 1
-    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
-        proc.stderr
-    )
-
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    out = scenarios / _ddp_name(bucket_cap_mb, gradient_as_bucket_view, static_graph)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank, facts in enumerate(ranks):
         assert facts["global_rank"] == rank
         assert facts["world_size"] == 2
@@ -131,18 +150,10 @@ def _bn_reference(initial: dict[str, list], batches: list[tuple[list, list]]) ->
 
 
 @pytest.mark.subprocess
-def test_sync_batchnorm_in_eager_emulation(tmp_path: Path) -> None:
+def test_sync_batchnorm_in_eager_emulation(scenarios: Path) -> None:
     """Trainer(sync_batchnorm=True) with hpu_parallel: the running statistics of 2 ranks equal one process's over the
     union of their batches (buffers are not broadcast, so only the synchronization can make them agree)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name, None)
-    env[hpu.EMULATE_ENV] = "eager"
-    command = [sys.executable, str(HELPERS_DIR / "syncbn_fit.py"), str(tmp_path), str(STEPS)]
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((scenarios / "syncbn" / f"rank{r}.json").read_text()) for r in (0, 1)]
     for facts in ranks:
         assert facts["steps"] == STEPS
         assert facts["layer_sync"] == "HPUSyncBatchNorm"
@@ -188,19 +199,11 @@ def test_a_failed_job_ends_its_hung_rank(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
-def test_fast_ddp_equals_one_process_on_the_union(tmp_path: Path) -> None:
+def test_fast_ddp_equals_one_process_on_the_union(scenarios: Path) -> None:
     """``hpu_fast_ddp``: no DDP wrapper; rank 0's weights broadcast at set-up, the gradients averaged after backward
     in one flat buffer, not while they accumulate: both ranks end with the weights of one process on the union. (Two
     micro-batches per step cover both the accumulating and the stepping micro-batch.)"""
-    accumulate = 2
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name, None)
-    env[hpu.EMULATE_ENV] = "eager"
-    command = [sys.executable, str(HELPERS_DIR / "fast_ddp_fit.py"), str(tmp_path), str(accumulate)]
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((scenarios / "fast_ddp" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["initial"] == ranks[1]["initial"], "rank 0's weights were not broadcast"
     for facts in ranks:
         assert facts["wrapper"] == "Perturbed"  # the LightningModule itself: no DistributedDataParallel
@@ -212,9 +215,9 @@ def test_fast_ddp_equals_one_process_on_the_union(tmp_path: Path) -> None:
     micro = list(zip(ranks[0]["batches"], ranks[1]["batches"], strict=True))
     for step in range(STEPS):
         optimizer.zero_grad()
-        for (x0, y0), (x1, y1) in micro[step * accumulate : (step + 1) * accumulate]:
+        for (x0, y0), (x1, y1) in micro[step * ACCUMULATE : (step + 1) * ACCUMULATE]:
             loss = torch.nn.functional.mse_loss(net(torch.tensor(x0 + x1)), torch.tensor(y0 + y1))
-            (loss / accumulate).backward()
+            (loss / ACCUMULATE).backward()
         optimizer.step()
     for name, tensor in net.state_dict().items():
         final0, final1 = (torch.tensor(r["final"][f"net.{name}"]) for r in ranks)
