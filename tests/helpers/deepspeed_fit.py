@@ -1,35 +1,44 @@
-"""A real 2-process ``hpu_deepspeed`` fit under eager emulation, for ``tests/strategies/test_deepspeed_emulated.py``.
+"""Real 2-process ``hpu_deepspeed`` fits under eager emulation, for ``tests/strategies/test_deepspeed_emulated.py``.
 
-Run as ``python deepspeed_fit.py OUT_DIR STRATEGY MODE [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's
-popen launcher re-runs this script for rank 1. ``STRATEGY`` is a registered name (``hpu_deepspeed_stage_3``,
-``deepspeed_stage_2``...). Modes:
+Run as ``python deepspeed_fit.py OUT_DIR STRATEGY[,STRATEGY...] MODE`` with ``LIGHTNING_GAUDI_EMULATE=eager``;
+Lightning's popen launcher re-runs this script for rank 1, and the process group the first Trainer forms serves the
+later ones. ``STRATEGY`` is a registered name (``hpu_deepspeed_stage_3``, ``deepspeed_stage_2``...). Modes:
 
-- ``fit``: 4 steps of SGD on 32 samples, batch 4 per rank, then ``validate``, ``test`` and ``predict`` on the same
-  samples with the same Trainer (``OUT_DIR/rank<r>.eval.json``: both losses and how many rows this rank predicted);
+- ``fit``: for each strategy in the order given, 4 steps of SGD on 32 samples, batch 4 per rank, then ``validate``,
+  ``test`` and ``predict`` on the same samples with the same Trainer (``OUT_DIR/<STRATEGY>/rank<r>.eval.json``: both
+  losses and how many rows this rank predicted). A ZeRO-3 engine replaces ``torch.nn.functional.linear`` for the life
+  of the process: name ZeRO-3 strategies last;
 - ``checkpointed``: 2 epochs of 2 steps (16 samples), a checkpoint directory written at the end of each epoch into
-  ``OUT_DIR/ckpt``;
-- ``resume``: the same 2 epochs, resumed from the directory ``CKPT`` (``auto:<folder>``: the one the ``"auto"`` resume
-  policy picks in that folder).
-- ``short``: 2 steps of ``fit``, nothing else (for the exit code at teardown).
+  ``OUT_DIR/straight/ckpt``; then, in the same processes, the same 2 epochs resumed into ``OUT_DIR/resumed`` from the
+  first directory, and into ``OUT_DIR/auto`` from the one the ``"auto"`` resume policy picks in ``OUT_DIR/auto/ckpt``,
+  which rank 0 fills with copies of both directories, the newest made unloadable;
+- ``short``: 2 steps of ``fit`` into ``OUT_DIR``, nothing else (for the exit code at teardown).
 
-Each rank writes ``OUT_DIR/rank<r>.json``: its weights before and after training (gathered in full under ZeRO-3), the
-batches it trained on, and how many parameter elements it held during training.
+Every run is a fresh seed, model, strategy and Trainer; rank 0 starts it with the stderr line
+``deepspeed_fit: run <its folder's name>``. Each rank writes ``<its folder>/rank<r>.json``: its weights before and
+after training (gathered in full under ZeRO-3), the batches it trained on, how many parameter elements it held during
+training, and the checkpoint it resumed from.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from damage import make_unloadable
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwargs
 
 import lightning_gaudi  # noqa: F401  (registers the names)
 from lightning_gaudi.resume import resolve_ckpt_path
+
+MARKER = "deepspeed_fit: run "
 
 
 def _weights(module: torch.nn.Module) -> dict[str, list[Any]]:
@@ -42,7 +51,8 @@ def _weights(module: torch.nn.Module) -> dict[str, list[Any]]:
 
 
 class DeepSpeedProbe(Callback):
-    def __init__(self) -> None:
+    def __init__(self, out: Path) -> None:
+        self.out = out
         self.facts: dict[str, Any] = {"batches": [], "held": [], "total": []}
 
     def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
@@ -71,15 +81,19 @@ class DeepSpeedProbe(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
         self.facts.update(final=_weights(pl_module), steps=trainer.global_step)
-        out = Path(sys.argv[1]) / f"rank{trainer.global_rank}.json"
-        out.write_text(json.dumps(self.facts))
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.facts))
 
 
-def main() -> None:
-    out, strategy, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+def run(out: Path, strategy: str, mode: str, ckpt_path: str | None = None) -> Trainer:
+    """One fit of ``mode`` (a fresh seed, model, strategy and Trainer) into ``out``, resumed from ``ckpt_path``; rank 0
+    first prints the line ``deepspeed_fit: run <out's name>`` to stderr, where the run's own lines follow."""
+    out.mkdir(parents=True, exist_ok=True)
+    if rank_zero_only.rank == 0:
+        print(f"{MARKER}{out.name}", file=sys.stderr, flush=True)
     seed_everything(0, verbose=False)
     model = Evaluated()
-    probe = DeepSpeedProbe()
+    probe = DeepSpeedProbe(out)
+    probe.facts["ckpt_path"] = ckpt_path
     callbacks: list[Callback] = [probe]
     if mode in ("fit", "short"):
         kwargs = trainer_kwargs(max_steps=4 if mode == "fit" else 2)
@@ -89,12 +103,36 @@ def main() -> None:
         loader = regression_loader(samples=16, batch_size=4)
         callbacks.append(ModelCheckpoint(dirpath=out / "ckpt", every_n_epochs=1, save_top_k=-1))
     trainer = Trainer(accelerator="hpu", strategy=strategy, devices=2, callbacks=callbacks, **kwargs)
-    ckpt_path = sys.argv[4] if mode == "resume" else None
-    if ckpt_path is not None and ckpt_path.startswith("auto:"):  # the resume policy over that folder
-        ckpt_path = resolve_ckpt_path("auto", ckpt_path.removeprefix("auto:"))
     trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
     if mode == "fit":
         evaluate_after_fit(trainer, model, loader, out / f"rank{trainer.global_rank}.eval.json")
+    return trainer
+
+
+def unloadable_newest(checkpoints: Path, folder: Path) -> None:
+    """``folder`` with copies of the two checkpoint directories in ``checkpoints``, the newest one's model states
+    rewritten to verify but not load."""
+    shutil.copytree(checkpoints / "epoch=0-step=2.ckpt", folder / "epoch=0-step=2.ckpt")
+    broken = Path(shutil.copytree(checkpoints / "epoch=1-step=4.ckpt", folder / "epoch=1-step=4.ckpt"))
+    for states in (broken / "checkpoint").glob("*model_states.pt"):
+        make_unloadable(states)
+
+
+def main() -> None:
+    out, strategies, mode = Path(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
+    if mode == "short":
+        run(out, strategies[0], mode)
+    elif mode == "fit":
+        for strategy in strategies:
+            run(out / strategy, strategy, mode)
+    else:
+        trainer = run(out / "straight", strategies[0], mode)
+        run(out / "resumed", strategies[0], mode, str(out / "straight" / "ckpt" / "epoch=0-step=2.ckpt"))
+        if trainer.global_rank == 0:
+            unloadable_newest(out / "straight" / "ckpt", out / "auto" / "ckpt")
+        trainer.strategy.barrier()
+        ckpt_path = resolve_ckpt_path("auto", out / "auto" / "ckpt")  # on every rank
+        run(out / "auto", strategies[0], mode, ckpt_path)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
 """Real 2-process ``hpu_deepspeed`` fits under eager emulation (DeepSpeed's CPU accelerator, gloo), checked against
-one process on the union of the batches, and a checkpoint directory resumed."""
+one process on the union of the batches, and a checkpoint directory resumed.
+
+Two 2-process jobs of ``helpers/deepspeed_fit.py``, each once per pytest run: the ZeRO-2 and ZeRO-3 fits one after
+another (the ``fits`` fixture), and a checkpointed ZeRO-3 run followed by its two resumes (the ``straight`` fixture).
+Each test reads its run's facts from the run's subfolder, and its stderr lines from the job's ``stderr.txt``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +18,11 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.damage import make_unloadable
 from helpers.models import regression_data
 from helpers.shared_job import run_once
 from lightning_utilities.core.imports import RequirementCache
 
-from lightning_gaudi import hpu, resume
+from lightning_gaudi import hpu
 from strategies.test_fsdp_emulated import assert_evaluated
 from strategies.test_parallel_emulated import _reference, _rows
 
@@ -31,16 +35,26 @@ pytestmark = [
 ]
 
 
-def _run(out: Path, strategy: str, mode: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run(out: Path, strategy: str, mode: str) -> None:
+    """One 2-process job into the new folder ``out``, its stderr kept in ``out/stderr.txt``."""
+    out.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
         env.pop(name, None)
     env.pop("DS_ACCELERATOR", None)  # the strategy chooses it
     env[hpu.EMULATE_ENV] = "eager"
-    command = [sys.executable, str(HELPERS_DIR / "deepspeed_fit.py"), str(out), strategy, mode, *extra]
-    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=240)
+    command = [sys.executable, str(HELPERS_DIR / "deepspeed_fit.py"), str(out), strategy, mode]
+    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=360)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return proc
+    (out / "stderr.txt").write_text(proc.stderr)
+
+
+def _stderr_of_run(job: Path, run: str) -> str:
+    """The lines of the job's stderr from the start of ``run`` (rank 0's line naming it) to the start of the next."""
+    parts = re.split(r"^deepspeed_fit: run (\S+)\n", (job / "stderr.txt").read_text(), flags=re.MULTILINE)
+    names = parts[1::2]
+    assert names.count(run) == 1, names
+    return parts[2::2][names.index(run)]
 
 
 def _ranks(out: Path) -> list[dict[str, Any]]:
@@ -51,18 +65,33 @@ def _tensors(weights: dict[str, list[Any]]) -> dict[str, torch.Tensor]:
     return {name: torch.tensor(value) for name, value in weights.items()}
 
 
-@pytest.mark.parametrize(
-    ("strategy", "stage"),
-    # ZeRO-1 runs the same DeepSpeed optimizer as ZeRO-2 (gradients kept whole); its name and config are unit-tested
-    [("deepspeed_stage_2", 2), ("hpu_deepspeed_stage_3", 3)],
-)
-def test_two_ranks_match_one_process_on_the_union(tmp_path: Path, strategy: str, stage: int) -> None:
+# ZeRO-1 runs the same DeepSpeed optimizer as ZeRO-2 (gradients kept whole); its name and config are unit-tested.
+# ZeRO-3 comes last: its engine replaces torch.nn.functional.linear for the life of the process.
+FITS = [("deepspeed_stage_2", 2), ("hpu_deepspeed_stage_3", 3)]
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ZeRO fits one after another in one 2-process job, each into the subfolder named by its strategy."""
+
+    def job(out: Path) -> None:
+        _run(out, ",".join(strategy for strategy, _ in FITS), "fit")
+
+    return run_once(tmp_path_factory, "deepspeed-fits", job)
+
+
+def test_the_fit_job_forms_one_process_group_for_all_its_fits(fits: Path) -> None:
+    stderr = (fits / "stderr.txt").read_text()
+    assert stderr.count("distributed_backend=gloo\nAll distributed processes registered. Starting with 2") == 1
+
+
+@pytest.mark.parametrize(("strategy", "stage"), FITS)
+def test_two_ranks_match_one_process_on_the_union(fits: Path, strategy: str, stage: int) -> None:
     """ZeRO with SGD and no clipping: both ranks end with the weights one process reaches on the union of their
     batches (Lightning's name ``deepspeed_stage_2`` runs the HPU strategy too); under ZeRO-3 each rank holds about
     half of the parameters while it trains."""
-    proc = _run(tmp_path, strategy, "fit")
-    assert proc.stderr.count("distributed_backend=gloo\nAll distributed processes registered. Starting with 2") == 1
-    ranks = _ranks(tmp_path)
+    out = fits / strategy
+    ranks = _ranks(out)
     for rank, facts in enumerate(ranks):
         assert facts["global_rank"] == rank
         assert facts["strategy"] == "HPUDeepSpeedStrategy"
@@ -93,25 +122,31 @@ def test_two_ranks_match_one_process_on_the_union(tmp_path: Path, strategy: str,
         torch.testing.assert_close(final0[name], tensor, rtol=1e-5, atol=1e-6)
         assert not torch.equal(final0[name], torch.tensor(initial[name])), f"{name} never trained"
     assert any(not torch.allclose(alone[n], expected[n], rtol=1e-3, atol=1e-4) for n in expected), "cannot tell"
-    assert_evaluated(tmp_path, final0)  # validate, test and predict after fit, on the same Trainer
+    assert_evaluated(out, final0)  # validate, test and predict after fit, on the same Trainer
 
 
-def _straight(out: Path) -> None:
-    out.mkdir(parents=True)
+def _checkpointed(out: Path) -> None:
     _run(out, "hpu_deepspeed_stage_3", "checkpointed")
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ZeRO-3 run of 2 epochs with a checkpoint directory after each, shared by the resume tests (read only)."""
-    return run_once(tmp_path_factory, "deepspeed-zero3-straight", _straight)
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ZeRO-3 run of 2 epochs with a checkpoint directory after each (``straight``), then in the same processes
+    epoch 2 resumed from the first directory (``resumed``) and through the ``"auto"`` policy over copies of both, the
+    newest made unloadable (``auto``)."""
+    return run_once(tmp_path_factory, "deepspeed-zero3-checkpointed", _checkpointed)
 
 
-def test_a_checkpoint_directory_resumes_to_the_same_weights(straight: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def straight(job: Path) -> Path:
+    """The uninterrupted run's folder (read only)."""
+    return job / "straight"
+
+
+def test_a_checkpoint_directory_resumes_to_the_same_weights(job: Path, straight: Path) -> None:
     """ZeRO-3 (every rank writes its shards): 2 epochs straight, and epoch 2 resumed from the directory written after
     epoch 1, end with the same weights; no staging directory is left behind."""
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
+    resumed = job / "resumed"
     written = sorted(path.name for path in (straight / "ckpt").iterdir())
     assert written == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"]
     first = straight / "ckpt" / "epoch=0-step=2.ckpt"
@@ -119,7 +154,6 @@ def test_a_checkpoint_directory_resumes_to_the_same_weights(straight: Path, tmp_
     shards = sorted(path.name for path in (first / "checkpoint").iterdir())
     assert "zero_pp_rank_0_mp_rank_00_model_states.pt" in shards
     assert "zero_pp_rank_1_mp_rank_00_model_states.pt" in shards
-    _run(resumed, "hpu_deepspeed_stage_3", "resume", str(first))
     facts_straight, facts_resumed = _ranks(straight), _ranks(resumed)
     assert facts_straight[0]["steps"] == facts_resumed[0]["steps"] == 4
     assert len(facts_resumed[0]["batches"]) == 2  # only the second epoch ran again
@@ -129,27 +163,27 @@ def test_a_checkpoint_directory_resumes_to_the_same_weights(straight: Path, tmp_
         for name, tensor in final.items():
             # only 2 of the 4 steps ran here: equal weights mean the first 2 came from the checkpoint
             torch.testing.assert_close(again[name], tensor, rtol=0, atol=0)
+    assert facts_resumed[0]["ckpt_path"] == facts_resumed[1]["ckpt_path"] == str(first)
     assert not list((straight / "ckpt").glob(".*.tmp")), "a staging directory was left behind"
 
 
-def test_a_checkpoint_that_fails_to_load_is_moved_aside_on_every_rank(straight: Path, tmp_path: Path) -> None:
+def test_a_checkpoint_that_fails_to_load_is_moved_aside_on_every_rank(job: Path, straight: Path) -> None:
     """The newest checkpoint verifies but fails to load on both ranks: it is moved aside, named once, and both ranks
     resume from the older one, to the uninterrupted run's weights."""
-    resumed = tmp_path / "resumed"
+    resumed = job / "auto"
     ckpt = resumed / "ckpt"
-    ckpt.mkdir(parents=True)
-    shutil.copytree(straight / "ckpt" / "epoch=0-step=2.ckpt", ckpt / "epoch=0-step=2.ckpt")
-    broken = Path(shutil.copytree(straight / "ckpt" / "epoch=1-step=4.ckpt", ckpt / "epoch=1-step=4.ckpt"))
-    for states in (broken / "checkpoint").glob("*model_states.pt"):
-        make_unloadable(states)
-    assert resume.resolve_ckpt_path("auto", ckpt) == str(broken)  # nothing in its bytes tells
-    proc = _run(resumed, "hpu_deepspeed_stage_3", "resume", f"auto:{ckpt}")
-    warnings = [line for line in proc.stderr.splitlines() if "could not load the checkpoint" in line]
-    assert len(warnings) == 1, proc.stderr[-4000:]
+    broken = ckpt / "epoch=1-step=4.ckpt"
+    facts_straight, facts_resumed = _ranks(straight), _ranks(resumed)
+    for facts in facts_resumed:
+        assert facts["ckpt_path"] == str(broken)  # the policy's pick on every rank: nothing in its bytes tells
+    stderr = _stderr_of_run(job, "auto")
+    warnings = [line for line in stderr.splitlines() if "could not load the checkpoint" in line]
+    assert len(warnings) == 1, stderr[-4000:]
     assert str(broken) in warnings[0]
     assert f"resuming from {ckpt / 'epoch=0-step=2.ckpt'}" in warnings[0]
     assert (ckpt / "epoch=1-step=4.ckpt.unloadable" / "checkpoint").is_dir()  # moved, not deleted
-    facts_straight, facts_resumed = _ranks(straight), _ranks(resumed)
+    assert sorted(path.name for path in (straight / "ckpt").iterdir()) == ["epoch=0-step=2.ckpt", "epoch=1-step=4.ckpt"]
+    assert not list((straight / "ckpt").glob(".*.tmp")), "the straight run's own checkpoints were touched"
     assert facts_resumed[0]["batches"] == facts_straight[0]["batches"][2:]  # from step 2, on both ranks
     for rank in (0, 1):
         final, again = _tensors(facts_straight[rank]["final"]), _tensors(facts_resumed[rank]["final"])
