@@ -2,7 +2,7 @@
 one process on the union of the batches, and a checkpoint directory resumed.
 
 Two 2-process jobs of ``helpers/deepspeed_fit.py``, each once per pytest run: the ZeRO-2 and ZeRO-3 fits one after
-another (the ``fits`` fixture), and a checkpointed ZeRO-3 run followed by its two resumes (the ``straight`` fixture).
+another (the ``fits`` fixture), and a checkpointed ZeRO-3 run followed by its two resumes (the ``job`` fixture).
 Each test reads its run's facts from the run's subfolder, and its stderr lines from the job's ``stderr.txt``.
 """
 
