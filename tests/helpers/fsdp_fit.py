@@ -1,17 +1,26 @@
 """A real 2-process ``hpu_fsdp`` fit under eager emulation, for ``tests/strategies/test_fsdp_emulated.py``.
 
-Run as ``python fsdp_fit.py OUT_DIR MODE STEPS [CKPT]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
-launcher re-runs it for rank 1. ``MODE`` is ``fit`` (train ``STEPS`` steps, then save the run as a sharded checkpoint
-``OUT_DIR/sharded.ckpt`` and as a full one ``OUT_DIR/full.ckpt``, then validate, test and predict:
-``OUT_DIR/rank<r>.eval.json``), ``resume`` (resume from ``CKPT`` up to ``STEPS`` steps), ``checkpointed`` (``STEPS``
-epochs, a sharded checkpoint after each in ``OUT_DIR/ckpt``) or ``resume-auto`` (the same, resumed from what the
-``"auto"`` resume policy picks in ``OUT_DIR/ckpt``). Each rank writes ``OUT_DIR/<MODE>-rank<r>.json``: its batches, how
-many parameter and optimizer-state elements it held during training, and the full weights (gathered) at the start and
-the end of training.
+Run as ``python fsdp_fit.py OUT_DIR MODE STEPS [ARGS...]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
+launcher re-runs it for rank 1. ``MODE`` is
+
+- ``fit`` (``ARGS``: ``RESUMED_STEPS``): train ``STEPS`` steps, then save the run as a sharded checkpoint
+  ``OUT_DIR/sharded.ckpt`` and as a full one ``OUT_DIR/full.ckpt`` (rank 0 writes the sha256 of each of their files to
+  ``OUT_DIR/saved.json``), then validate, test and predict (``OUT_DIR/rank<r>.eval.json``); then, in the same
+  processes and process group, resume from each of the two checkpoints up to ``RESUMED_STEPS`` steps
+  (``OUT_DIR/resume-sharded-rank<r>.json``, ``OUT_DIR/resume-full-rank<r>.json``);
+- ``checkpointed``: ``STEPS`` epochs, a sharded checkpoint after each in ``OUT_DIR/ckpt``;
+- ``resume-auto`` (``ARGS``: ``CASE...``): for each folder ``OUT_DIR/CASE`` in turn, the same as ``checkpointed`` in
+  it, resumed from what the ``"auto"`` resume policy picks in ``OUT_DIR/CASE/ckpt``; rank 0 first prints the line
+  ``CASE_MARKER + CASE`` to stderr.
+
+Each training (one Trainer, with a model, strategy and loader of its own, seeded afresh: what a process of its own
+would train) writes ``<folder>/<name>-rank<r>.json`` on each rank: its batches, how many parameter and optimizer-state
+elements it held during training, and the full weights (gathered) at the start and the end of training.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -20,6 +29,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwargs
 from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -27,6 +37,7 @@ from lightning_gaudi import HPUFSDPStrategy
 from lightning_gaudi.resume import resolve_ckpt_path
 
 MOMENTUM = 0.9
+CASE_MARKER = "fsdp_fit.py: resume-auto in "  # the test splits stderr at these lines
 
 
 class MomentumModel(Evaluated):
@@ -38,6 +49,12 @@ def full_weights(trainer: Trainer, module: torch.nn.Module) -> dict[str, list[An
     """Every rank's view of the whole model: FSDP gathers the shards (a collective: call it on every rank)."""
     with FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False):
         return {name: tensor.detach().cpu().tolist() for name, tensor in module.state_dict().items()}
+
+
+def fingerprint(path: Path) -> dict[str, str]:
+    """The sha256 of each file of the checkpoint ``path`` (a file or a folder), by its path relative to ``path``."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 class FSDPProbe(Callback):
@@ -70,8 +87,9 @@ class FSDPProbe(Callback):
         self.facts.update(final=full_weights(trainer, pl_module), steps=trainer.global_step)
 
 
-def main() -> None:
-    out, mode, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+def train(out: Path, mode: str, steps: int, ckpt_path: Path | None = None, facts: str | None = None) -> None:
+    """One Trainer's run of ``mode`` (``fit``, ``resume`` from ``ckpt_path``, ``checkpointed`` or ``resume-auto``) in
+    ``out``; writes ``out/<facts or mode>-rank<r>.json``. Everything it trains with is new and seeded here."""
     seed_everything(0, verbose=False)
     model = MomentumModel()
     probe = FSDPProbe()
@@ -92,11 +110,33 @@ def main() -> None:
         trainer.fit(model, train_dataloaders=loader)
         trainer.save_checkpoint(out / "sharded.ckpt")
         strategy.state_dict_type = "full"
-        trainer.save_checkpoint(out / "full.ckpt")
+        trainer.save_checkpoint(out / "full.ckpt")  # every rank has passed its barrier: both are complete now
+        if trainer.is_global_zero:
+            saved = {kind: fingerprint(out / f"{kind}.ckpt") for kind in ("sharded", "full")}
+            (out / "saved.json").write_text(json.dumps(saved))
         evaluate_after_fit(trainer, model, loader, out / f"rank{trainer.global_rank}.eval.json")
     else:
-        trainer.fit(model, train_dataloaders=loader, ckpt_path=sys.argv[4])
-    (out / f"{mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
+        trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
+    (out / f"{facts or mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
+
+
+@rank_zero_only
+def announce(case: str) -> None:
+    print(f"{CASE_MARKER}{case}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    out, mode, steps, args = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+    if mode == "fit":
+        train(out, mode, steps)
+        for kind in ("sharded", "full"):
+            train(out, "resume", int(args[0]), out / f"{kind}.ckpt", facts=f"resume-{kind}")
+    elif mode == "resume-auto":
+        for case in args:
+            announce(case)
+            train(out / case, mode, steps)
+    else:
+        train(out, mode, steps)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 """A real 2-process ``hpu_fsdp`` run under eager emulation (gloo): weights against a 1-process reference, per-rank
-shards, and resuming from a sharded and from a full checkpoint."""
+shards, and resuming from a sharded and from a full checkpoint.
+
+Each launched job trains several times in the same two processes (new Trainers reusing the process group): a Python
+process importing Lightning costs seconds of CPU to start."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +27,7 @@ STEPS = 4
 RESUMED_STEPS = 6
 BATCH = 4  # per rank
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
+CASE_MARKER = "fsdp_fit.py: resume-auto in "  # helpers/fsdp_fit.py's line before each folder it resumes in
 
 
 def _run(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -63,12 +68,12 @@ def _reference(initial: dict[str, list[Any]], steps: list[tuple[Any, Any]]) -> d
 
 
 def _fit(out: Path) -> None:
-    (out / "stderr.txt").write_text(_run(out, "fit", str(STEPS)).stderr)
+    (out / "stderr.txt").write_text(_run(out, "fit", str(STEPS), str(RESUMED_STEPS)).stderr)
 
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The 2-process fit's folder and stderr."""
+    """The 2-process fit's folder and stderr; the same job then resumed from its sharded and its full checkpoint."""
     out = run_once(tmp_path_factory, "fsdp-fit", _fit)
     return out, (out / "stderr.txt").read_text()
 
@@ -126,9 +131,11 @@ def assert_evaluated(out: Path, final: dict[str, torch.Tensor]) -> None:
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("kind", ["sharded", "full"])
-def test_a_checkpoint_resumes_to_the_same_weights(fitted: tuple[Path, str], tmp_path: Path, kind: str) -> None:
+def test_a_checkpoint_resumes_to_the_same_weights(fitted: tuple[Path, str], kind: str) -> None:
     out, _ = fitted
     checkpoint = out / f"{kind}.ckpt"
+    # the files as the fit saved them: the resumes read them and left every byte as it was
+    assert _fingerprint(checkpoint) == json.loads((out / "saved.json").read_text())[kind]
     if kind == "sharded":  # a directory of shards, renamed into place complete: no staging directory is left
         assert checkpoint.is_dir()
         assert (checkpoint / "meta.pt").is_file()
@@ -137,9 +144,8 @@ def test_a_checkpoint_resumes_to_the_same_weights(fitted: tuple[Path, str], tmp_
         assert checkpoint.is_file()
         state = torch.load(checkpoint, weights_only=False)
         assert set(state["state_dict"]) == set(_ranks(out, "fit")[0]["initial"])  # full, plain parameter names
-    _run(tmp_path, "resume", str(RESUMED_STEPS), str(checkpoint))
 
-    fitted_ranks, resumed = _ranks(out, "fit"), _ranks(tmp_path, "resume")
+    fitted_ranks, resumed = _ranks(out, "fit"), _ranks(out, f"resume-{kind}")
     for facts in resumed:
         assert facts["start_step"] == STEPS
         assert facts["steps"] == RESUMED_STEPS
@@ -168,8 +174,9 @@ def test_a_damaged_sharded_checkpoint_resumes_from_the_intact_older_one_on_every
     written = sorted(p.name for p in (straight / "ckpt").iterdir())
     assert written == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt"]
     final = _ranks(straight, "checkpointed")[0]["final"]
-    for checksums in (True, False):
-        run = tmp_path / f"checksums-{checksums}"
+    cases = {checksums: f"checksums-{checksums}" for checksums in (True, False)}
+    for checksums, case in cases.items():
+        run = tmp_path / case
         for name in written[:2]:
             shutil.copytree(straight / "ckpt" / name, run / "ckpt" / name)
         newest = run / "ckpt" / written[1]
@@ -179,10 +186,33 @@ def test_a_damaged_sharded_checkpoint_resumes_from_the_intact_older_one_on_every
         shard.write_bytes(bytes(data))
         if not checksums:
             (newest / resume.CHECKSUMS_FILENAME).unlink()
-        proc = _run(run, "resume-auto", "3")
-        moved = [line for line in proc.stderr.splitlines() if "could not load the checkpoint" in line]
-        assert len(moved) == (0 if checksums else 1), proc.stderr[-4000:]
+    stderr = _run(tmp_path, "resume-auto", "3", *cases.values()).stderr  # both cases in turn, in one job
+    output = _split_cases(stderr)
+    assert list(output) == list(cases.values()), stderr[-4000:]
+    for checksums, case in cases.items():
+        run = tmp_path / case
+        newest = run / "ckpt" / written[1]
+        moved = [line for line in output[case].splitlines() if "could not load the checkpoint" in line]
+        assert len(moved) == (0 if checksums else 1), output[case][-4000:]
+        assert all(str(newest) in line for line in moved), moved
         assert Path(f"{newest}.unloadable").is_dir() is not checksums  # moved aside, never deleted
         for rank, facts in enumerate(_ranks(run, "resume-auto")):
             assert facts["start_step"] == 4, f"rank {rank} did not resume from the intact older checkpoint"
             assert facts["final"] == final, f"rank {rank} ended elsewhere than the uninterrupted run"
+
+
+def _fingerprint(path: Path) -> dict[str, str]:
+    """The sha256 of each file of the checkpoint ``path``, as helpers/fsdp_fit.py records them after saving."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def _split_cases(stderr: str) -> dict[str, str]:
+    """A ``resume-auto`` job's stderr, from each case's marker line to the next, by case."""
+    output: dict[str, list[str]] = {}
+    lines: list[str] = []
+    for line in stderr.splitlines():
+        if line.startswith(CASE_MARKER):
+            lines = output.setdefault(line.removeprefix(CASE_MARKER), [])
+        lines.append(line)
+    return {case: "\n".join(lines) for case, lines in output.items()}
