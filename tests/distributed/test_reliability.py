@@ -95,10 +95,14 @@ def test_a_killed_rank_resumes_and_finishes_every_time(tmp_path: Path) -> None:
         args = ("--max-steps", str(max_steps), "--every", str(every), *_kill(rank, step))
         codes, log = run_two_node_job(out, *args, monitor_interval=1.0)
         assert codes == [0, 0], f"run {run} (rank {rank} killed after step {step}) failed:\n{log[-8000:]}"
-        # the survivor's error names the failed collective, the lost peer and the timeout
-        assert "PeerLostError: Rank " in log, log[-8000:]
-        assert "failed: a peer process died (its connection closed" in log
-        assert "timeout=0:00:20, set by HPUParallelStrategy(timeout=...)" in log
+        # the survivor's error names the failed collective, the lost peer and the timeout, unless its agent, restarting
+        # the job, stopped it first: a race torchrun decides (the error itself: test_collective_faults, test_errors)
+        if "PeerLostError: Rank " in log:
+            assert "failed: a peer process died (its connection closed" in log
+            assert "timeout=0:00:20, set by HPUParallelStrategy(timeout=...)" in log
+        else:
+            assert "closing signal SIGTERM" in log, log[-8000:]
+        assert "CollectiveTimeoutError" not in log, log[-8000:]  # no rank waited out the timeout (the stop vote did)
         _assert_weights(out, max_steps)  # so every step was applied exactly once, on both ranks
         expected_resume = step // every * every  # the newest checkpoint written before the kill
         for r in range(2):
