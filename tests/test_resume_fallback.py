@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from helpers.damage import make_unloadable
+from helpers.damage import flip_bytes, make_unloadable
 from helpers.models import RegressionModel, trainer_kwargs
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -122,10 +122,7 @@ def _sharded() -> HPUFSDPStrategy:
 
 def _damage_a_shard(folder: Path) -> None:
     """Overwrites 8 bytes at the start of the shard, keeping its length: torch's reader fails on it."""
-    shard = folder / "__0_0.distcp"
-    data = bytearray(shard.read_bytes())
-    data[:8] = bytes(b ^ 0xFF for b in data[:8])
-    shard.write_bytes(bytes(data))
+    flip_bytes(folder / "__0_0.distcp")
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -1,7 +1,8 @@
-"""Checkpoints that verify but do not load, for the resume tests."""
+"""Checkpoints damaged on purpose (and their fingerprints), for the resume tests."""
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import types
 from pathlib import Path
@@ -22,3 +23,16 @@ def make_unloadable(path: Path) -> None:
         torch.save(checkpoint, path)
     finally:
         del sys.modules[module.__name__]
+
+
+def flip_bytes(path: Path, count: int = 8) -> None:
+    """Inverts the first ``count`` bytes of the file ``path``, keeping its length (a shard torch's reader fails on)."""
+    data = bytearray(path.read_bytes())
+    data[:count] = bytes(b ^ 0xFF for b in data[:count])
+    path.write_bytes(bytes(data))
+
+
+def fingerprint(path: Path) -> dict[str, str]:
+    """The sha256 of each file of the checkpoint ``path`` (a file or a folder), by its path relative to ``path``."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}

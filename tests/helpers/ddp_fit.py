@@ -1,16 +1,13 @@
 """A real 2-process ``hpu_parallel`` fit under eager emulation, for ``tests/strategies/test_parallel_emulated.py``.
 
-Run as ``python ddp_fit.py OUT_DIR BUCKET_CAP_MB GRADIENT_AS_BUCKET_VIEW STATIC_GRAPH STEPS`` with
-``LIGHTNING_GAUDI_EMULATE=eager``. Lightning's popen launcher re-runs this script for rank 1. Each rank writes
-``OUT_DIR/rank<r>.json``: what its ``DistributedDataParallel`` object holds, whether every gradient was a view into
-a bucket the reducer all-reduced, and its weights before and after training. The test runs :func:`run` from
-``parallel_scenarios.py``, in processes shared with other scenarios.
+:func:`run` is one of the fits ``parallel_scenarios.py`` runs in its rank processes. Each rank writes
+``OUT/rank<r>.json``: what its ``DistributedDataParallel`` object holds, whether every gradient was a view into a
+bucket the reducer all-reduced, and its weights before and after training.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +96,3 @@ def run(out: Path, bucket_cap_mb: float, gradient_as_bucket_view: bool, static_g
         accelerator="hpu", strategy=strategy, devices=2, callbacks=[probe], **trainer_kwargs(max_steps=steps)
     )
     trainer.fit(model, train_dataloaders=regression_loader(samples=32, batch_size=4))
-
-
-def main() -> None:
-    run(Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5]))
-
-
-if __name__ == "__main__":
-    main()

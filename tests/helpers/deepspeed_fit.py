@@ -14,8 +14,8 @@ later ones. ``STRATEGY`` is a registered name (``hpu_deepspeed_stage_3``, ``deep
   which rank 0 fills with copies of both directories, the newest made unloadable;
 - ``short``: 2 steps of ``fit`` into ``OUT_DIR``, nothing else (for the exit code at teardown).
 
-Every run is a fresh seed, model, strategy and Trainer; rank 0 starts it with the stderr line
-``deepspeed_fit: run <its folder's name>``. Each rank writes ``<its folder>/rank<r>.json``: its weights before and
+Every run is a fresh seed, model, strategy and Trainer; rank 0 starts it with ``job_runs.announce_run(<its folder's
+name>)``. Each rank writes ``<its folder>/rank<r>.json``: its weights before and
 after training (gathered in full under ZeRO-3), the batches it trained on, how many parameter elements it held during
 training, and the checkpoint it resumed from.
 """
@@ -30,15 +30,13 @@ from typing import Any
 
 import torch
 from damage import make_unloadable
+from job_runs import announce_run
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_only
 from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwargs
 
 import lightning_gaudi  # noqa: F401  (registers the names)
 from lightning_gaudi.resume import resolve_ckpt_path
-
-MARKER = "deepspeed_fit: run "
 
 
 def _weights(module: torch.nn.Module) -> dict[str, list[Any]]:
@@ -85,11 +83,10 @@ class DeepSpeedProbe(Callback):
 
 
 def run(out: Path, strategy: str, mode: str, ckpt_path: str | None = None) -> Trainer:
-    """One fit of ``mode`` (a fresh seed, model, strategy and Trainer) into ``out``, resumed from ``ckpt_path``; rank 0
-    first prints the line ``deepspeed_fit: run <out's name>`` to stderr, where the run's own lines follow."""
+    """One fit of ``mode`` (a fresh seed, model, strategy and Trainer) into ``out``, resumed from ``ckpt_path``,
+    announced in stderr under ``out``'s name."""
     out.mkdir(parents=True, exist_ok=True)
-    if rank_zero_only.rank == 0:
-        print(f"{MARKER}{out.name}", file=sys.stderr, flush=True)
+    announce_run(out.name)
     seed_everything(0, verbose=False)
     model = Evaluated()
     probe = DeepSpeedProbe(out)

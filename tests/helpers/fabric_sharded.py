@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from damage import flip_bytes
 from lightning.fabric import Fabric, seed_everything
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
@@ -101,10 +102,7 @@ def main() -> None:
     # Rank 1's shard of the newest checkpoint damaged, its length kept. With its checksum index the resume policy skips
     # it; without (an older checkpoint) it verifies, fails to load, and fabric.load moves it aside and loads the older
     if fabric.global_rank == 0:
-        shard = ckpt / "newest.ckpt" / "__1_0.distcp"
-        data = bytearray(shard.read_bytes())
-        data[:8] = bytes(b ^ 0xFF for b in data[:8])
-        shard.write_bytes(bytes(data))
+        flip_bytes(ckpt / "newest.ckpt" / "__1_0.distcp")
     for checksums in (True, False):
         if not checksums and fabric.global_rank == 0:
             (ckpt / "newest.ckpt" / CHECKSUMS_FILENAME).unlink()

@@ -1,16 +1,14 @@
 """A real 2-process ``hpu_fast_ddp`` fit under eager emulation, for ``tests/strategies/test_parallel_emulated.py``.
 
-Run as ``python fast_ddp_fit.py OUT_DIR ACCUMULATE`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
-launcher re-runs it for rank 1. Rank 1 starts from other weights than rank 0 (the strategy must broadcast rank 0's).
-4 optimizer steps of SGD, ``ACCUMULATE`` micro-batches of 4 samples each. Each rank writes ``OUT_DIR/rank<r>.json``:
-its weights when the fit starts and ends, its micro-batches, and how many gradient all-reduces ran. The test runs
-:func:`run` from ``parallel_scenarios.py``, in processes shared with other scenarios.
+:func:`run` is one of the fits ``parallel_scenarios.py`` runs in its rank processes. Rank 1 starts from other weights
+than rank 0 (the strategy must broadcast rank 0's). 4 optimizer steps of SGD, ``accumulate`` micro-batches of 4
+samples each. Each rank writes ``OUT/rank<r>.json``: its weights when the fit starts and ends, its micro-batches, and
+how many gradient all-reduces ran.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +73,3 @@ def run(out: Path, accumulate: int) -> None:
         **trainer_kwargs(max_steps=STEPS),
     )
     trainer.fit(Perturbed(), train_dataloaders=regression_loader(samples=64, batch_size=4))
-
-
-def main() -> None:
-    run(Path(sys.argv[1]), int(sys.argv[2]))
-
-
-if __name__ == "__main__":
-    main()

@@ -10,8 +10,8 @@ launcher re-runs it for rank 1. ``MODE`` is
   (``OUT_DIR/resume-sharded-rank<r>.json``, ``OUT_DIR/resume-full-rank<r>.json``);
 - ``checkpointed``: ``STEPS`` epochs, a sharded checkpoint after each in ``OUT_DIR/ckpt``;
 - ``resume-auto`` (``ARGS``: ``CASE...``): for each folder ``OUT_DIR/CASE`` in turn, the same as ``checkpointed`` in
-  it, resumed from what the ``"auto"`` resume policy picks in ``OUT_DIR/CASE/ckpt``; rank 0 first prints the line
-  ``CASE_MARKER + CASE`` to stderr.
+  it, resumed from what the ``"auto"`` resume policy picks in ``OUT_DIR/CASE/ckpt``, announced in stderr
+  (``job_runs.announce_run(CASE)``).
 
 Each training (one Trainer, with a model, strategy and loader of its own, seeded afresh: what a process of its own
 would train) writes ``<folder>/<name>-rank<r>.json`` on each rank: its batches, how many parameter and optimizer-state
@@ -20,16 +20,16 @@ elements it held during training, and the full weights (gathered) at the start a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from damage import fingerprint
+from job_runs import announce_run
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_only
 from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwargs
 from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -37,7 +37,6 @@ from lightning_gaudi import HPUFSDPStrategy
 from lightning_gaudi.resume import resolve_ckpt_path
 
 MOMENTUM = 0.9
-CASE_MARKER = "fsdp_fit.py: resume-auto in "  # the test splits stderr at these lines
 
 
 class MomentumModel(Evaluated):
@@ -49,12 +48,6 @@ def full_weights(trainer: Trainer, module: torch.nn.Module) -> dict[str, list[An
     """Every rank's view of the whole model: FSDP gathers the shards (a collective: call it on every rank)."""
     with FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False):
         return {name: tensor.detach().cpu().tolist() for name, tensor in module.state_dict().items()}
-
-
-def fingerprint(path: Path) -> dict[str, str]:
-    """The sha256 of each file of the checkpoint ``path`` (a file or a folder), by its path relative to ``path``."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return {p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 class FSDPProbe(Callback):
@@ -120,11 +113,6 @@ def train(out: Path, mode: str, steps: int, ckpt_path: Path | None = None, facts
     (out / f"{facts or mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
 
 
-@rank_zero_only
-def announce(case: str) -> None:
-    print(f"{CASE_MARKER}{case}", file=sys.stderr, flush=True)
-
-
 def main() -> None:
     out, mode, steps, args = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
     if mode == "fit":
@@ -133,7 +121,7 @@ def main() -> None:
             train(out, "resume", int(args[0]), out / f"{kind}.ckpt", facts=f"resume-{kind}")
     elif mode == "resume-auto":
         for case in args:
-            announce(case)
+            announce_run(case)
             train(out / case, mode, steps)
     else:
         train(out, mode, steps)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from damage import flip_bytes
 from lightning.pytorch import Callback, Trainer, seed_everything
 from models import RegressionModel, regression_loader, trainer_kwargs
 from torch.distributed.fsdp import fully_shard
@@ -121,10 +122,7 @@ def damaged_newer_copy(checkpoint: Path, folder: Path) -> None:
     newer = Path(shutil.copytree(checkpoint, folder / "newer.ckpt"))
     meta = torch.load(newer / "meta.pt", weights_only=False)
     torch.save({**meta, "global_step": meta["global_step"] + 1}, newer / "meta.pt")
-    shard = newer / "__1_0.distcp"
-    data = bytearray(shard.read_bytes())
-    data[:8] = bytes(b ^ 0xFF for b in data[:8])
-    shard.write_bytes(bytes(data))
+    flip_bytes(newer / "__1_0.distcp")
 
 
 def main() -> None:

@@ -1,18 +1,15 @@
 """A real 2-process ``hpu_parallel`` fit with ``sync_batchnorm=True`` under eager emulation, for
 ``tests/strategies/test_parallel_emulated.py``.
 
-Run as ``python syncbn_fit.py OUT_DIR STEPS`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher
-re-runs it for rank 1. Buffers are not broadcast from rank 0 (``forward_sync_buffers=False``; ``broadcast_buffers``
-before torch 2.13), so the ranks' running statistics agree only if the batch norm itself synchronizes them. Each rank
-writes ``OUT_DIR/rank<r>.json``: its batches, the batch norm's class during and after the fit, and the weights and
-buffers before and after. The test runs :func:`run` from ``parallel_scenarios.py``, in processes shared with other
-scenarios.
+:func:`run` is one of the fits ``parallel_scenarios.py`` runs in its rank processes. Buffers are not broadcast from
+rank 0 (``forward_sync_buffers=False``; ``broadcast_buffers`` before torch 2.13), so the ranks' running statistics
+agree only if the batch norm itself synchronizes them. Each rank writes ``OUT/rank<r>.json``: its batches, the batch
+norm's class during and after the fit, and the weights and buffers before and after.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +62,7 @@ class Probe(Callback):
 
 def run(out: Path, steps: int) -> None:
     """One fit (a fresh seed, model, strategy, Trainer and loader), its facts in ``out/rank<r>.json``."""
-    from models import regression_loader, trainer_kwargs  # run as a script: this folder is on sys.path
+    from models import regression_loader, trainer_kwargs  # on sys.path in the rank processes, not in the tests
 
     seed_everything(0, verbose=False)
     model = BNRegression()
@@ -86,11 +83,3 @@ def run(out: Path, steps: int) -> None:
         steps=trainer.global_step,
     )
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
-
-
-def main() -> None:
-    run(Path(sys.argv[1]), int(sys.argv[2]))
-
-
-if __name__ == "__main__":
-    main()

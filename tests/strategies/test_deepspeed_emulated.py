@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.job_runs import stderr_by_run
 from helpers.models import regression_data
 from helpers.shared_job import run_once
 from lightning_utilities.core.imports import RequirementCache
@@ -47,14 +47,6 @@ def _run(out: Path, strategy: str, mode: str) -> None:
     proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=360)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     (out / "stderr.txt").write_text(proc.stderr)
-
-
-def _stderr_of_run(job: Path, run: str) -> str:
-    """The lines of the job's stderr from the start of ``run`` (rank 0's line naming it) to the start of the next."""
-    parts = re.split(r"^deepspeed_fit: run (\S+)\n", (job / "stderr.txt").read_text(), flags=re.MULTILINE)
-    names = parts[1::2]
-    assert names.count(run) == 1, names
-    return parts[2::2][names.index(run)]
 
 
 def _ranks(out: Path) -> list[dict[str, Any]]:
@@ -176,7 +168,7 @@ def test_a_checkpoint_that_fails_to_load_is_moved_aside_on_every_rank(job: Path,
     facts_straight, facts_resumed = _ranks(straight), _ranks(resumed)
     for facts in facts_resumed:
         assert facts["ckpt_path"] == str(broken)  # the policy's pick on every rank: nothing in its bytes tells
-    stderr = _stderr_of_run(job, "auto")
+    stderr = stderr_by_run((job / "stderr.txt").read_text())["auto"]
     warnings = [line for line in stderr.splitlines() if "could not load the checkpoint" in line]
     assert len(warnings) == 1, stderr[-4000:]
     assert str(broken) in warnings[0]

@@ -6,7 +6,6 @@ process importing Lightning costs seconds of CPU to start."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.damage import fingerprint, flip_bytes
+from helpers.job_runs import stderr_by_run
 from helpers.models import make_net, regression_data
 from helpers.shared_job import run_once
 
@@ -27,7 +28,6 @@ STEPS = 4
 RESUMED_STEPS = 6
 BATCH = 4  # per rank
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
-CASE_MARKER = "fsdp_fit.py: resume-auto in "  # helpers/fsdp_fit.py's line before each folder it resumes in
 
 
 def _run(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -135,7 +135,7 @@ def test_a_checkpoint_resumes_to_the_same_weights(fitted: tuple[Path, str], kind
     out, _ = fitted
     checkpoint = out / f"{kind}.ckpt"
     # the files as the fit saved them: the resumes read them and left every byte as it was
-    assert _fingerprint(checkpoint) == json.loads((out / "saved.json").read_text())[kind]
+    assert fingerprint(checkpoint) == json.loads((out / "saved.json").read_text())[kind]
     if kind == "sharded":  # a directory of shards, renamed into place complete: no staging directory is left
         assert checkpoint.is_dir()
         assert (checkpoint / "meta.pt").is_file()
@@ -180,14 +180,11 @@ def test_a_damaged_sharded_checkpoint_resumes_from_the_intact_older_one_on_every
         for name in written[:2]:
             shutil.copytree(straight / "ckpt" / name, run / "ckpt" / name)
         newest = run / "ckpt" / written[1]
-        shard = newest / "__1_0.distcp"
-        data = bytearray(shard.read_bytes())
-        data[:8] = bytes(b ^ 0xFF for b in data[:8])
-        shard.write_bytes(bytes(data))
+        flip_bytes(newest / "__1_0.distcp")
         if not checksums:
             (newest / resume.CHECKSUMS_FILENAME).unlink()
     stderr = _run(tmp_path, "resume-auto", "3", *cases.values()).stderr  # both cases in turn, in one job
-    output = _split_cases(stderr)
+    output = stderr_by_run(stderr)
     assert list(output) == list(cases.values()), stderr[-4000:]
     for checksums, case in cases.items():
         run = tmp_path / case
@@ -199,20 +196,3 @@ def test_a_damaged_sharded_checkpoint_resumes_from_the_intact_older_one_on_every
         for rank, facts in enumerate(_ranks(run, "resume-auto")):
             assert facts["start_step"] == 4, f"rank {rank} did not resume from the intact older checkpoint"
             assert facts["final"] == final, f"rank {rank} ended elsewhere than the uninterrupted run"
-
-
-def _fingerprint(path: Path) -> dict[str, str]:
-    """The sha256 of each file of the checkpoint ``path``, as helpers/fsdp_fit.py records them after saving."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return {p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-
-
-def _split_cases(stderr: str) -> dict[str, str]:
-    """A ``resume-auto`` job's stderr, from each case's marker line to the next, by case."""
-    output: dict[str, list[str]] = {}
-    lines: list[str] = []
-    for line in stderr.splitlines():
-        if line.startswith(CASE_MARKER):
-            lines = output.setdefault(line.removeprefix(CASE_MARKER), [])
-        lines.append(line)
-    return {case: "\n".join(lines) for case, lines in output.items()}
