@@ -84,7 +84,7 @@ def test_accelerator_basics(eager_hpu: hpu.Backend) -> None:
     assert HPUAccelerator.is_available()
     assert HPUAccelerator.get_parallel_devices(2) == [torch.device("cpu")] * 2
     assert eager_hpu.emulated
-    assert eager_hpu.collective_backend == "gloo"
+    assert eager_hpu.collective_backend == "hccl"
     assert not eager_hpu.is_lazy()
 
 

@@ -1,5 +1,5 @@
-"""Eager emulation: the HPU code paths on CPU tensors, gloo collectives and CPU bf16 autocast; memory statistics are
-the host process's against the emulated card's HBM."""
+"""Eager emulation: the HPU code paths on CPU tensors, gloo collectives behind HCCL's rules (``"hccl"``) and CPU bf16
+autocast; memory statistics are the host process's against the emulated card's HBM."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_gaudi.hpu.backend import GAUDI_MEMORY_GIB, MEMORY_STAT_KEYS, Backend, ClipNorm
+from lightning_gaudi.hpu.hccl import register_emulated_hccl
 from lightning_gaudi.hpu.runtime import emulated_compile_backend
 
 #: torch threads per emulator process unless the user chose a count (a thread per core ran 2.8 to 3.9 times slower
@@ -84,12 +85,13 @@ class EagerBackend(Backend):
     emulated = True
     device_type = "cpu"
     autocast_device_type: str | None = "cpu"
-    collective_backend = "gloo"
+    collective_backend = "hccl"  # gloo behind HCCL's rules (:mod:`lightning_gaudi.hpu.hccl`)
 
     def __init__(self, devices: int, device_name: str) -> None:
         self._devices = devices
         self._device_name = device_name
         _apply_thread_policy()
+        register_emulated_hccl()
 
     @property
     def compile_backend(self) -> str:  # type: ignore[override]  # read from the environment at each use

@@ -316,7 +316,7 @@ class HPUParallelCore(HPUStrategyCore):
             master_port=environment.main_port,
         )
         if rank == 0:
-            stand_in = f", {backend_name} standing in for HCCL" if backend.emulated else ""
+            stand_in = ", HCCL emulated over gloo" if backend.emulated else ""
             self.log.info(
                 f"{'-' * 100}\ndistributed_backend={backend_name}\n"
                 f"All distributed processes registered. Starting with {world_size} processes\n"

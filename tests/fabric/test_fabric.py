@@ -91,7 +91,7 @@ def test_auto_strategy(eager_hpu: hpu.Backend, devices: Any, num_nodes: int, exp
     assert fabric.device == torch.device("cpu")  # the emulated HPU under eager emulation
     if expected is HPUParallelStrategy:
         assert fabric.world_size == (devices if isinstance(devices, int) else len(devices)) * num_nodes
-        assert fabric.strategy.process_group_backend == "gloo"
+        assert fabric.strategy.process_group_backend == "hccl"
 
 
 def test_single_by_name(eager_hpu: hpu.Backend) -> None:
@@ -514,7 +514,7 @@ def test_ddp_settings_reach_distributed_data_parallel(one_process_group: None) -
     )
     fabric = Fabric(accelerator="hpu", strategy=strategy, devices=1, precision="bf16-mixed")
     fabric.launch()
-    assert dist.get_backend() == "gloo"
+    assert dist.get_backend() == "hccl"
     assert isinstance(strategy.cluster_environment, LightningEnvironment)
     net = _net()
     model, optimizer = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))

@@ -35,7 +35,7 @@ def test_two_process_fabric_loop(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     for rank in (0, 1):
         assert f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}" in proc.stderr
-    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), HCCL emulated over gloo" in (
         proc.stderr
     )
     assert "CUDA is not available" not in proc.stderr  # stock Fabric's bf16-mixed: CUDA autocast, disabled
@@ -45,7 +45,7 @@ def test_two_process_fabric_loop(tmp_path: Path) -> None:
         assert facts["global_rank"] == rank
         assert facts["world_size"] == 2
         assert facts["device"] == "cpu"  # the emulated HPU
-        assert facts["process_group_backend"] == "gloo"
+        assert facts["process_group_backend"] == "hccl"
         assert facts["strategy"] == "lightning_gaudi.fabric.parallel.HPUParallelStrategy"
         assert (facts["precision"], facts["autocast_device"]) == ("HPUPrecision", "cpu")
         assert facts["gradient_as_bucket_view"] is True

@@ -28,7 +28,7 @@ def test_names_and_lightnings_objects_build_the_hpu_classes(eager_hpu: hpu.Backe
     built = Fabric(accelerator="hpu", strategy="fsdp", devices=2, precision="bf16-mixed")
     assert type(built.strategy) is HPUFSDPStrategy
     assert isinstance(built.strategy.precision, HPUFSDPPrecision)
-    assert built.strategy._get_process_group_backend() == "gloo"
+    assert built.strategy._get_process_group_backend() == "hccl"
     assert type(Fabric(accelerator="hpu", strategy="hpu_fsdp", devices=2).strategy) is HPUFSDPStrategy
     strategy = HPUModelParallelStrategy(_identity)
     assert Fabric(accelerator="hpu", strategy=strategy, devices=2).strategy is strategy

@@ -44,7 +44,7 @@ def test_ddp_object_runs_on_hpu_parallel_with_its_arguments(
     assert strategy.ddp_kwargs["static_graph"] is True
     assert strategy.ddp_kwargs["gradient_as_bucket_view"] is True  # not given: the HPU strategy's default
     assert strategy.timeout == timedelta(seconds=42)
-    assert strategy._get_process_group_backend() == "gloo"
+    assert strategy._get_process_group_backend() == "hccl"
     assert isinstance(strategy.checkpoint_io, lightning_gaudi.HPUCheckpointIO)
     assert (
         "`strategy=DDPStrategy(...)` with accelerator='hpu': training with DDPStrategy on HPUParallelStrategy("

@@ -30,7 +30,7 @@ def test_lightning_ddp_names_run_the_hpu_strategy(eager_hpu: hpu.Backend, name: 
     assert strategy._start_method == expected["start_method"]
     assert strategy.ddp_kwargs["find_unused_parameters"] is expected["find_unused_parameters"]
     assert strategy.ddp_kwargs["gradient_as_bucket_view"] is True  # the HPU strategy's defaults, not Lightning's
-    assert strategy._get_process_group_backend() == "gloo"
+    assert strategy._get_process_group_backend() == "hccl"
     assert isinstance(strategy.checkpoint_io, HPUCheckpointIO)
 
 

@@ -74,7 +74,7 @@ def fits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_fit_job_forms_one_process_group_for_all_its_fits(fits: Path) -> None:
     stderr = (fits / "stderr.txt").read_text()
-    assert stderr.count("distributed_backend=gloo\nAll distributed processes registered. Starting with 2") == 1
+    assert stderr.count("distributed_backend=hccl\nAll distributed processes registered. Starting with 2") == 1
 
 
 @pytest.mark.parametrize(("strategy", "stage"), FITS)
@@ -90,7 +90,7 @@ def test_two_ranks_match_one_process_on_the_union(fits: Path, strategy: str, sta
         assert facts["engine"] == "DeepSpeedEngine"
         assert facts["zero_stage"] == stage
         assert facts["gradient_clipping"] == 0.0  # not DeepSpeed's default of 1.0
-        assert facts["process_group_backend"] == "gloo"
+        assert facts["process_group_backend"] == "hccl"
         assert facts["steps"] == 4
         total = facts["total"][0]
         assert total == 49

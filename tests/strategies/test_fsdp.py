@@ -38,7 +38,7 @@ def test_the_name_builds_the_strategy(eager_hpu: hpu.Backend) -> None:
     strategy = _trainer(strategy="hpu_fsdp").strategy
     assert type(strategy) is HPUFSDPStrategy
     assert isinstance(strategy.checkpoint_io, HPUCheckpointIO)
-    assert strategy._get_process_group_backend() == "gloo"
+    assert strategy._get_process_group_backend() == "hccl"
     assert strategy.root_device == torch.device("cpu")
     assert strategy.fsdp_device == torch.device("cpu")  # torch's FSDP refuses a device_id of None on the CPU
     assert strategy.sharding_strategy is ShardingStrategy.FULL_SHARD

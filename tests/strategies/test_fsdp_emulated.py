@@ -83,7 +83,7 @@ def test_two_process_fit_matches_one_process_on_the_union_of_batches(fitted: tup
     out, stderr = fitted
     for rank in (0, 1):
         assert stderr.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}") == 1
-    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in stderr
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), HCCL emulated over gloo" in stderr
     ranks = _ranks(out, "fit")
     initial = ranks[0]["initial"]
     assert ranks[1]["initial"] == initial
@@ -91,7 +91,7 @@ def test_two_process_fit_matches_one_process_on_the_union_of_batches(fitted: tup
     for rank, facts in enumerate(ranks):
         assert facts["global_rank"] == rank
         assert facts["wrapper"] == "FullyShardedDataParallel"
-        assert facts["process_group_backend"] == "gloo"
+        assert facts["process_group_backend"] == "hccl"
         assert facts["steps"] == STEPS
         # FULL_SHARD: each rank holds about half of the parameters and of the optimizer state, all along
         for held in facts["parameter_elements"] + facts["optimizer_state_elements"]:

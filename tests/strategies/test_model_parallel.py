@@ -36,7 +36,7 @@ def test_the_name_and_lightnings_object_build_the_strategy(eager_hpu: hpu.Backen
     strategy = _trainer(strategy="hpu_model_parallel").strategy
     assert type(strategy) is HPUModelParallelStrategy
     assert isinstance(strategy.checkpoint_io, HPUCheckpointIO)
-    assert strategy._get_process_group_backend() == "gloo"
+    assert strategy._get_process_group_backend() == "hccl"
     assert strategy.root_device == torch.device("cpu")
     adopted = _trainer(strategy=ModelParallelStrategy(tensor_parallel_size=2)).strategy
     assert type(adopted) is HPUModelParallelStrategy
@@ -196,7 +196,7 @@ def fitted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     def fit(out: Path) -> None:
         resumes = [] if plan == "both" else [str(RESUMED_STEPS)]  # resuming: the tp and fsdp layouts cover it
         proc = run_helper("model_parallel_fit.py", out, "fit", str(dp), str(tp), plan, str(STEPS), *resumes)
-        assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in (
+        assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), HCCL emulated over gloo" in (
             proc.stderr
         )
 

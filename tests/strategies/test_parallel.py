@@ -45,7 +45,7 @@ def test_auto_strategy(eager_hpu: hpu.Backend, devices: Any, num_nodes: int, exp
     if expected is HPUParallelStrategy:
         assert trainer.strategy.num_nodes == num_nodes
         assert trainer.strategy.world_size == len(trainer.strategy.parallel_devices) * num_nodes
-        assert trainer.strategy._get_process_group_backend() == "gloo"
+        assert trainer.strategy._get_process_group_backend() == "hccl"
 
 
 @pytest.mark.parametrize(
@@ -371,8 +371,8 @@ def test_start_up_lines_in_emulation(
         "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2 on HPU 0 of node 0"
         " (GAUDI2 emulated on the CPU (eager mode), device cpu)" in text
     )
-    assert "distributed_backend=gloo\nAll distributed processes registered. Starting with 2 processes\n" in text
-    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in text
+    assert "distributed_backend=hccl\nAll distributed processes registered. Starting with 2 processes\n" in text
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), HCCL emulated over gloo" in text
 
 
 def test_start_up_lines_on_a_gaudi(

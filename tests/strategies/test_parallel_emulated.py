@@ -63,8 +63,8 @@ def test_the_job_forms_one_process_group_for_all_its_fits(scenarios: Path) -> No
     assert stderr.count("using: 2 HPUs, strategy HPUParallelStrategy") == len(DDP_SETTINGS) + 2  # every fit's Trainer
     for rank in (0, 1):
         assert stderr.count(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2 on HPU {rank}") == 1
-    assert stderr.count("distributed_backend=gloo\nAll distributed processes registered. Starting with 2") == 1
-    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), gloo standing in for HCCL" in stderr
+    assert stderr.count("distributed_backend=hccl\nAll distributed processes registered. Starting with 2") == 1
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), HCCL emulated over gloo" in stderr
 
 
 def _reference(initial: dict[str, list], batches: list[list[list[list[float]]]]) -> dict[str, torch.Tensor]:
@@ -100,7 +100,7 @@ def test_two_process_hpu_parallel(
         assert facts["global_rank"] == rank
         assert facts["world_size"] == 2
         assert facts["strategy"] == "HPUParallelStrategy"
-        assert facts["process_group_backend"] == "gloo"
+        assert facts["process_group_backend"] == "hccl"
         assert facts["steps"] == STEPS
         # the strategy's settings reached torch's DistributedDataParallel object
         assert facts["bucket_bytes_cap"] == int(bucket_cap_mb * 1024 * 1024)

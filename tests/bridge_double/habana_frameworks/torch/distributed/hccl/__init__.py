@@ -1,7 +1,8 @@
 """Test double of ``habana_frameworks.torch.distributed.hccl``.
 
 Importing it registers an ``"hccl"`` process-group backend with ``torch.distributed``, as the bridge does; in the
-double that backend is gloo underneath, so ``init_process_group(backend="hccl")`` really runs on the CPU.
+double that backend is the emulator's (gloo behind HCCL's reduce ops, dtypes and float32 reductions), so
+``init_process_group(backend="hccl")`` really runs on the CPU and refuses what HCCL refuses.
 """
 
 import os
@@ -9,15 +10,13 @@ import os
 import _bridge_double_state as _state
 import torch.distributed as dist
 
+from lightning_gaudi.hpu.hccl import EmulatedHCCLGroup
+
 _state.record("import hccl")
 
 
-def _create_gloo(store, rank, world_size, timeout):
-    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
-
-
 if not hasattr(dist.Backend, "HCCL"):  # torch keeps registrations for the life of the process
-    dist.Backend.register_backend("hccl", _create_gloo, devices=["cpu", "hpu"])
+    dist.Backend.register_backend("hccl", EmulatedHCCLGroup, devices=["cpu", "hpu"])
 
 
 def initialize_distributed_hpu(world_size=None, rank=None, local_rank=None):

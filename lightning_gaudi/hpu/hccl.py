@@ -1,0 +1,226 @@
+# mypy: disable-error-code="override"
+# (torch's stubs type ProcessGroup's collectives with overloads that no Python override can match)
+"""HCCL's rules for collectives, as Intel's bridge applies them, and the emulator's process group that keeps them.
+
+On a Gaudi, ``torch.distributed``'s ``"hccl"`` backend is the bridge's ``ProcessGroupHcclBase``. It refuses what
+HCCL cannot do (reduce ops other than sum, min, max and product; dtypes outside its table) and reduces every dtype but
+bfloat16 and float32 in float32. gloo does neither, so a run that is green on gloo could stop at its first collective
+on a Gaudi. :class:`EmulatedHCCLGroup` is gloo with HCCL's rules in front: the ``"hccl"`` backend of eager emulation.
+
+Sources (github.com/HabanaAI/gaudi-pytorch-bridge, tag v1.19.0):
+
+- ``backend/helpers/collective_utils.cpp``: the dtype table (lines 26-36), the reduce ops (39-44), the boolean rule
+  and the messages (46-65, 95-106);
+- ``python_packages/habana_frameworks/torch/distributed/hccl/process_group_hccl_base.cpp``: which collectives look
+  their dtype up (``getHCCLDataType``: allreduce 419, reduce 515, alltoall 581, alltoall_base 677, allgather 963,
+  _allgather_base 1131, allgather_into_tensor_coalesced 1269, reduce_scatter 1438, _reduce_scatter_base 1483,
+  reduce_scatter_tensor_coalesced 1580, send 1685, recv 1746; broadcast, gather and scatter do not), the float32
+  round trip of allreduce and reduce (``is_valid_hccl_dtype``, 233-238; 419-425, 487-492, 515-522, 580-585) and of
+  _reduce_scatter_base except for int32 and int64 (1482-1492, 1536-1540), and ``allgather_coalesced`` (1175-1181).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+_options: Any = dist  # the collectives' option classes, which torch's stubs do not declare
+
+__all__ = [
+    "BOOL_AVG_MESSAGE",
+    "HCCL_DTYPES",
+    "HCCL_REDUCE_OPS",
+    "NATIVE_REDUCTION_DTYPES",
+    "UNSUPPORTED_DTYPE_MESSAGE",
+    "UNSUPPORTED_REDUCE_OP_MESSAGE",
+    "EmulatedHCCLGroup",
+    "check_dtype",
+    "check_reduce_op",
+    "register_emulated_hccl",
+]
+
+#: The reduce ops HCCL has (``hcclOp``, collective_utils.cpp:39-44); AVG and PREMUL_SUM are refused.
+HCCL_REDUCE_OPS = ("SUM", "MIN", "MAX", "PRODUCT")
+UNSUPPORTED_REDUCE_OP_MESSAGE = "Unsupported ReduceOp for HCCL process group"  # collective_utils.cpp:64
+BOOL_AVG_MESSAGE = "Cannot use ReduceOp.AVG with boolean inputs"  # collective_utils.cpp:57
+#: collective_utils.cpp:104, followed by c10's name of the dtype.
+UNSUPPORTED_DTYPE_MESSAGE = "Input tensor data type is not supported for HCCL process group: "
+#: ``hcclDataType`` (collective_utils.cpp:26-36) and the two float8 types mapped to bytes (95-101).
+HCCL_DTYPES = frozenset(
+    {
+        torch.uint8,
+        torch.int8,
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.int32,
+        torch.int64,
+        torch.bfloat16,
+        torch.bool,
+        torch.float8_e5m2,
+        torch.float8_e4m3fn,
+    }
+)
+#: The dtypes HCCL reduces as they are (``is_valid_hccl_dtype``); allreduce and reduce carry every other one in
+#: float32 and cast the result back.
+NATIVE_REDUCTION_DTYPES = frozenset({torch.bfloat16, torch.float32})
+#: ``_reduce_scatter_base`` also reduces these as they are.
+_NATIVE_REDUCE_SCATTER_DTYPES = NATIVE_REDUCTION_DTYPES | {torch.int32, torch.int64}
+
+#: c10's names (``toString(ScalarType)``) of the dtypes a user can meet that HCCL refuses.
+_C10_NAMES = {
+    torch.int16: "Short",
+    torch.complex32: "ComplexHalf",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+    torch.uint16: "UInt16",
+    torch.uint32: "UInt32",
+    torch.uint64: "UInt64",
+    torch.float8_e5m2fnuz: "Float8_e5m2fnuz",
+    torch.float8_e4m3fnuz: "Float8_e4m3fnuz",
+}
+
+
+def check_reduce_op(op: Any, dtype: torch.dtype | None = None) -> None:
+    """Raises HCCL's ``RuntimeError`` for a reduce op it does not have (``getHCCLReduceOp``)."""
+    if dtype == torch.bool and op == dist.ReduceOp.AVG:
+        raise RuntimeError(BOOL_AVG_MESSAGE)
+    if not any(op == getattr(dist.ReduceOp, name) for name in HCCL_REDUCE_OPS):
+        raise RuntimeError(UNSUPPORTED_REDUCE_OP_MESSAGE)
+
+
+def check_dtype(tensors: Iterable[Tensor]) -> None:
+    """Raises HCCL's ``RuntimeError`` for a tensor whose dtype is not in its table (``getHCCLDataType``)."""
+    for tensor in tensors:
+        if tensor.dtype not in HCCL_DTYPES:
+            name = _C10_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
+            raise RuntimeError(UNSUPPORTED_DTYPE_MESSAGE + name)
+
+
+def _flat(tensors: Any) -> list[Tensor]:
+    if isinstance(tensors, Tensor):
+        return [tensors]
+    return [t for item in tensors for t in _flat(item)]
+
+
+class EmulatedHCCLGroup(dist.ProcessGroup):
+    """gloo behind HCCL's rules: the reduce ops, the dtype table and the float32 reductions of Intel's bridge.
+
+    The collectives below check, then run on gloo's own methods (calling the base class's would come back here);
+    every other one goes to gloo unchanged, registered as this group's backend for CPU tensors.
+    """
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the stubs know the store-taking form only
+        gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._gloo: Any = gloo  # torch's stubs lack most of its methods
+        backend_type = dist.ProcessGroup.BackendType.GLOO
+        self._register_backend(torch.device("cpu"), backend_type, gloo)
+        self._set_default_backend(backend_type)
+
+    def getBackendName(self) -> str:  # torch's name
+        return "hccl"
+
+    def _reduce_in_float32(self, tensors: list[Tensor], opts: Any, run: Callable[[list[Tensor], Any], Any]) -> Any:
+        check_dtype(tensors)
+        check_reduce_op(opts.reduceOp, tensors[0].dtype if tensors else None)
+        if all(t.dtype in NATIVE_REDUCTION_DTYPES for t in tensors):
+            return run(tensors, opts)
+        carried = [t if t.dtype in NATIVE_REDUCTION_DTYPES else t.float() for t in tensors]
+        work = run(carried, opts)
+        work.wait()
+        for tensor, result in zip(tensors, carried, strict=True):
+            if result is not tensor:
+                tensor.copy_(result.to(tensor.dtype))
+        return work
+
+    def allreduce(self, tensors: list[Tensor], opts: Any = None) -> Any:
+        opts = _options.AllreduceOptions() if opts is None else opts
+        return self._reduce_in_float32(tensors, opts, self._gloo.allreduce)
+
+    def allreduce_coalesced(self, tensors: list[Tensor], opts: Any = None) -> Any:
+        # the bridge runs allreduce (process_group_hccl_base.cpp:502-506)
+        opts = _options.AllreduceCoalescedOptions() if opts is None else opts
+        return self._reduce_in_float32(tensors, opts, self._gloo.allreduce_coalesced)
+
+    def reduce(self, tensors: list[Tensor], opts: Any = None) -> Any:
+        opts = _options.ReduceOptions() if opts is None else opts
+        return self._reduce_in_float32(tensors, opts, self._gloo.reduce)
+
+    def reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any = None) -> Any:
+        opts = _options.ReduceScatterOptions() if opts is None else opts
+        check_dtype(_flat(outputs) + _flat(inputs))
+        check_reduce_op(opts.reduceOp, outputs[0].dtype if outputs else None)
+        return self._gloo.reduce_scatter(outputs, inputs, opts)
+
+    def _reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
+        opts = _options.ReduceScatterOptions() if opts is None else opts
+        check_dtype([output, input])
+        check_reduce_op(opts.reduceOp, output.dtype)
+        if output.dtype in _NATIVE_REDUCE_SCATTER_DTYPES:
+            return self._gloo._reduce_scatter_base(output, input, opts)
+        carried = output.float()
+        work = self._gloo._reduce_scatter_base(carried, input.float(), opts)
+        work.wait()
+        output.copy_(carried.to(output.dtype))
+        return work
+
+    def _reduce_scatter_base(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
+        return self._reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:  # torch >= 2.12's name
+        return self._reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
+        works = [self._reduce_scatter_single(out, inp, opts) for out, inp in zip(outputs, inputs, strict=True)]
+        for work in works[:-1]:
+            work.wait()
+        return works[-1]
+
+    def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)  # torch >= 2.12's name
+
+    def broadcast(self, tensors: list[Tensor], opts: Any = None) -> Any:
+        # HCCL broadcasts bytes (getCountDatatype, collective_utils.cpp:122-150): any dtype, where gloo has a table
+        opts = _options.BroadcastOptions() if opts is None else opts
+        carried = [t.view(torch.uint8) if t.dtype not in HCCL_DTYPES and t.is_contiguous() else t for t in tensors]
+        return self._gloo.broadcast(carried, opts)
+
+    def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
+        check_dtype(_flat(outputs) + inputs)
+        return self._gloo.allgather(outputs, inputs, _options.AllgatherOptions() if opts is None else opts)
+
+    def _allgather_base(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
+        check_dtype([output, input])
+        return self._gloo._allgather_base(output, input, _options.AllgatherOptions() if opts is None else opts)
+
+    def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:  # torch >= 2.12's name
+        check_dtype([output, input])
+        return self._gloo._allgather_base(output, input, _options.AllgatherOptions() if opts is None else opts)
+
+    def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        raise RuntimeError("ProcessGroupHcclBase does not support allgather_coalesced")  # ..._base.cpp:1179-1180
+
+    def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> Any:
+        check_dtype(tensors)
+        return self._gloo.send(tensors, dst, tag)
+
+    def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Any:
+        check_dtype(tensors)
+        return self._gloo.recv(tensors, src, tag)
+
+
+def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> EmulatedHCCLGroup:
+    return EmulatedHCCLGroup(store, rank, size, timeout)
+
+
+def register_emulated_hccl() -> None:
+    """Registers :class:`EmulatedHCCLGroup` as ``torch.distributed``'s ``"hccl"`` backend for CPU tensors, unless a
+    ``"hccl"`` backend is registered already (torch keeps a registration for the life of the process)."""
+    if not hasattr(dist.Backend, "HCCL"):
+        dist.Backend.register_backend("hccl", _create, devices=["cpu"])

@@ -1,0 +1,93 @@
+"""The emulated process group keeps HCCL's rules (lightning_gaudi/hpu/hccl.py, sources cited there): what gloo accepts
+and a Gaudi refuses fails here too, with the bridge's words."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from lightning_gaudi.hpu import hccl
+
+
+@pytest.fixture
+def group() -> Iterator[dist.ProcessGroup]:
+    hccl.register_emulated_hccl()
+    dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_group_is_hccl_over_gloo(group: dist.ProcessGroup) -> None:
+    assert dist.get_backend() == "hccl"
+    assert isinstance(group, hccl.EmulatedHCCLGroup)
+    assert isinstance(group._get_backend(torch.device("cpu")), dist.ProcessGroupGloo)
+
+
+@pytest.mark.parametrize("op", [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT])
+def test_hccl_reduce_ops_reduce(group: dist.ProcessGroup, op: dist.ReduceOp) -> None:
+    tensor = torch.tensor([3.0, -2.0])
+    dist.all_reduce(tensor, op=op)
+    assert tensor.tolist() == [3.0, -2.0]
+
+
+@pytest.mark.parametrize(
+    "collective",
+    [
+        lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.AVG),
+        lambda: dist.reduce(torch.ones(2), dst=0, op=dist.ReduceOp.AVG),
+        lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2), op=dist.ReduceOp.AVG),
+        lambda: dist.reduce_scatter(torch.empty(2), [torch.ones(2)], op=dist.ReduceOp.AVG),
+        lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(0.5)),
+        lambda: funcol.all_reduce(torch.ones(2), "avg", dist.group.WORLD),
+    ],
+    ids=["all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter", "premul_sum", "functional"],
+)
+def test_other_reduce_ops_fail_as_on_hccl(group: dist.ProcessGroup, collective) -> None:
+    with pytest.raises(RuntimeError, match=r"^Unsupported ReduceOp for HCCL process group$"):
+        collective()
+
+
+def test_avg_of_booleans_is_its_own_error(group: dist.ProcessGroup) -> None:
+    with pytest.raises(RuntimeError, match=r"^Cannot use ReduceOp\.AVG with boolean inputs$"):
+        dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG)
+
+
+@pytest.mark.parametrize(("dtype", "name"), [(torch.int16, "Short"), (torch.uint16, "UInt16")])
+def test_dtypes_outside_hccls_table_fail(group: dist.ProcessGroup, dtype: torch.dtype, name: str) -> None:
+    message = f"^Input tensor data type is not supported for HCCL process group: {name}$"
+    with pytest.raises(RuntimeError, match=message):
+        dist.all_reduce(torch.ones(2, dtype=dtype))
+    with pytest.raises(RuntimeError, match=message):
+        dist.all_gather_into_tensor(torch.empty(2, dtype=dtype), torch.ones(2, dtype=dtype))
+    dist.broadcast(torch.ones(2, dtype=dtype), src=0)  # broadcast moves bytes: any dtype
+
+
+def test_allreduce_carries_other_dtypes_in_float32(group: dist.ProcessGroup) -> None:
+    # HCCL reduces bf16 and fp32 as they are and everything else in float32: an int64 past 2**24 is rounded
+    count = torch.tensor([2**24 + 1], dtype=torch.int64)
+    dist.all_reduce(count)
+    assert count.dtype == torch.int64
+    assert count.item() == 2**24
+    precise = torch.tensor([1.0 + 2**-40], dtype=torch.float64)
+    dist.all_reduce(precise)
+    assert precise.item() == 1.0
+
+
+def test_reduce_scatter_keeps_integers_exact(group: dist.ProcessGroup) -> None:
+    out = torch.empty(1, dtype=torch.int64)
+    dist.reduce_scatter_tensor(out, torch.tensor([2**24 + 1]))
+    assert out.item() == 2**24 + 1
+    half = torch.empty(1, dtype=torch.float64)
+    dist.reduce_scatter_tensor(half, torch.tensor([1.0 + 2**-40], dtype=torch.float64))
+    assert half.item() == 1.0
+
+
+def test_allgather_coalesced_is_refused(group: dist.ProcessGroup) -> None:
+    with pytest.raises(RuntimeError, match="does not support allgather_coalesced"):
+        group.allgather_coalesced([[torch.empty(1)]], [torch.ones(1)])
