@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from lightning_gaudi.hpu import runtime
@@ -106,10 +104,11 @@ def get_backend() -> Backend:
     if mode is None:
         if not runtime.bridge_installed():
             raise HPUUnavailableError(NO_HPU_MESSAGE)
-        lazy = os.environ.get(runtime.LAZY_MODE_ENV, "").strip().lower()
-        if lazy in ("1", "true") and not runtime.bridge_loaded() and (why := runtime.lazy_mode_unavailable()):
-            # refused before the bridge loads, which would stop on an assertion
-            raise ValueError(f"{runtime.LAZY_MODE_ENV}={lazy} asks for lazy mode, but {why}. {runtime.NO_LAZY_FIX}.")
+        # a value the bridge breaks on (PT_HPU_LAZY_MODE=false) is refused before it loads, as is lazy mode on a
+        # build without it (the bridge would stop on an assertion)
+        lazy = runtime.lazy_mode()
+        if lazy and not runtime.bridge_loaded() and (why := runtime.lazy_mode_unavailable()):
+            raise ValueError(f"{runtime.LAZY_MODE_ENV}=1 asks for lazy mode, but {why}. {runtime.NO_LAZY_FIX}.")
         from lightning_gaudi.hpu.bridge import HabanaBackend
 
         backend = HabanaBackend()
