@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from lightning_gaudi.hpu import runtime
@@ -95,6 +93,9 @@ def explain_error(error: BaseException) -> bool:
 def get_backend() -> Backend:
     """The backend for this process's settings (one per setting); :class:`HPUUnavailableError` without one."""
     mode = emulation_mode()
+    # a PT_HPU_LAZY_MODE the bridge breaks on (false) is refused in emulation too (the same job would stop on a
+    # Gaudi), before the Trainer starts any process; on a Gaudi, before the bridge loads
+    lazy = runtime.lazy_mode()
     key = (
         ("habana", 0, "")
         if mode is None
@@ -106,10 +107,9 @@ def get_backend() -> Backend:
     if mode is None:
         if not runtime.bridge_installed():
             raise HPUUnavailableError(NO_HPU_MESSAGE)
-        lazy = os.environ.get(runtime.LAZY_MODE_ENV, "").strip().lower()
-        if lazy in ("1", "true") and not runtime.bridge_loaded() and (why := runtime.lazy_mode_unavailable()):
-            # refused before the bridge loads, which would stop on an assertion
-            raise ValueError(f"{runtime.LAZY_MODE_ENV}={lazy} asks for lazy mode, but {why}. {runtime.NO_LAZY_FIX}.")
+        # lazy mode on a build without it is refused before the bridge loads (it would stop on an assertion)
+        if lazy and not runtime.bridge_loaded() and (why := runtime.lazy_mode_unavailable()):
+            raise ValueError(f"{runtime.LAZY_MODE_ENV}=1 asks for lazy mode, but {why}. {runtime.NO_LAZY_FIX}.")
         from lightning_gaudi.hpu.bridge import HabanaBackend
 
         backend = HabanaBackend()

@@ -39,6 +39,25 @@ EXECUTION_MODES = ("lazy", "eager", "compile")
 DEFAULT_EMULATED_DEVICES = 8
 DEFAULT_DEVICE_NAME = "GAUDI2"
 _FLAGS = {"true": True, "1": True, "false": False, "0": False}
+#: The bridge's booleans (v1.19.0 ``backend/synapse_helpers/env_flags.cpp:261-281``, ``parse_env_bool``): ``1``,
+#: ``true``, ``0``, ``false`` in any case and nothing else, not even with a space; anything else is fatal.
+_BRIDGE_BOOLS = {"1": True, "true": True, "0": False, "false": False}
+#: The bridge's ``unsigned`` flags hold at most this (v1.19.0 ``env_flags.cpp:476-481``: ``numeric_limits<unsigned>``).
+_UNSIGNED_MAX = 2**32 - 1
+#: The values of ``PT_HPU_LAZY_MODE`` every reader in bridge 1.19 agrees on (see :func:`lazy_mode`).
+LAZY_MODE_VALUES = ("0", "1")
+#: Recipe-cache defaults (v1.19.0 ``scripts/env_flags.yaml:715-723``: ``PT_CACHE_FOLDER_SIZE_MB`` 1024,
+#: ``PT_CACHE_FOLDER_DELETE`` false); Intel's runtime-flags page gives ``on_nfs`` the default false.
+DEFAULT_RECIPE_CACHE_MB = 1024
+#: The deprecated variables a missing field of ``PT_HPU_RECIPE_CACHE_CONFIG`` leaves in force (v1.19.0
+#: ``pytorch_helpers/habana_helpers/habana_serialization/recipe_cache_config.cpp:74-101``).
+RECIPE_CACHE_DELETE_ENV = "PT_CACHE_FOLDER_DELETE"
+RECIPE_CACHE_SIZE_ENV = "PT_CACHE_FOLDER_SIZE_MB"
+#: Intel's bridge distribution, whose version says which recipe-cache fields it reads.
+BRIDGE_DISTRIBUTION = "habana-torch-plugin"
+#: The last bridge release known to refuse a 4th recipe-cache field: v1.19.0 ``recipe_cache_config.cpp:60-62``
+#: asserts 1 to 3 fields.
+LAST_THREE_FIELD_BRIDGE = (1, 19)
 
 
 ExecutionMode = Literal["lazy", "eager", "compile"]
@@ -163,64 +182,217 @@ def emulated_compile_backend(environ: Mapping[str, str] | None = None) -> str:
 
 
 def _flag(name: str, value: Any) -> bool | None:
+    """A setting given to :class:`Runtime`: a bool, or a string the bridge reads as one (:func:`bridge_bool`)."""
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().lower() in _FLAGS:
-        return _FLAGS[value.strip().lower()]
+    if isinstance(value, str):
+        return bridge_bool(name, value)
     if not isinstance(value, bool):
         raise ValueError(f"`{name}={value!r}` must be true or false.")
     return value
 
 
+def bridge_bool(name: str, raw: str) -> bool:
+    """``raw`` read as Intel's bridge reads a boolean variable or field, or ``ValueError`` naming ``name``.
+
+    Source: gaudi-pytorch-bridge v1.19.0 ``backend/synapse_helpers/env_flags.cpp:261-281`` (``parse_env_bool``:
+    ``absl::EqualsIgnoreCase`` against ``1``/``true``/``0``/``false``, anything else ``PT_SYNHELPER_FATAL``)."""
+    parsed = _BRIDGE_BOOLS.get(raw.lower()) if raw.isascii() else None
+    if parsed is None:
+        raise ValueError(
+            f"{name}={raw!r} is not a boolean Intel's bridge reads: it accepts 1, true, 0 or false (any case, no"
+            " spaces) and stops on anything else."
+        )
+    return parsed
+
+
+def bridge_unsigned(name: str, raw: str) -> int:
+    """``raw`` read as Intel's bridge reads an ``unsigned`` variable or field, or ``ValueError`` naming ``name``.
+
+    Source: gaudi-pytorch-bridge v1.19.0 ``backend/synapse_helpers/env_flags.cpp:307-396`` (``parse_env_numeric``):
+    a value holding a letter a-f without a ``0x`` prefix is read as hexadecimal (``1e3`` is 483), then ``strtoul``
+    with base 0 (``010`` is octal 8, ``-5`` wraps to 4294967291, a leading space is skipped), a trailing character is
+    fatal, and the result is cast to 32 bits (``4294967296`` becomes 0). Accepted here: decimal digits without a
+    leading zero, or ``0x`` and hexadecimal digits, up to 4294967295, which the bridge reads as written."""
+    value: int | None = None
+    if raw.isascii() and raw.isdigit() and (raw == "0" or not raw.startswith("0")):
+        value = int(raw)
+    elif raw[:2].lower() == "0x" and raw[2:] and all(c in "0123456789abcdefABCDEF" for c in raw[2:]):
+        value = int(raw[2:], 16)
+    if value is None or value > _UNSIGNED_MAX:
+        raise ValueError(
+            f"{name}={raw!r} is not a whole number Intel's bridge reads as written: use decimal digits without a"
+            f" leading zero, sign or space (or 0x and hex digits), at most {_UNSIGNED_MAX}. The bridge reads 010 as"
+            " octal 8, 1e3 as hex 0x1e3, -5 as 4294967291 and 4294967296 as 0, and stops on a trailing character."
+        )
+    return value
+
+
+def lazy_mode(environ: Mapping[str, str] | None = None) -> bool | None:
+    """Whether ``PT_HPU_LAZY_MODE`` asks for lazy mode (``None`` when unset); ``ValueError`` for a value the bridge
+    breaks on or reads two ways. Reads the environment only: call it before the bridge loads.
+
+    Bridge 1.19 reads the variable four ways, and only ``0`` and ``1`` mean the same to all of them (sources at
+    gaudi-pytorch-bridge v1.19.0):
+
+    - ``python_packages/habana_frameworks/torch/utils/internal.py:27``: ``is_lazy()`` is ``value != "0"``, so
+      ``false`` or ``00`` is lazy mode; ``torch/__init__.py:47-51`` then asserts Intel's PyTorch fork and loads the
+      lazy plug-in;
+    - ``python_packages/habana_frameworks/torch/distributed/hccl/__init__.py:11``: ``int(value)``, imported by
+      ``torch/__init__.py:55``, so ``false``, ``true`` or an empty value make ``import habana_frameworks.torch``
+      raise ``ValueError: invalid literal for int()``;
+    - ``scripts/env_flags.yaml:83-85`` with ``env_flags.cpp:307-396``: an ``unsigned`` (``false`` is fatal, ``010``
+      is 8), which ``backend/habana_device/HPUStream.cpp:108,120`` compares with 1 and 0 and
+      ``habana_kernels/lazy_kernels.cpp:212-213`` reads 2 and 3 as debug flush modes;
+    - ``python_packages/habana_frameworks/torch/hpu/graphs.py:960`` and ``autoload/__init__.py:32``: ``value == "1"``,
+      so ``2`` is lazy mode to ``is_lazy()`` and not lazy to HPU graphs.
+    """
+    raw = _environ(environ).get(LAZY_MODE_ENV)
+    if raw is None:
+        return None
+    if raw not in LAZY_MODE_VALUES:
+        raise ValueError(
+            f"{LAZY_MODE_ENV}={raw!r} is not a value Intel's bridge reads one way; it accepts {LAZY_MODE_ENV}=0 (eager"
+            f" mode, also for compile mode) or {LAZY_MODE_ENV}=1 (lazy mode), or the variable unset. The bridge reads"
+            " it with int(...) (where 'false' or 'true' stop its import) and elsewhere as lazy unless exactly '0'."
+        )
+    return raw == "1"
+
+
+def split_recipe_cache(value: str) -> list[str]:
+    """``PT_HPU_RECIPE_CACHE_CONFIG`` cut into fields as the bridge cuts it (v1.19.0
+    ``recipe_cache_config.cpp:104-113``: ``std::getline`` on ``,``, which keeps empty fields but drops one empty
+    field after a trailing comma)."""
+    parts = value.split(",")
+    if value.endswith(","):
+        parts.pop()
+    return parts
+
+
 @dataclass(frozen=True)
 class RecipeCache:
-    """The bridge's on-disk cache of compiled graphs (``PT_HPU_RECIPE_CACHE_CONFIG``): a local directory, whether
-    to empty it when the bridge starts, and its size limit (oldest recipes evicted first)."""
+    """The bridge's on-disk cache of compiled graphs (``PT_HPU_RECIPE_CACHE_CONFIG``): a directory (``""``: no disk
+    cache), whether to empty it when the bridge starts, its size limit in MB (``0``: no limit; otherwise the oldest
+    recipes are evicted first), and whether it is on NFS (the 4th field of Intel's current runtime-flags page; bridge
+    1.19 reads 3 fields and stops on a 4th, so the variable gets it only when ``on_nfs`` is true).
+
+    In inference mode (the bridge's ``enable_inference_mode()``) the bridge appends the process's ``RANK`` to the
+    directory, without a separator: :meth:`directory`."""
 
     path: str
     delete_on_start: bool = False
-    max_size_mb: int = 1024
+    max_size_mb: int = DEFAULT_RECIPE_CACHE_MB
+    on_nfs: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.path, str) or not self.path.strip() or "," in self.path:
-            raise ValueError(f"recipe cache path {self.path!r} must be a non-empty directory path without commas.")
-        if not isinstance(self.delete_on_start, bool):
-            raise ValueError(f"recipe cache delete_on_start={self.delete_on_start!r} must be true or false.")
+        path = self.path
+        if not isinstance(path, str) or "," in path or path != path.strip():
+            raise ValueError(
+                f"recipe cache path {path!r} must be a directory path without commas or surrounding spaces (the"
+                " bridge cuts the variable at commas and takes the path as written), or '' for no disk cache."
+            )
+        for name in ("delete_on_start", "on_nfs"):
+            flag = _flag(f"recipe cache {name}", getattr(self, name))
+            if flag is None:
+                raise ValueError(f"recipe cache {name}=None must be true or false.")
+            object.__setattr__(self, name, flag)
         size = self.max_size_mb
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"recipe cache max_size_mb={size!r} must be a positive whole number of megabytes.")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= _UNSIGNED_MAX:
+            raise ValueError(
+                f"recipe cache max_size_mb={size!r} must be a whole number of megabytes from 0 (no limit) to"
+                f" {_UNSIGNED_MAX}."
+            )
 
     @classmethod
-    def parse(cls, value: RecipeCache | str | Mapping[str, Any]) -> RecipeCache:
-        """Reads ``"<dir>,<delete_on_start true|false>,<max_MB>"``, a mapping of the attributes, or an instance."""
+    def parse(
+        cls,
+        value: RecipeCache | str | Mapping[str, Any],
+        environ: Mapping[str, str] | None = None,
+    ) -> RecipeCache:
+        """Reads ``"<dir>[,<delete_on_start true|false>[,<max_MB>[,<on_nfs true|false>]]]"``, a mapping of the
+        attributes, or an instance. Fields are read as the bridge reads them (:func:`bridge_bool`,
+        :func:`bridge_unsigned`); a missing or empty field keeps the bridge's value, ``PT_CACHE_FOLDER_DELETE`` /
+        ``PT_CACHE_FOLDER_SIZE_MB`` in ``environ`` when given, else false / 1024 (v1.19.0
+        ``recipe_cache_config.cpp:74-101``)."""
         if isinstance(value, RecipeCache):
             return value
         if isinstance(value, Mapping):
-            unknown = set(value) - {"path", "delete_on_start", "max_size_mb"}
+            unknown = set(value) - {"path", "delete_on_start", "max_size_mb", "on_nfs"}
             if unknown or "path" not in value:
                 raise ValueError(
-                    f"recipe cache {dict(value)!r} needs `path` and may have `delete_on_start`, `max_size_mb`"
-                    f" (unknown: {sorted(unknown) or 'none'})."
+                    f"recipe cache {dict(value)!r} needs `path` and may have `delete_on_start`, `max_size_mb`,"
+                    f" `on_nfs` (unknown: {sorted(unknown) or 'none'})."
                 )
             return cls(**value)
-        if not isinstance(value, str):
-            raise ValueError(f"recipe cache {value!r} must be a string like '/tmp/recipes,false,1024' or a mapping.")
-        parts = [part.strip() for part in value.split(",")]
-        if len(parts) != 3:
-            raise ValueError(
-                f"recipe cache {value!r} must have 3 comma-separated parts: '<dir>,<delete_on_start true|false>,"
-                "<max_MB>', e.g. '/tmp/recipes,false,1024'."
-            )
-        path, delete, size = parts
-        if delete.lower() not in _FLAGS:
-            raise ValueError(f"recipe cache {value!r}: delete_on_start {delete!r} must be true or false.")
-        if not size.isdigit():
-            raise ValueError(f"recipe cache {value!r}: max_MB {size!r} must be a positive whole number.")
-        return cls(path, _FLAGS[delete.lower()], int(size))
+        form = "'<dir>[,<delete_on_start true|false>[,<max_MB>[,<on_nfs true|false>]]]', e.g. '/tmp/recipes,false,1024'"
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"recipe cache {value!r} must be a string like {form}, or a mapping.")
+        name = f"{RECIPE_CACHE_ENV}={value!r}"
+        parts = split_recipe_cache(value)
+        if len(parts) > 4:
+            raise ValueError(f"{name} has {len(parts)} comma-separated fields; it takes 1 to 4: {form}.")
+        env = {} if environ is None else environ
+        delete = (
+            bridge_bool(RECIPE_CACHE_DELETE_ENV, env[RECIPE_CACHE_DELETE_ENV])
+            if env.get(RECIPE_CACHE_DELETE_ENV)
+            else False
+        )
+        size = (
+            bridge_unsigned(RECIPE_CACHE_SIZE_ENV, env[RECIPE_CACHE_SIZE_ENV])
+            if env.get(RECIPE_CACHE_SIZE_ENV)
+            else DEFAULT_RECIPE_CACHE_MB
+        )
+        on_nfs = False
+        fields = parts + [""] * (4 - len(parts))
+        if fields[1]:
+            delete = bridge_bool(f"{name}: delete_on_start (field 2)", fields[1])
+        if fields[2]:
+            size = bridge_unsigned(f"{name}: max_MB (field 3)", fields[2])
+        if fields[3]:
+            on_nfs = bridge_bool(f"{name}: on_nfs (field 4)", fields[3])
+        try:
+            return cls(fields[0], delete, size, on_nfs)
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
 
     def env_value(self) -> str:
-        """The value of ``PT_HPU_RECIPE_CACHE_CONFIG``."""
-        return f"{self.path},{str(self.delete_on_start).lower()},{self.max_size_mb}"
+        """The value of ``PT_HPU_RECIPE_CACHE_CONFIG``, in the documented order; the 4th field only when ``on_nfs``
+        (its default is false, and bridge 1.19 stops on a 4th field)."""
+        value = f"{self.path},{str(self.delete_on_start).lower()},{self.max_size_mb}"
+        return f"{value},true" if self.on_nfs else value
+
+    def directory(self, inference: bool = False, environ: Mapping[str, str] | None = None) -> str:
+        """Where the bridge keeps the recipes: :attr:`path`, with ``RANK`` (read like C's ``atoi``, ``0`` when unset)
+        appended in inference mode (v1.19.0 ``recipe_cache_config.cpp:65-72``)."""
+        if not inference or not self.path:
+            return self.path
+        return f"{self.path}{_atoi(_environ(environ).get('RANK', '0'))}"
+
+
+def _atoi(raw: str) -> int:
+    """C's ``atoi``: leading spaces, an optional sign, then the digits up to the first other character (``0``
+    without any)."""
+    text = raw.lstrip(" \t\n\v\f\r")
+    sign = -1 if text[:1] == "-" else 1
+    text = text[1:] if text[:1] in "+-" and text else text
+    digits = ""
+    for c in text:
+        if not ("0" <= c <= "9"):
+            break
+        digits += c
+    return sign * int(digits) if digits else 0
+
+
+def bridge_release() -> tuple[int, int] | None:
+    """The installed bridge's (major, minor) release from its distribution's metadata, or ``None`` when it is not
+    installed or says no version. Does not import the bridge."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        parts = version(BRIDGE_DISTRIBUTION).split(".")
+        return int(parts[0]), int(parts[1])
+    except (PackageNotFoundError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -285,11 +457,9 @@ class Runtime:
         env = _environ(environ)
         mode = emulation_mode(env)
         lazy = env.get(LAZY_MODE_ENV)
+        parsed = lazy_mode(env)  # refused in emulation too: the same job would stop on a Gaudi
         execution_mode: str | None = mode
-        if mode is None and lazy is not None:
-            parsed = _FLAGS.get(lazy.strip().lower())
-            if parsed is None:
-                raise ValueError(f"{LAZY_MODE_ENV}={lazy!r} must be 1 (lazy mode) or 0 (eager mode).")
+        if mode is None and parsed is not None:
             execution_mode = "lazy" if parsed else "eager"
         if _compile_flag(env):
             if execution_mode == "lazy":
@@ -300,7 +470,8 @@ class Runtime:
                     f" {LAZY_MODE_ENV}=0 on a Gaudi); lightning_gaudi.configure(execution_mode=...) sets both."
                 )
             execution_mode = "compile"
-        int64 = env.get(INT64_ENV)
+        int64 = env.get(INT64_ENV) or None  # empty: the bridge's default (env_flags.cpp:294-300)
+        recipe_cache = _recipe_cache_from_env(env, emulated=mode is not None)
         lists = {key: read_list(env.get(key)) for key in (BF16_LIST_ENV, FP32_LIST_ENV)}
         list_file = env.get(BF16_LIST_ENV) or env.get(FP32_LIST_ENV)
         return cls(
@@ -309,7 +480,7 @@ class Runtime:
             emulated_devices=emulated_devices(env) if DEVICES_ENV in env else None,
             emulated_device_name=emulated_device_name(env) if DEVICE_NAME_ENV in env else None,  # type: ignore[arg-type]
             int64_support=_flag(INT64_ENV, int64) if int64 is not None else None,
-            recipe_cache=env.get(RECIPE_CACHE_ENV) or None,
+            recipe_cache=recipe_cache,
             autocast_bf16_ops=lists[BF16_LIST_ENV],
             autocast_fp32_ops=lists[FP32_LIST_ENV],
             autocast_list_dir=str(Path(list_file).parent) if list_file and any(lists.values()) else None,
@@ -318,6 +489,23 @@ class Runtime:
     def replace(self, **changes: Any) -> Runtime:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+
+def _recipe_cache_from_env(env: Mapping[str, str], emulated: bool) -> RecipeCache | None:
+    """``PT_HPU_RECIPE_CACHE_CONFIG`` (empty is unset, as for the bridge: ``env_flags.cpp:248-258``); a 4th field is
+    refused where the installed bridge is known to stop on it (bridge 1.19, ``recipe_cache_config.cpp:60-62``)."""
+    value = env.get(RECIPE_CACHE_ENV)
+    if not value:
+        return None
+    cache = RecipeCache.parse(value, env)
+    release = None if emulated or len(split_recipe_cache(value)) < 4 else bridge_release()
+    if release is not None and release <= LAST_THREE_FIELD_BRIDGE:
+        raise ValueError(
+            f"{RECIPE_CACHE_ENV}={value!r} has a 4th field (on_nfs), but the installed bridge"
+            f" ({BRIDGE_DISTRIBUTION} {release[0]}.{release[1]}) reads 1 to 3 fields and stops on a 4th. Drop the"
+            " 4th field (its default is false: a local disk), or use Gaudi software that documents it."
+        )
+    return cache
 
 
 def _compile_flag(env: Mapping[str, str]) -> bool:
