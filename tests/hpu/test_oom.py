@@ -8,11 +8,15 @@ double (``%g``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
+from helpers.workload import Workload, loader, quiet_trainer
 from lightning.pytorch.utilities.memory import is_oom_error
+from torch import Tensor
 
 from lightning_gaudi import hpu
 from lightning_gaudi.hpu import oom
@@ -121,3 +125,21 @@ def test_a_refusal_the_card_would_grant_says_so(eager_hpu: hpu.Backend) -> None:
     assert str(error).endswith(
         "[Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1073741824 (1024)MB"
     )
+
+
+class HostRefuses(Workload):
+    def train_dataloader(self) -> Any:
+        return loader(1)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        torch.empty(2**62, dtype=torch.uint8)  # more than any host has: the allocator refuses at once
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_fit_that_runs_out_in_emulation_quotes_the_bridge(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
+    """The strategy explains the error on its way out of ``fit``: the host's words, then the bridge's."""
+    trainer = quiet_trainer(default_root_dir=tmp_path, max_steps=1)
+    with pytest.raises(RuntimeError) as error:
+        trainer.fit(HostRefuses())
+    assert "DefaultCPUAllocator: can't allocate memory" in str(error.value)
+    assert str(error.value).endswith(oom.allocation_failed_message(2**62, 0))
