@@ -6,6 +6,7 @@ the card's); once from a wheel installed in a fresh virtual environment, outside
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -237,6 +238,47 @@ def test_a_first_generation_gaudi_skips_fp8(double_on_the_cpu: ModuleType) -> No
     outcome = checks.fp8_check(hpu.get_backend())
     assert outcome.status == SKIPPED
     assert "GAUDI has no FP8" in outcome.reason
+
+
+#: The bridge's error for a card that cannot hold 24 MiB more (gaudi-pytorch-bridge v1.19.0,
+#: backend/synapse_helpers/device_memory.cpp:1060-1065).
+DEVMEM_OOM = "[Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::25165824 (24)MB"
+
+
+def test_a_check_out_of_device_memory_says_so(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker runs the check in its process; the bridge's PT_DEVMEM error is reported as the card running out."""
+    from lightning_gaudi.doctor import worker
+
+    def out_of_memory(backend: hpu.Backend) -> Outcome:
+        raise RuntimeError(DEVMEM_OOM)
+
+    monkeypatch.setitem(CHECKS, "memory_stats", ("eager", out_of_memory))
+    monkeypatch.setitem(CHECKS, "FusedSDPA", ("eager", lambda backend: 1 / 0))
+    assert worker.main(["eager", "memory_stats", "FusedSDPA"]) == 0
+    outcomes = {}
+    for line in capsys.readouterr().out.splitlines():
+        message = json.loads(line[len(worker.MARK) :])
+        if "name" in message:
+            name = message.pop("name")
+            outcomes[name] = Outcome(**message)
+    oom = outcomes["memory_stats"]
+    assert oom.status == FAIL
+    assert oom.reason.startswith(f"out of device memory on the GAUDI2: RuntimeError: {DEVMEM_OOM} (test_doctor.py:")
+    assert "hl-smi" in oom.reason
+    other = outcomes["FusedSDPA"]
+    assert other.status == FAIL
+    assert other.reason.startswith("ZeroDivisionError: division by zero (test_doctor.py:"), "other errors as before"
+
+
+def test_the_doctor_recognises_the_bridge_doubles_out_of_memory(double_on_the_cpu: ModuleType) -> None:
+    double_on_the_cpu.configure(lazy=False, memory={"Limit": 8 * 2**20})
+    with pytest.raises(RuntimeError) as error:
+        double_on_the_cpu.run_ops(16 * 2**20)
+    outcome = checks.failure(hpu.get_backend(), error.value)
+    assert outcome.status == FAIL
+    assert outcome.reason.startswith("out of device memory on the GAUDI2: RuntimeError: [Rank:0] FATAL ERROR ::")
 
 
 def test_stock_pytorch_builds_skip_lazy_mode(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,22 @@ class Outcome:
     reason: str = ""
     figure: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def failure(backend: hpu.Backend, error: BaseException) -> Outcome:
+    """The outcome of a check that raised ``error``: its type, first line and where; an error the backend takes for
+    running out of device memory (:meth:`~lightning_gaudi.hpu.Backend.is_out_of_memory`: the bridge's PT_DEVMEM
+    message, torch's ``OutOfMemoryError``, an emulator host's refusal) says so first."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" ({frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
+    what = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}{where}"
+    if backend.is_out_of_memory(error):
+        return Outcome(
+            FAIL,
+            f"out of device memory on the {backend.device_name()}: {what}. The checks need a few MiB: another process"
+            " may hold the card's memory (`hl-smi` lists the processes on each card)",
+        )
+    return Outcome(FAIL, what)
 
 
 def _max_error(found: Tensor, expected: Tensor) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import traceback
 from collections.abc import Mapping
 
 from lightning_gaudi.hpu import runtime
@@ -34,7 +33,7 @@ def _emit(message: dict[str, object]) -> None:
 
 def main(argv: list[str]) -> int:
     from lightning_gaudi import hpu
-    from lightning_gaudi.doctor.checks import CHECKS, FAIL, Outcome
+    from lightning_gaudi.doctor.checks import CHECKS, FAIL, Outcome, failure
 
     names = argv[1:]
     try:
@@ -48,11 +47,7 @@ def main(argv: list[str]) -> int:
         try:
             outcome = CHECKS[name][1](backend)
         except Exception as error:
-            last = traceback.extract_tb(error.__traceback__)[-1]
-            where = f" ({last.filename.rsplit('/', 1)[-1]}:{last.lineno})"
-            outcome = Outcome(
-                FAIL, f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}{where}"
-            )
+            outcome = failure(backend, error)
         _emit({"name": name, **dataclasses.asdict(outcome)})
     return 0
 

@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 from torch.profiler import ProfilerActivity
 
 from lightning_gaudi.hpu.fp8 import NeuralCompressor, TransformerEngine
+from lightning_gaudi.hpu.oom import is_bridge_out_of_memory
 
 #: The keys of ``habana_frameworks.torch.hpu.memory_stats()``, which every backend returns.
 MEMORY_STAT_KEYS = (
@@ -115,8 +116,10 @@ class Backend(abc.ABC):
         return None
 
     def is_out_of_memory(self, error: BaseException) -> bool:
-        """Whether ``error`` says this device ran out of memory (torch's error, or the device's own wording)."""
-        return isinstance(error, torch.OutOfMemoryError)
+        """Whether ``error`` says this device ran out of memory: torch's ``OutOfMemoryError``, or the bridge's
+        ``RuntimeError`` (``[Rank:N] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::B (M)MB``,
+        :func:`~lightning_gaudi.hpu.oom.is_bridge_out_of_memory`), which emulation recognises as well."""
+        return isinstance(error, torch.OutOfMemoryError) or is_bridge_out_of_memory(error)
 
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
         """Prepares the collective backend; call before ``torch.distributed.init_process_group``."""

@@ -25,10 +25,6 @@ class _BridgeClipNorm(ClipNorm):
         return self._fused.clip_norm(parameters)
 
 
-#: What an HPU out-of-memory error says, lower-cased (see :meth:`HabanaBackend.is_out_of_memory`).
-_OUT_OF_MEMORY = "out of memory"
-
-
 def _stat(metric: Any, tag: str, default: Any) -> Any:
     if metric is None:
         return default
@@ -81,12 +77,6 @@ class HabanaBackend(Backend):
 
     def reset_peak_memory_stats(self) -> None:
         self._hpu.reset_peak_memory_stats()
-
-    def is_out_of_memory(self, error: BaseException) -> bool:
-        # Intel does not document the bridge's exception text: a RuntimeError saying "out of memory" is taken for one
-        return super().is_out_of_memory(error) or (
-            isinstance(error, RuntimeError) and _OUT_OF_MEMORY in str(error).lower()
-        )
 
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
         hccl = self._import(".distributed.hccl")  # registers the "hccl" process-group backend

@@ -4,6 +4,7 @@ autocast; memory statistics are the host process's against the emulated card's H
 from __future__ import annotations
 
 import os
+import re
 import resource
 from collections.abc import Iterable
 from typing import Any
@@ -14,6 +15,7 @@ from torch.optim import Optimizer
 
 from lightning_gaudi.hpu.backend import GAUDI_MEMORY_GIB, MEMORY_STAT_KEYS, Backend, ClipNorm
 from lightning_gaudi.hpu.hccl import register_emulated_hccl
+from lightning_gaudi.hpu.oom import allocation_failed_message, is_bridge_out_of_memory
 from lightning_gaudi.hpu.runtime import emulated_compile_backend
 
 #: torch threads per emulator process unless the user chose a count (a thread per core ran 2.8 to 3.9 times slower
@@ -50,8 +52,8 @@ def _apply_thread_policy() -> None:
         torch.set_num_threads(EMULATED_THREADS)
 
 
-#: What torch's CPU allocator says when the host has no memory left.
-_HOST_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"
+#: What torch's CPU allocator says when the host has no memory left, and the size it refused.
+_HOST_OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory(?:: you tried to allocate (\d+) bytes)?")
 
 
 class TorchClipNorm(ClipNorm):
@@ -111,10 +113,34 @@ class EagerBackend(Backend):
         return host_memory_stats(GAUDI_MEMORY_GIB[self._device_name] * 2**30)
 
     def is_out_of_memory(self, error: BaseException) -> bool:
-        # the emulated card's memory is the host's: its allocator's refusal
+        # torch's error and the bridge's wording (a model or test may raise it), or, the emulated card's memory being
+        # the host's, its allocator's refusal
         return super().is_out_of_memory(error) or (
-            isinstance(error, RuntimeError) and _HOST_OUT_OF_MEMORY in str(error)
+            isinstance(error, RuntimeError) and _HOST_OUT_OF_MEMORY.search(str(error)) is not None
         )
+
+    def explain_error(self, error: BaseException) -> bool:
+        """Words the host allocator's refusal as the bridge words a card that ran out (the PT_DEVMEM line of
+        :func:`~lightning_gaudi.hpu.oom.allocation_failed_message`), after the host's own message and saying which it
+        is. The emulator holds tensors in host memory and cannot refuse an allocation the host would grant, so an
+        emulated card never runs out by itself before the host does."""
+        if not isinstance(error, RuntimeError) or len(error.args) != 1 or not isinstance(error.args[0], str):
+            return False
+        message = error.args[0]
+        found = _HOST_OUT_OF_MEMORY.search(message)
+        if found is None or found.group(1) is None or is_bridge_out_of_memory(error):
+            return False
+        nbytes, name = int(found.group(1)), self._device_name
+        card = GAUDI_MEMORY_GIB[name]
+        if nbytes > card * 2**30:
+            fits = f"more than a {name}'s {card} GiB, so a Gaudi runs out too"
+        else:
+            fits = f"within a {name}'s {card} GiB: the host has less free memory than the card"
+        error.args = (
+            f"{message}\n\nlightning_gaudi: the emulated {name}'s memory is this host's, whose allocator refused"
+            f" {nbytes} bytes ({fits}); a Gaudi that runs out says {allocation_failed_message(nbytes)}",
+        )
+        return True
 
     def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:
         return torch.optim.AdamW(params, fused=True, **kwargs)

@@ -99,6 +99,8 @@ class LazyBackend(EagerBackend):
         self._metrics.reset()
 
     def explain_error(self, error: BaseException) -> bool:
+        if super().explain_error(error):  # the host ran out
+            return True
         if not isinstance(error, RuntimeError) or len(error.args) != 1 or not isinstance(error.args[0], str):
             return False
         message = error.args[0]

@@ -60,9 +60,8 @@ config = Config()
 #: Device memory the ops recorded into the current lazy graph need (see :func:`run_ops`).
 pending_graph_bytes = 0
 
-#: The phrase of the double's out-of-memory error. Intel's documentation (../shared/habana-api.md and the seeds)
-#: speaks of "out of memory (OOM)" but does not show the bridge's exception text; the double carries that phrase.
-OUT_OF_MEMORY = "out of memory"
+#: What starts the bridge's error for device memory that ran out, after ``[Rank:N] `` (see :func:`out_of_memory_error`).
+OUT_OF_MEMORY = "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::"
 
 
 def record(name: str, *args: Any, **kwargs: Any) -> None:
@@ -139,7 +138,17 @@ def _run(nbytes: int) -> None:
 
 
 def out_of_memory_error(nbytes: int) -> RuntimeError:
-    """The error the double raises when ops need more device memory than is free (see :data:`OUT_OF_MEMORY`)."""
-    stats = memory()
-    free = stats["Limit"] - stats["InUse"]
-    return RuntimeError(f"HPU {OUT_OF_MEMORY}: ops need {nbytes} bytes, {free} of {stats['Limit']} are free")
+    """The bridge's error when ops need more device memory than is free, a plain ``RuntimeError`` (the bridge throws
+    ``c10::Error``, no ``torch.OutOfMemoryError``), worded as gaudi-pytorch-bridge v1.19.0 words it:
+
+    - backend/synapse_helpers/device_memory.cpp:1060-1065 (``device_memory::get_pointer``): ``PT_DEVMEM_FATAL(
+      "Allocation failed for size::", size, " (", static_cast<double>(size) / (1024 * 1024.), ")MB")``;
+    - pytorch_helpers/habana_helpers/logging.h:317-342 (``PT_MOD_FATAL``): the exception's text is ``"[Rank:",
+      get_rank(), "] ", "FATAL ERROR :: MODULE:", "PT_DEVMEM", " ", ...``, streamed by ``std::ostringstream``
+      (logging.h:148-168): the size in decimal, the MiB as ``%g`` prints a double;
+    - pytorch_helpers/habana_helpers/logging.cpp:169-176: the rank is ``RANK``, 0 when unset (read once per process
+      by the bridge; the double reads it each time).
+    """
+    rank = os.environ.get("RANK", "").strip()
+    rank = rank if rank.isdigit() else "0"
+    return RuntimeError(f"[Rank:{int(rank)}] {OUT_OF_MEMORY}{nbytes} ({nbytes / (1024 * 1024.0):g})MB")
