@@ -432,7 +432,6 @@ def test_the_adapters_positional_kernel_calls_bind_to_intels_parameters(bridge_d
 #: Facts of the table the CPU emulator cannot share, and what it uses instead (there is no HCCL or hpu_backend on a
 #: CPU): row -> (the emulator's attribute, its stand-in).
 EMULATOR_STAND_INS = {
-    "hccl process-group backend name": ("collective_backend", "gloo"),
     "torch.compile backend name": ("compile_backend", runtime.DEFAULT_EMULATED_COMPILE_BACKEND),
 }
 
@@ -444,6 +443,7 @@ def test_names_the_adapter_uses_are_intels(bridge_double: ModuleType, clean_hpu_
     assert backend.compile_backend == STRUCTURES["DeepSpeed HPU_Accelerator compile backend"][0]
     clean_hpu_env.delenv(runtime.COMPILE_BACKEND_ENV, raising=False)
     emulator = EagerBackend(1, "GAUDI2")
+    assert emulator.collective_backend == STRUCTURES["hccl process-group backend name"][0]  # gloo behind HCCL's rules
     for row, (attribute, stand_in) in EMULATOR_STAND_INS.items():
         assert getattr(emulator, attribute) == stand_in != STRUCTURES[row].value, row
     assert (
@@ -497,11 +497,6 @@ def test_the_recipe_cache_defaults_and_fields_are_the_bridges() -> None:
     assert 1 <= len(cache.env_value().split(",")) <= 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bridge.py looks for 'out of memory', which the bridge's PT_DEVMEM error never says (error texts table);"
-    " the OOM wording change fixes it: then remove this mark",
-)
 def test_the_adapter_recognizes_the_bridges_out_of_memory_error(bridge_double: ModuleType) -> None:
     real = "[Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1073741824 (1024)MB"
     assert error_pattern("device out of memory").fullmatch(real)
@@ -551,3 +546,14 @@ def test_the_fp8_inference_adapter_fits_the_real_inc() -> None:
         blocklist = {"names": ["head"], "types": []}
         config = inc.FP8Config(mode=mode, dump_stats_path="/tmp/lg/measure", fp8_config="E4M3", blocklist=blocklist)
         assert (config.measure, config.quantize) == (mode == "MEASURE", mode == "QUANTIZE")
+
+
+def test_the_emulated_hccl_group_keeps_the_tables_rules() -> None:
+    """lightning_gaudi.hpu.hccl (the emulator's and the double's "hccl" group) against the constants and errors rows."""
+    from lightning_gaudi.hpu import hccl
+
+    assert set(hccl.HCCL_REDUCE_OPS) == set(hccl_reduce_ops())
+    assert frozenset(hccl_dtypes()) == hccl.HCCL_DTYPES
+    assert error_text("HCCL reduce op not supported") == hccl.UNSUPPORTED_REDUCE_OP_MESSAGE
+    assert error_text("HCCL AVG on bool") == hccl.BOOL_AVG_MESSAGE
+    assert error_pattern("HCCL dtype not supported").fullmatch(hccl.UNSUPPORTED_DTYPE_MESSAGE + "Short")
