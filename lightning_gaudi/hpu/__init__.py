@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_gaudi.hpu import runtime
+from lightning_gaudi.hpu import hccl, runtime
 from lightning_gaudi.hpu.backend import GAUDI_NAMES, MEMORY_STAT_KEYS, Backend, ClipNorm, LazyCounters
 from lightning_gaudi.hpu.runtime import (
     DEVICE_NAME_ENV,
@@ -86,8 +86,10 @@ def device_summary(used_devices: int, strategy: str | None = None, num_nodes: in
 
 
 def explain_error(error: BaseException) -> bool:
-    """:meth:`Backend.explain_error` of every backend in use; returns whether one rewrote ``error``. Never raises."""
-    return any(backend.explain_error(error) for backend in list(_backends.values()))
+    """HCCL's way out of its reduce-op error (:func:`.hccl.explain`), then :meth:`Backend.explain_error` of every
+    backend in use; returns whether one rewrote ``error``. Never raises."""
+    explained = hccl.explain(error)
+    return any(backend.explain_error(error) for backend in list(_backends.values())) or explained
 
 
 def get_backend() -> Backend:

@@ -41,6 +41,7 @@ __all__ = [
     "EmulatedHCCLGroup",
     "check_dtype",
     "check_reduce_op",
+    "explain",
     "register_emulated_hccl",
 ]
 
@@ -100,6 +101,25 @@ def check_dtype(tensors: Iterable[Tensor]) -> None:
         if tensor.dtype not in HCCL_DTYPES:
             name = _C10_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
             raise RuntimeError(UNSUPPORTED_DTYPE_MESSAGE + name)
+
+
+#: What :func:`explain` adds to HCCL's reduce-op error.
+REDUCE_OP_WAY_OUT = (
+    "lightning_gaudi: HCCL reduces with SUM, MIN, MAX and PRODUCT only (no AVG or PREMUL_SUM). For a mean, all-reduce a"
+    ' SUM and divide by the world size, as `self.all_reduce(x, reduce_op="mean")` in a LightningModule and'
+    ' `fabric.all_reduce(x, reduce_op="mean")` do.'
+)
+
+
+def explain(error: BaseException) -> bool:
+    """Adds the way out to HCCL's reduce-op error (raised by the bridge or the emulator); returns whether it did."""
+    if not isinstance(error, RuntimeError) or len(error.args) != 1 or not isinstance(error.args[0], str):
+        return False
+    message = error.args[0]
+    if UNSUPPORTED_REDUCE_OP_MESSAGE not in message or REDUCE_OP_WAY_OUT in message:
+        return False
+    error.args = (f"{message}\n\n{REDUCE_OP_WAY_OUT}",)
+    return True
 
 
 def _flat(tensors: Any) -> list[Tensor]:

@@ -91,3 +91,15 @@ def test_reduce_scatter_keeps_integers_exact(group: dist.ProcessGroup) -> None:
 def test_allgather_coalesced_is_refused(group: dist.ProcessGroup) -> None:
     with pytest.raises(RuntimeError, match="does not support allgather_coalesced"):
         group.allgather_coalesced([[torch.empty(1)]], [torch.ones(1)])
+
+
+def test_the_reduce_op_error_names_the_way_out(group: dist.ProcessGroup) -> None:
+    from lightning_gaudi import hpu
+
+    with pytest.raises(RuntimeError) as caught:
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.AVG)
+    assert hpu.explain_error(caught.value)
+    assert not hpu.explain_error(caught.value)  # once
+    message = str(caught.value)
+    assert message.startswith("Unsupported ReduceOp for HCCL process group\n\nlightning_gaudi: HCCL reduces with SUM")
+    assert "divide by the world size" in message

@@ -1,4 +1,4 @@
-"""Real 2-process ``hpu_parallel`` runs under eager emulation (gloo), checked against a 1-process reference.
+"""Real 2-process ``hpu_parallel`` runs under eager emulation (gloo behind HCCL's rules), checked against a 1-process reference.
 
 The DDP, synchronized batch norm and fast DDP fits run one after another in one 2-process job (the ``scenarios``
 fixture, once per pytest run): each test reads its fit's facts from the job's folder.
@@ -196,6 +196,21 @@ def test_a_failed_job_ends_its_hung_rank(tmp_path: Path) -> None:
         time.sleep(0.2)
     os.kill(rank1, 9)
     pytest.fail("rank 1 outlived the failed job")
+
+
+@pytest.mark.subprocess
+def test_an_avg_all_reduce_in_a_step_fails_as_on_hccl(tmp_path: Path) -> None:
+    """HCCL has no ReduceOp.AVG: the emulated process group refuses it with the bridge's words (gloo alone would
+    average), and the error names the way out."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    command = [sys.executable, str(HELPERS_DIR / "avg_step_fit.py")]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "RuntimeError: Unsupported ReduceOp for HCCL process group" in proc.stderr, proc.stderr[-3000:]
+    assert "all-reduce a SUM and divide by the world size" in proc.stderr
 
 
 @pytest.mark.subprocess
