@@ -1,4 +1,5 @@
-"""Real 2-process ``hpu_parallel`` runs under eager emulation (gloo behind HCCL's rules), checked against a 1-process reference.
+"""Real 2-process ``hpu_parallel`` runs under eager emulation (gloo behind HCCL's rules), checked against a
+1-process reference.
 
 The DDP, synchronized batch norm and fast DDP fits run one after another in one 2-process job (the ``scenarios``
 fixture, once per pytest run): each test reads its fit's facts from the job's folder.
