@@ -7,6 +7,12 @@ settings before the bridge loads.
 
 from __future__ import annotations
 
+# `python -m lightning_gaudi.doctor ARGS` imports this package first: its --help and bad arguments are answered here,
+# before torch and Lightning load (seconds); any other import returns at once. The imports below follow it (E402).
+from lightning_gaudi.doctor.options import answer_early
+
+answer_early()
+
 import logging
 
 from lightning.pytorch.accelerators import AcceleratorRegistry

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from lightning_gaudi import doctor, hpu
-from lightning_gaudi.doctor import checks
+from lightning_gaudi.doctor import checks, options, runner
 from lightning_gaudi.doctor.checks import CHECKS, FAIL, PASS, SKIPPED, Outcome
 from lightning_gaudi.hpu import LazyCounters
 from lightning_gaudi.hpu.bridge import HabanaBackend
@@ -40,7 +40,7 @@ def _table_rows(report: str) -> dict[str, list[str]]:
 
 @pytest.mark.subprocess
 def test_importing_the_doctor_imports_no_pytest() -> None:
-    code = "import sys, lightning_gaudi.doctor; assert 'pytest' not in sys.modules, 'pytest imported'"
+    code = "import sys, lightning_gaudi.doctor.runner; assert 'pytest' not in sys.modules, 'pytest imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -59,8 +59,8 @@ def test_out_is_checked_before_anything_runs(
     def never(*args: object) -> None:
         raise AssertionError("a check ran before --out was checked")
 
-    monkeypatch.setattr(doctor, "stack", never)
-    monkeypatch.setattr(doctor, "run_checks", never)
+    monkeypatch.setattr(runner, "stack", never)
+    monkeypatch.setattr(runner, "run_checks", never)
     assert doctor.main(["--out", str(tmp_path / out)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
@@ -74,10 +74,152 @@ def test_bad_arguments_fail_at_once(eager_hpu: hpu.Backend, tmp_path: Path, caps
     assert not Path(out).exists()
 
 
+def test_the_check_names_are_known_without_torch() -> None:
+    """``--only`` is checked before torch loads, against :data:`options.CHECK_NAMES`: the checks' own names."""
+    assert tuple(CHECKS) == options.CHECK_NAMES
+
+
+@pytest.mark.parametrize(
+    ("argv", "orig_argv", "is_doctor"),
+    [
+        ("-m --out r.md", "python -m lightning_gaudi.doctor --out r.md", True),
+        ("-m", "python -X importtime -mlightning_gaudi.doctor", True),
+        ("-m eager device", "python -m lightning_gaudi.doctor.worker eager device", False),
+        ("-m -m lightning_gaudi.doctor", "python -m lightning_gaudi -m lightning_gaudi.doctor", False),
+        ("-c --out", "python -c import_lightning_gaudi --out", False),
+        ("/x/train.py", "python /x/train.py", False),
+    ],
+)
+def test_the_doctor_is_recognized_while_python_dash_m_imports_its_package(
+    argv: str, orig_argv: str, is_doctor: bool
+) -> None:
+    assert (options.running_module(argv.split(), orig_argv.split()) == options.MODULE) is is_doctor
+
+
+def test_answer_early_returns_for_good_arguments_and_other_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = ["--out", str(tmp_path / "r.md"), "--only", "fit"]
+    monkeypatch.setattr(sys, "argv", ["-m", *good])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "lightning_gaudi.doctor", *good])
+    options.answer_early()
+    monkeypatch.setattr(sys, "argv", ["-m", "--only", "nosuch"])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "lightning_gaudi.doctor", "--only", "nosuch"])
+    with pytest.raises(SystemExit) as stopped:
+        options.answer_early()
+    assert stopped.value.code == 2
+    assert "no such check" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "other.tool", "--only", "nosuch"])
+    options.answer_early()  # another module's arguments are not the doctor's
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("args", "status", "says"),
+    [
+        (["--only", "no such check"], 2, "no such check"),
+        (["--out", "missing/r.md"], 2, "does not exist"),
+        (["--bogus"], 2, "unrecognized arguments"),
+        (["--help"], 0, "usage: python -m lightning_gaudi.doctor"),
+    ],
+)
+def test_arguments_are_answered_before_torch_is_imported(args: list[str], status: int, says: str) -> None:
+    """``python -m lightning_gaudi.doctor`` answers ``--help`` and refuses bad arguments before the parent package
+    imports torch and Lightning (seconds): ``-X importtime`` lists every module imported."""
+    command = [sys.executable, "-X", "importtime", "-m", "lightning_gaudi.doctor", *args]
+    start = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    assert done.returncode == status, done.stderr[-2000:]
+    assert says in done.stdout + done.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert "lightning_gaudi.doctor.options" in imported
+    assert not [name for name in imported if name.split(".")[0] in ("torch", "lightning")], "torch was imported"
+    assert elapsed < 10  # about 0.1 s; importing torch and Lightning took 3.5 to 8 s
+
+
+def test_an_out_that_cannot_be_created_fails_before_anything_runs(
+    eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A path that passes the pre-check (the folder exists and is writable) but cannot be created, a link into a
+    missing folder, fails at once (exit status 2), not after every check ran; so does a name too long to check."""
+
+    def never(*args: object) -> None:
+        raise AssertionError("a check ran before the report file was created")
+
+    monkeypatch.setattr(runner, "stack", never)
+    monkeypatch.setattr(runner, "run_checks", never)
+    out = tmp_path / "r.md"
+    out.symlink_to(tmp_path / "missing" / "r.md")
+    assert options.check_out(out) is None
+    assert doctor.main(["--out", str(out)]) == 2
+    assert "cannot be written: No such file or directory" in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists()
+    assert doctor.main(["--out", str(tmp_path / ("r" * 300 + ".md"))]) == 2
+    assert "cannot be used: File name too long" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["r.md"]  # the link, left alone
+
+
+def test_the_report_is_written_as_rows_complete(
+    eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file exists before the first check runs and holds each row as it completes: a run that stops half-way
+    (here an error in the runner itself) leaves the rows it had, marked incomplete."""
+    out = tmp_path / "r.md"
+    seen: list[str] = []
+
+    def run_checks(env: object, timeout: float, only: object, work: Path, done: runner.Done) -> dict[str, Outcome]:
+        seen.append(out.read_text())
+        done("device", Outcome(PASS, "eager backend", "2 x GAUDI2"))
+        seen.append(out.read_text())
+        raise RuntimeError("the runner broke")
+
+    monkeypatch.setattr(runner, "run_checks", run_checks)
+    with pytest.raises(RuntimeError, match="the runner broke"):
+        doctor.main(["--out", str(out)])
+    assert "RUNNING" in seen[0]
+    assert f"| torch | {torch.__version__} |" in seen[0]  # the stack, read before the checks
+    assert _table_rows(seen[0]) == {}
+    assert _table_rows(seen[1]) == {"device": [PASS, "2 x GAUDI2", "eager backend"]}
+    final = out.read_text()
+    assert _table_rows(final) == {"device": [PASS, "2 x GAUDI2", "eager backend"]}
+    assert "INCOMPLETE: the run stopped (RuntimeError: the runner broke)" in final
+    assert "RUNNING" not in final
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["r.md"]  # no temporary file left
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_printed(
+    eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    out = folder / "r.md"
+
+    def run_checks(env: object, timeout: float, only: object, work: Path, done: runner.Done) -> dict[str, Outcome]:
+        out.unlink()
+        folder.rmdir()  # the folder went away during the run
+        done("device", Outcome(PASS, "eager backend", "2 x GAUDI2"))
+        return {"device": Outcome(PASS, "eager backend", "2 x GAUDI2")}
+
+    monkeypatch.setattr(runner, "run_checks", run_checks)
+    assert doctor.main(["--out", str(out)]) == 1
+    printed = capsys.readouterr()
+    assert _table_rows(printed.out) == {"device": [PASS, "2 x GAUDI2", "eager backend"]}
+    assert "could not be written" in printed.err
+
+
+def test_without_gaudi_software_the_rows_say_not_installed(no_hpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyhlml", None)  # not installed
+    rows = dict(runner.stack(os.environ))
+    for name in ("Gaudi software (habana-torch-plugin)", "cards (pyhlml)", "lazy mode in this build"):
+        assert rows[name].startswith("not installed"), (name, rows[name])
+    assert "habana_frameworks" in rows["lazy mode in this build"]
+
+
 def test_tests_need_a_checkout(
     eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(doctor, "ROOT", tmp_path)  # as installed from a wheel: no tests/ beside the package
+    monkeypatch.setattr(options, "ROOT", tmp_path)  # as installed from a wheel: no tests/ beside the package
     assert doctor.main(["--out", str(tmp_path / "r.md"), "--tests"]) == 2
     assert "--tests needs a source checkout" in capsys.readouterr().err
 
@@ -87,16 +229,16 @@ def test_a_failed_check_makes_the_exit_status_1(
 ) -> None:
     ran: list[tuple[float, list[str] | None]] = []
 
-    def run_checks(env: object, timeout: float, only: list[str] | None, work: Path) -> dict[str, Outcome]:
+    def run_checks(env: object, timeout: float, only: list[str] | None, work: Path, done: object) -> dict[str, Outcome]:
         ran.append((timeout, only))
         return {"device": Outcome(PASS, "eager backend"), "fused AdamW": Outcome(FAIL, "timed out after 1 s (stopped)")}
 
-    monkeypatch.setattr(doctor, "run_checks", run_checks)
+    monkeypatch.setattr(runner, "run_checks", run_checks)
     out = tmp_path / "r.md"
     assert doctor.main(["--out", str(out), "--only", "fused AdamW", "--timeout", "1"]) == 1
     assert ran == [(1.0, ["fused AdamW"])]
     assert _table_rows(out.read_text())["fused AdamW"] == [FAIL, "", "timed out after 1 s (stopped)"]
-    monkeypatch.setattr(doctor, "run_checks", lambda *args: {"device": Outcome(PASS, "eager backend")})
+    monkeypatch.setattr(runner, "run_checks", lambda *args: {"device": Outcome(PASS, "eager backend")})
     assert doctor.main(["--out", str(out)]) == 0
 
 
@@ -121,13 +263,13 @@ def test_the_cards_are_read_through_pyhlml(eager_hpu: hpu.Backend, monkeypatch: 
     fake.hlmlDeviceGetFirmwareFITVersion = lambda handle: b"1.24.0-fw"  # type: ignore[attr-defined]
     fake.hlmlGetDriverVersion = lambda: b"1.24.0-abc"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pyhlml", fake)
-    rows = dict(doctor.stack(os.environ))
+    rows = dict(runner.stack(os.environ))
     assert rows["cards (pyhlml)"] == (
         "2 card(s): HL-325L 128 GiB, HL-325L 128 GiB; driver 1.24.0-abc; firmware 1.24.0-fw"
     )
     assert calls == ["init", "shutdown"]
     monkeypatch.setitem(sys.modules, "pyhlml", None)  # not installed
-    assert "pip install habana-pyhlml" in dict(doctor.stack(os.environ))["cards (pyhlml)"]
+    assert "pip install habana-pyhlml" in dict(runner.stack(os.environ))["cards (pyhlml)"]
 
 
 def test_the_report_has_a_row_per_check_with_its_figure() -> None:
@@ -136,7 +278,7 @@ def test_the_report_has_a_row_per_check_with_its_figure() -> None:
         "FP8": Outcome(SKIPPED, "no FP8 | here"),
         "RoPE": Outcome(FAIL, "differs", "max error 1e+00"),
     }
-    text = doctor.report([("torch", "2.x")], results, ["a note"])
+    text = runner.report([("torch", "2.x")], results, ["a note"])
     assert "1 passed, 1 failed, 1 skipped." in text
     assert _table_rows(text) == {
         "device": ["pass", "2 x GAUDI3", "eager backend"],
@@ -174,7 +316,7 @@ def test_the_report_on_the_bridge_double(double_on_the_cpu: ModuleType, monkeypa
     monkeypatch.delenv(hpu.EMULATE_ENV, raising=False)
     backend = hpu.get_backend()
     names = [name for name in CHECKS if name not in ("bf16 autocast", "throughput, compile mode")]
-    text = doctor.report(doctor.stack(os.environ), {name: CHECKS[name][1](backend) for name in names}, [])
+    text = runner.report(runner.stack(os.environ), {name: CHECKS[name][1](backend) for name in names}, [])
     stack_rows = text.split("## Checks")[0]
     assert "| Gaudi software (habana-torch-plugin) | not installed |" in stack_rows  # the double has no metadata
     assert "| lazy mode in this build |" in stack_rows
@@ -284,13 +426,14 @@ def test_the_doctor_recognises_the_bridge_doubles_out_of_memory(double_on_the_cp
 def test_stock_pytorch_builds_skip_lazy_mode(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(hpu.EMULATE_ENV)
     why = "this Gaudi software runs on stock PyTorch (torch 2.10.0), where Intel's bridge has no lazy mode"
-    monkeypatch.setattr(doctor.runtime, "lazy_mode_unavailable", lambda: why)
+    monkeypatch.setattr(runner.runtime, "lazy_mode_unavailable", lambda: why)
+    monkeypatch.setattr(runner.runtime, "bridge_installed", lambda: True)
     lazy = [name for name, (mode, _) in CHECKS.items() if mode == "lazy"]
-    results = doctor.run_checks(os.environ, 60, lazy, Path("."))
+    results = runner.run_checks(os.environ, 60, lazy, Path("."))
     assert {name: (r.status, r.reason) for name, r in results.items()} == dict.fromkeys(
         lazy, (SKIPPED, f"no lazy mode: {why}")
     )
-    rows = dict(doctor.stack(os.environ))
+    rows = dict(runner.stack(os.environ))
     assert rows["lazy mode in this build"] == f"no: {why}"
 
 
@@ -298,7 +441,7 @@ def test_stock_pytorch_builds_skip_lazy_mode(eager_hpu: hpu.Backend, monkeypatch
 def test_a_check_that_overruns_is_stopped_and_fails(eager_hpu: hpu.Backend, tmp_path: Path) -> None:
     env = {**os.environ, hpu.EMULATE_ENV: "eager"}
     start = time.monotonic()
-    results = doctor.run_group("eager", ["device", "memory_stats"], env, 0.5, tmp_path)
+    results = runner.run_group("eager", ["device", "memory_stats"], env, 0.5, tmp_path)
     assert time.monotonic() - start < 60
     # the worker's start-up (importing torch) outlasts half a second: the first check fails, the next gets a new worker
     assert results["device"].status == FAIL
@@ -378,8 +521,8 @@ def test_tests_from_a_checkout_run_the_bridge_tests_on_the_double(
         recorded.append(command)
         return subprocess.CompletedProcess(command, 0, "3 passed, 1 skipped in 0.1s", "")
 
-    monkeypatch.setattr(doctor.subprocess, "run", run)
-    code, section = doctor.repository_tests(gaudi=True, timeout=60)
+    monkeypatch.setattr(runner.subprocess, "run", run)
+    code, section = runner.repository_tests(gaudi=True, timeout=60)
     assert code == 0
     ((*_, first, second, third),) = [recorded[0][-3:]]
     assert [first, second, third] == ["--real-bridge", "-m", "bridge"]
