@@ -46,6 +46,8 @@ def test_every_command_runs_an_existing_script() -> None:
             assert (ROOT / args[0]).is_file(), command
         elif program == "lightning-gaudi":
             assert program in scripts, command
+        elif program == "pip":
+            assert args[0] == "install", command  # what it installs: tests/test_install_docs.py
         elif program != "scripts/setup.sh":
             pytest.fail(f"the README runs {program!r}: add a check for it here")
 
