@@ -183,7 +183,7 @@ def test_the_report_is_written_as_rows_complete(
     assert _table_rows(seen[1]) == {"device": [PASS, "2 x GAUDI2", "eager backend"]}
     final = out.read_text()
     assert _table_rows(final) == {"device": [PASS, "2 x GAUDI2", "eager backend"]}
-    assert "INCOMPLETE: the run stopped (RuntimeError: the runner broke)" in final
+    assert "INCOMPLETE: the run stopped (RuntimeError: the runner broke) before it finished." in final
     assert "RUNNING" not in final
     assert sorted(path.name for path in tmp_path.iterdir()) == ["r.md"]  # no temporary file left
 

@@ -404,7 +404,8 @@ def run(args: argparse.Namespace) -> int:
             out.notes.append(section)
             status = status or int(code != 0)
     except BaseException as error:
-        out.notes.append(f"INCOMPLETE: the run stopped ({type(error).__name__}: {error}) before every check ran.")
+        why = type(error).__name__ + (f": {error}" if str(error) else "")
+        out.notes.append(f"INCOMPLETE: the run stopped ({why}) before it finished.")
         raise
     finally:
         out.running = False
