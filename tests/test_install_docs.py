@@ -28,10 +28,12 @@ OURS = canonicalize_name("lightning-gaudi")
 
 def pip_installs(text: str) -> list[str]:
     """Each ``pip install ...`` command in ``text``: in inline code (up to the closing backtick) or on a line of a code
-    block or Dockerfile (up to a comment)."""
+    block or Dockerfile (up to a comment). A bare `pip install` is prose about the commands, not one."""
     commands = []
     for match in re.finditer(r"\bpip install\b([^`\n]*)", text):
-        commands.append(("pip install" + match.group(1).split(" #")[0]).strip())
+        arguments = match.group(1).split(" #")[0].strip()
+        if arguments:
+            commands.append(f"pip install {arguments}")
     return commands
 
 
