@@ -128,6 +128,10 @@ def _flat(tensors: Any) -> list[Tensor]:
     return [t for item in tensors for t in _flat(item)]
 
 
+#: dynamo runs these as calls, not traced: the group is an opaque object to it, as a C++ process group is.
+_not_traced = torch.compiler.disable
+
+
 class EmulatedHCCLGroup(dist.ProcessGroup):
     """gloo behind HCCL's rules: the reduce ops, the dtype table and the float32 reductions of Intel's bridge.
 
@@ -159,19 +163,23 @@ class EmulatedHCCLGroup(dist.ProcessGroup):
                 tensor.copy_(result.to(tensor.dtype))
         return work
 
+    @_not_traced
     def allreduce(self, tensors: list[Tensor], opts: Any = None) -> Any:
         opts = _options.AllreduceOptions() if opts is None else opts
         return self._reduce_in_float32(tensors, opts, self._gloo.allreduce)
 
+    @_not_traced
     def allreduce_coalesced(self, tensors: list[Tensor], opts: Any = None) -> Any:
         # the bridge runs allreduce (process_group_hccl_base.cpp:502-506)
         opts = _options.AllreduceCoalescedOptions() if opts is None else opts
         return self._reduce_in_float32(tensors, opts, self._gloo.allreduce_coalesced)
 
+    @_not_traced
     def reduce(self, tensors: list[Tensor], opts: Any = None) -> Any:
         opts = _options.ReduceOptions() if opts is None else opts
         return self._reduce_in_float32(tensors, opts, self._gloo.reduce)
 
+    @_not_traced
     def reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any = None) -> Any:
         opts = _options.ReduceScatterOptions() if opts is None else opts
         check_dtype(_flat(outputs) + _flat(inputs))
@@ -190,46 +198,57 @@ class EmulatedHCCLGroup(dist.ProcessGroup):
         output.copy_(carried.to(output.dtype))
         return work
 
+    @_not_traced
     def _reduce_scatter_base(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
         return self._reduce_scatter_single(output, input, opts)
 
+    @_not_traced
     def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:  # torch >= 2.12's name
         return self._reduce_scatter_single(output, input, opts)
 
+    @_not_traced
     def reduce_scatter_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
         works = [self._reduce_scatter_single(out, inp, opts) for out, inp in zip(outputs, inputs, strict=True)]
         for work in works[:-1]:
             work.wait()
         return works[-1]
 
+    @_not_traced
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)  # torch >= 2.12's name
 
+    @_not_traced
     def broadcast(self, tensors: list[Tensor], opts: Any = None) -> Any:
         # HCCL broadcasts bytes (getCountDatatype, collective_utils.cpp:122-150): any dtype, where gloo has a table
         opts = _options.BroadcastOptions() if opts is None else opts
         carried = [t.view(torch.uint8) if t.dtype not in HCCL_DTYPES and t.is_contiguous() else t for t in tensors]
         return self._gloo.broadcast(carried, opts)
 
+    @_not_traced
     def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
         check_dtype(_flat(outputs) + inputs)
         return self._gloo.allgather(outputs, inputs, _options.AllgatherOptions() if opts is None else opts)
 
+    @_not_traced
     def _allgather_base(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
         check_dtype([output, input])
         return self._gloo._allgather_base(output, input, _options.AllgatherOptions() if opts is None else opts)
 
+    @_not_traced
     def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:  # torch >= 2.12's name
         check_dtype([output, input])
         return self._gloo._allgather_base(output, input, _options.AllgatherOptions() if opts is None else opts)
 
+    @_not_traced
     def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         raise RuntimeError("ProcessGroupHcclBase does not support allgather_coalesced")  # ..._base.cpp:1179-1180
 
+    @_not_traced
     def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> Any:
         check_dtype(tensors)
         return self._gloo.send(tensors, dst, tag)
 
+    @_not_traced
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Any:
         check_dtype(tensors)
         return self._gloo.recv(tensors, src, tag)
