@@ -26,6 +26,9 @@ HPU_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "
 #: Lightning's short precision names, as its Trainer reads them.
 _ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 _HINTS = {
+    "64": " A Gaudi holds float64 tensors in float32 (Intel's bridge casts them when they reach the card and keeps"
+    " their float64 dtype; its Support Matrix lists Float64 as unsupported), so the model would train in single"
+    " precision while it says double.",
     "transformer-engine": " Lightning's transformer-engine precision drives NVIDIA's Transformer Engine on CUDA."
     " For FP8 training on Gaudi 2 and later (Intel's Transformer Engine port, emulated on the CPU) use"
     " `precision='fp8'` (lightning_gaudi.fp8.HPUFP8Precision).",

@@ -133,6 +133,27 @@ class Backend(abc.ABC):
         """Whether the device computes matrix products in FP8 (Gaudi2 and later)."""
         return self.device_name() != "GAUDI"
 
+    @abc.abstractmethod
+    def int64_supported(self) -> bool:
+        """Whether the device keeps int64 tensors in int64 (:func:`~lightning_gaudi.hpu.dtypes.int64_supported`: by
+        ``PT_ENABLE_INT64_SUPPORT`` where set, else in eager mode except on first-generation Gaudi)."""
+
+    def device_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype whose values a tensor of ``dtype`` holds on the device, under its own dtype: float32 for float64
+        (always: Intel's bridge gives Synapse ``syn_type_float`` for ``Double``), int32 for int64 without
+        :meth:`int64_supported`, else ``dtype`` (:mod:`lightning_gaudi.hpu.dtypes`)."""
+        if dtype == torch.float64:
+            return torch.float32
+        if dtype == torch.int64 and not self.int64_supported():
+            return torch.int32
+        return dtype
+
+    def copied_to_device(self, tensor: Tensor) -> Tensor:
+        """``tensor`` (a host tensor about to move to the device) with what the device will hold of it. A device
+        whose copy converts by itself (Intel's bridge) returns it unchanged; an emulator converts it as the bridge
+        does (:meth:`device_dtype`), so that values a Gaudi changes change here too and a copy it refuses fails."""
+        return tensor
+
     def fp8_e4m3_max(self) -> float | None:
         """The largest E4M3 magnitude the device's FP8 units hold (:data:`FP8_E4M3_MAX`), ``None`` without FP8."""
         return FP8_E4M3_MAX.get(self.device_name()) if self.supports_fp8() else None

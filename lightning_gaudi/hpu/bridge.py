@@ -14,6 +14,7 @@ from torch.optim import Optimizer
 from torch.profiler import ProfilerActivity
 
 from lightning_gaudi.hpu.backend import Backend, ClipNorm, LazyCounters
+from lightning_gaudi.hpu.dtypes import int64_supported
 from lightning_gaudi.hpu.fp8 import NeuralCompressor, TransformerEngine
 
 
@@ -65,6 +66,10 @@ class HabanaBackend(Backend):
 
     def is_lazy(self) -> bool:
         return bool(self._core.is_lazy())
+
+    def int64_supported(self) -> bool:
+        # the bridge's own rule (common::IsInt64Supported), which it does not expose to Python
+        return int64_supported(self.is_lazy(), self.device_name())
 
     def mark_step(self) -> None:
         self._core.mark_step()

@@ -1,5 +1,6 @@
 """Eager emulation: the HPU code paths on CPU tensors, gloo collectives behind HCCL's rules (``"hccl"``) and CPU bf16
-autocast; memory statistics are the host process's against the emulated card's HBM."""
+autocast; memory statistics are the host process's against the emulated card's HBM; host tensors moved to the device
+take the values a Gaudi holds (:mod:`lightning_gaudi.hpu.dtypes`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_gaudi.hpu.backend import GAUDI_MEMORY_GIB, MEMORY_STAT_KEYS, Backend, ClipNorm
+from lightning_gaudi.hpu.dtypes import held_values, int64_supported, range_check_enabled
 from lightning_gaudi.hpu.hccl import register_emulated_hccl
 from lightning_gaudi.hpu.oom import allocation_failed_message, is_bridge_out_of_memory
 from lightning_gaudi.hpu.runtime import emulated_compile_backend
@@ -141,6 +143,17 @@ class EagerBackend(Backend):
             f" {nbytes} bytes ({fits}); a Gaudi that runs out says {allocation_failed_message(nbytes)}",
         )
         return True
+
+    def int64_supported(self) -> bool:
+        return int64_supported(self.is_lazy(), self._device_name)
+
+    def copied_to_device(self, tensor: Tensor) -> Tensor:
+        """A host tensor with the values a Gaudi holds of it (:func:`~lightning_gaudi.hpu.dtypes.held_values`):
+        float64 in float32, int64 in int32 without int64 support, refused out of range in lazy mode."""
+        held = self.device_dtype(tensor.dtype)
+        if held == tensor.dtype or tensor.device.type != "cpu":
+            return tensor
+        return held_values(tensor, held, check_range=self.is_lazy() and range_check_enabled())
 
     def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:
         return torch.optim.AdamW(params, fused=True, **kwargs)

@@ -19,6 +19,7 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.plugins import TorchSyncBatchNorm
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from typing_extensions import override
 
@@ -406,6 +407,13 @@ class TrainerCore(HPUStrategyCore):
         load: Callable[..., dict[str, Any]] = super().load_checkpoint  # type: ignore[misc]
         # Lightning 2.5 takes no ``weights_only``; 2.6 passes None unless the user asked for a value
         return load(checkpoint_path) if weights_only is None else load(checkpoint_path, weights_only)
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        """Moves ``batch`` as Lightning does, its host tensors first given the values the device will hold
+        (:meth:`~lightning_gaudi.hpu.Backend.copied_to_device`: a Gaudi holds float64 in float32, and int64 in int32
+        without int64 support)."""
+        batch = apply_to_collection(batch, Tensor, hpu.get_backend().copied_to_device)
+        return super().batch_to_device(batch, device, dataloader_idx)  # type: ignore[misc]
 
     def model_to_device(self) -> None:
         move_keeping_ties(self.model, self.root_device)  # type: ignore[attr-defined]  # Module.to unties on lazy tensors

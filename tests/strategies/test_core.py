@@ -52,6 +52,7 @@ CORE_ONLY = (
     "check_launch",
     "_get_process_group_backend",
     "model_to_device",
+    "batch_to_device",
     "teardown",
     "training_step",
     "validation_step",
@@ -195,7 +196,14 @@ CORE_OVERRIDES = {
         "backward",
         "distributed_sampler_kwargs",
     },
-    "TrainerCore": {"setup_environment", "model_to_device", "teardown", "on_exception", "load_checkpoint"},
+    "TrainerCore": {
+        "setup_environment",
+        "model_to_device",
+        "batch_to_device",
+        "teardown",
+        "on_exception",
+        "load_checkpoint",
+    },
     "TrainerParallelCore": {
         "set_world_ranks",
         "training_step",
