@@ -223,9 +223,12 @@ def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType | An
     - ``configure(device_count=8, device_name="GAUDI2", lazy=None, memory={...}, metrics={...})`` sets what the
       double reports; ``lazy=None`` follows ``PT_HPU_LAZY_MODE`` (default lazy) as bridge 1.19 does.
 
-    Importing the double's ``hccl`` registers an ``"hccl"`` process-group backend that is gloo underneath, so
-    ``torch.distributed.init_process_group("hccl")`` works on the CPU. Tensors cannot be moved to the ``"hpu"``
-    device here: test the bridge path through the seam, the accelerator and the strategies, not a full ``fit``.
+    Importing the double (any of its modules) does what importing the bridge does: it registers ``torch.hpu`` and an
+    ``"hccl"`` process-group backend that is gloo underneath (so ``torch.distributed.init_process_group("hccl")``
+    works on the CPU), and sets ``MASTER_ADDR=localhost``/``MASTER_PORT=12345``, ``HLS_MODULE_ID``, ``ID`` as the
+    bridge's ``initialize_distributed_hpu()`` does on import; the fixture puts the environment and ``torch.hpu`` back.
+    Tensors cannot be moved to the ``"hpu"`` device here: test the bridge path through the seam, the accelerator and
+    the strategies; a full ``fit`` on the double keeps the backend's tensors on the CPU (``bridge_double_fit.py``).
 
     With ``--real-bridge`` (:data:`REAL_BRIDGE_ENV`) it yields a stand-in for the state module instead and leaves
     ``sys.path`` alone, so ``habana_frameworks`` is Intel's; a test that touches the stand-in skips, saying why.
