@@ -35,7 +35,6 @@ _LAUNCH_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
-_DISTRIBUTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 #: ``1`` (or ``pytest --real-bridge``, which sets it): the ``bridge_double`` fixture yields Intel's real bridge, so the
 #: bridge-path tests (marked ``bridge``) run on a Gaudi; ``python -m lightning_gaudi.doctor`` sets it there.
 REAL_BRIDGE_ENV = "LIGHTNING_GAUDI_TEST_REAL_BRIDGE"
@@ -148,6 +147,10 @@ def _forget_bridge() -> None:
     for name in list(sys.modules):
         if name == "habana_frameworks" or name.startswith("habana_frameworks.") or name == "_bridge_double_state":
             del sys.modules[name]
+    # the double's core registers itself as torch.hpu, as the bridge does, which torch refuses to do twice
+    if "bridge_double" in str(getattr(getattr(torch, "hpu", None), "__file__", "")):
+        del torch.hpu
+        sys.modules.pop("torch.hpu", None)
 
 
 @pytest.fixture
@@ -220,9 +223,12 @@ def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType | An
     - ``configure(device_count=8, device_name="GAUDI2", lazy=None, memory={...}, metrics={...})`` sets what the
       double reports; ``lazy=None`` follows ``PT_HPU_LAZY_MODE`` (default lazy) as bridge 1.19 does.
 
-    Importing the double's ``hccl`` registers an ``"hccl"`` process-group backend that is gloo underneath, so
-    ``torch.distributed.init_process_group("hccl")`` works on the CPU. Tensors cannot be moved to the ``"hpu"``
-    device here: test the bridge path through the seam, the accelerator and the strategies, not a full ``fit``.
+    Importing the double (any of its modules) does what importing the bridge does: it registers ``torch.hpu`` and an
+    ``"hccl"`` process-group backend that is gloo underneath (so ``torch.distributed.init_process_group("hccl")``
+    works on the CPU), and sets ``MASTER_ADDR=localhost``/``MASTER_PORT=12345``, ``HLS_MODULE_ID``, ``ID`` as the
+    bridge's ``initialize_distributed_hpu()`` does on import; the fixture puts the environment and ``torch.hpu`` back.
+    Tensors cannot be moved to the ``"hpu"`` device here: test the bridge path through the seam, the accelerator and
+    the strategies; a full ``fit`` on the double keeps the backend's tensors on the CPU (``bridge_double_fit.py``).
 
     With ``--real-bridge`` (:data:`REAL_BRIDGE_ENV`) it yields a stand-in for the state module instead and leaves
     ``sys.path`` alone, so ``habana_frameworks`` is Intel's; a test that touches the stand-in skips, saying why.
@@ -235,12 +241,10 @@ def bridge_double(clean_hpu_env: pytest.MonkeyPatch) -> Iterator[ModuleType | An
     import _bridge_double_state as state
 
     state.restore_defaults()
-    # like the bridge, the double's initialize_distributed_hpu exports the rank variables: put them back afterwards
-    saved = {name: os.environ.get(name) for name in _DISTRIBUTED_ENV}
+    # like the bridge, the double exports variables when it is imported (MASTER_ADDR, MASTER_PORT, HLS_MODULE_ID, ID,
+    # TORCHINDUCTOR_COMPILE_THREADS, HABANA_PROFILE) and from initialize_distributed_hpu: put the environment back
+    saved = dict(os.environ)
     yield state
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    os.environ.clear()
+    os.environ.update(saved)
     _forget_bridge()

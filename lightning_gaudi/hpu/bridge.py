@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from functools import cached_property
 from types import ModuleType
 from typing import Any
@@ -13,6 +15,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torch.profiler import ProfilerActivity
 
+from lightning_gaudi.hpu import runtime
 from lightning_gaudi.hpu.backend import Backend, ClipNorm, LazyCounters
 from lightning_gaudi.hpu.dtypes import int64_supported
 from lightning_gaudi.hpu.fp8 import NeuralCompressor, TransformerEngine
@@ -24,6 +27,70 @@ class _BridgeClipNorm(ClipNorm):
 
     def clip_norm(self, parameters: Iterable[Tensor] | Tensor) -> Tensor:
         return self._fused.clip_norm(parameters)
+
+
+#: The rendezvous that importing Intel's bridge invents where the launcher set none. Bridge 1.19's package imports its
+#: distributed module (``python_packages/habana_frameworks/torch/__init__.py:55``, so any ``habana_frameworks.torch``
+#: import does), whose last lines call ``initialize_distributed_hpu()`` (``distributed/hccl/__init__.py:113``); unless
+#: ``LOCAL_RANK``, ``WORLD_SIZE`` and ``RANK`` are all set, that sets ``MASTER_ADDR=localhost`` and
+#: ``MASTER_PORT=12345`` where they are unset (``distributed/hccl/__init__.py:78-81``). Lightning's cluster environment
+#: then takes 12345 for the launcher's port instead of picking a free one, and two jobs on one node (two 4-card jobs
+#: on an 8-card server) rendezvous on the same port: the second fails, or joins the first's store.
+BRIDGE_RENDEZVOUS = {"MASTER_ADDR": "localhost", "MASTER_PORT": "12345"}
+
+
+@contextmanager
+def keep_rendezvous() -> Iterator[None]:
+    """Runs code that may import Intel's bridge (the seam's imports, DeepSpeed's HPU accelerator) and takes back the
+    rendezvous variables the import added (:data:`BRIDGE_RENDEZVOUS`): those the user or the launcher set stay, the
+    others are left unset, so Lightning picks a free port as it does without the bridge. The rest of what the import
+    sets stays: the rank variables it copies from Open MPI's (the launcher's own values), the card (``HLS_MODULE_ID``)
+    and the logging id (``ID``)."""
+    before = {name: os.environ.get(name) for name in BRIDGE_RENDEZVOUS}
+    try:
+        yield
+    finally:
+        for name, value in BRIDGE_RENDEZVOUS.items():
+            if before[name] is None and os.environ.get(name) == value:
+                del os.environ[name]
+
+
+def _started_with() -> dict[str, str] | None:
+    """The environment this process was started with (Linux's ``/proc/self/environ``, which changes to
+    ``os.environ`` do not reach), or ``None`` where it cannot be read."""
+    try:
+        with open("/proc/self/environ", "rb") as file:
+            raw = file.read()
+    except OSError:
+        return None
+    pairs = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
+    return {name: value for name, _, value in pairs}
+
+
+def forget_loaded_bridge_rendezvous() -> None:
+    """Where the bridge was imported before the seam could watch (``import torch`` loads it through torch's device
+    autoload in eager mode, or the user's script imported it): removes the :data:`BRIDGE_RENDEZVOUS` values the
+    process was not started with. Only the bridge's exact values are removed, and only those the launcher did not
+    pass; a script that sets ``MASTER_PORT=12345`` itself after starting loses it too."""
+    started = _started_with()
+    if started is None:
+        return
+    for name, value in BRIDGE_RENDEZVOUS.items():
+        if os.environ.get(name) == value and name not in started:
+            del os.environ[name]
+
+
+def _pin_the_only_visible_card(world_size: int, local_rank: int) -> None:
+    """A process that sees one card (Ray's ``{"HPU": 1}`` worker: ``HABANA_VISIBLE_MODULES`` is its card) but is not
+    its node's first: ``initialize_distributed_hpu`` picks the card as ``HABANA_VISIBLE_MODULES[local_rank]`` and
+    stops on an assertion ("There is not enough devices") when the list is shorter (bridge 1.19,
+    ``distributed/hccl/__init__.py:40-47``), unless ``HLS_MODULE_ID`` is set (lines 29-31). Sets it to that one card."""
+    visible = os.environ.get("HABANA_VISIBLE_MODULES")
+    if visible is None or "HLS_MODULE_ID" in os.environ or world_size == 1:
+        return
+    cards = [card.strip() for card in visible.split(",") if card.strip()]
+    if len(cards) == 1 and local_rank >= 1:
+        os.environ["HLS_MODULE_ID"] = cards[0]
 
 
 def _stat(metric: Any, tag: str, default: Any) -> Any:
@@ -42,9 +109,14 @@ class HabanaBackend(Backend):
     collective_backend = "hccl"
     compile_backend = "hpu_backend"
 
+    def __init__(self) -> None:
+        if runtime.bridge_loaded():  # loaded before lightning_gaudi could keep the launcher's rendezvous
+            forget_loaded_bridge_rendezvous()
+
     @staticmethod
     def _import(name: str) -> ModuleType:
-        return importlib.import_module(f"habana_frameworks.torch{name}")
+        with keep_rendezvous():
+            return importlib.import_module(f"habana_frameworks.torch{name}")
 
     @cached_property
     def _core(self) -> ModuleType:
@@ -85,6 +157,7 @@ class HabanaBackend(Backend):
 
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
         hccl = self._import(".distributed.hccl")  # registers the "hccl" process-group backend
+        _pin_the_only_visible_card(world_size, local_rank)
         hccl.initialize_distributed_hpu(world_size=world_size, rank=rank, local_rank=local_rank)
 
     def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:
@@ -115,7 +188,8 @@ class HabanaBackend(Backend):
 
     def neural_compressor(self) -> NeuralCompressor:
         try:
-            return NeuralCompressor(importlib.import_module("neural_compressor.torch.quantization"))
+            with keep_rendezvous():  # Intel Neural Compressor imports the bridge
+                return NeuralCompressor(importlib.import_module("neural_compressor.torch.quantization"))
         except ModuleNotFoundError as error:
             raise ModuleNotFoundError(
                 f"FP8 inference on a Gaudi runs through Intel Neural Compressor, which is not installed ({error})."

@@ -106,6 +106,17 @@ def is_lazy() -> bool:
     return os.getenv("PT_HPU_LAZY_MODE", "1") != "0"
 
 
+def visible_device_count() -> int:
+    """The cards the double's ``hpu.device_count()`` reports: of the ``config.device_count`` cards of the machine,
+    those ``HABANA_VISIBLE_MODULES`` lists where it is set (none when it is empty), as the bridge opens only those (Ray
+    sets it to a worker's cards) and as the emulator counts them (``lightning_gaudi.hpu.runtime``)."""
+    raw = os.environ.get("HABANA_VISIBLE_MODULES")
+    if raw is None:
+        return config.device_count
+    ids = {part.strip() for part in raw.split(",") if part.strip()}
+    return sum(1 for i in ids if i.isdigit() and int(i) < config.device_count)
+
+
 def memory() -> dict[str, int]:
     return {key: int(config.memory.get(key, 0)) for key in MEMORY_STAT_KEYS}
 

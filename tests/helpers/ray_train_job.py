@@ -17,6 +17,11 @@ temporary folder ``RAY_TEMP``), runs two ``TorchTrainer`` jobs of 2 workers and 
    Each worker sees only its own emulated card, as Ray's ``HPU`` resource makes it on a Gaudi: it sets
    ``HABANA_VISIBLE_MODULES`` to its local rank (Ray sets it only for workers given ``HPU``, which emulation lacks).
 2. ``resume``: ``ddp_hpu`` again from the checkpoint Ray kept after its first epoch (``OUT_DIR/resumed.pt``).
+3. ``hccl``: Intel's recipe, Ray's own HPU code path: ``resources_per_worker={"HPU": 1}`` (the cluster declares 2
+   ``HPU``), ``TorchConfig(backend="hccl")``, ``RayDDPStrategy()`` with ``accelerator="hpu"``, against the bridge
+   double (``tests/bridge_double`` on the workers' ``PYTHONPATH``, emulation off): Ray sets
+   ``HABANA_VISIBLE_MODULES``, its HPU device manager asks the double, its ``hccl`` group is the double's
+   (``OUT_DIR/ddp_hccl.pt``; the double's cards hold no tensors, so the bridge backend keeps them on the CPU).
 
 ``OUT_DIR/facts.json`` says what each worker saw (devices, strategy classes, whether Ray's process group was kept).
 """
@@ -54,7 +59,23 @@ def _worker(config: dict[str, Any]) -> None:
 
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    os.environ["HABANA_VISIBLE_MODULES"] = str(context.get_local_rank())  # what Ray's HPU resource does on a Gaudi
+    if config["job"] == "hccl":  # Ray gave this worker {"HPU": 1}: Ray set HABANA_VISIBLE_MODULES to its card
+        import ray.train.torch
+        from ray.air._internal.device_manager import get_torch_device_manager_by_context
+
+        from lightning_gaudi.hpu.bridge import HabanaBackend
+
+        HabanaBackend.device_type = "cpu"  # the double's cards hold no tensors
+        hccl_facts = {
+            "visible_modules": os.environ.get("HABANA_VISIBLE_MODULES"),
+            "device_manager": type(get_torch_device_manager_by_context()).__name__,
+            "ray_device": str(ray.train.torch.get_device()),
+            "torch_hpu": getattr(getattr(torch, "hpu", None), "__name__", None),
+            "backend": dist.get_backend(),
+            "master_port": os.environ.get("MASTER_PORT"),
+        }
+    else:
+        os.environ["HABANA_VISIBLE_MODULES"] = str(context.get_local_rank())  # what Ray's HPU resource does
     out = Path(config["out"])
     group = dist.distributed_c10d._get_default_group()  # Ray's, formed before this function runs
 
@@ -134,7 +155,10 @@ def _worker(config: dict[str, Any]) -> None:
         }
         save(case, net.module.state_dict())
 
-    if config["job"] == "resume":
+    if config["job"] == "hccl":
+        fit("ddp_hccl", "hpu", RayDDPStrategy())
+        facts["ddp_hccl"].update(hccl_facts)
+    elif config["job"] == "resume":
         with config["checkpoint"].as_directory() as folder:  # Ray Train 2's way to start from an earlier run's
             path = Path(folder) / RayTrainReportCallback.CHECKPOINT_NAME
             fit("resumed", "hpu", RayDDPStrategy(), ckpt_path=str(path))
@@ -150,7 +174,17 @@ def _worker(config: dict[str, Any]) -> None:
     (out / f"facts.{config['job']}.rank{rank}.json").write_text(json.dumps(facts))
 
 
-CASES = ("ddp_cpu", "ddp_hpu", "fsdp_hpu", "hpu_parallel", "deepspeed_hpu", "fabric_cpu", "fabric_hpu", "resumed")
+CASES = (
+    "ddp_cpu",
+    "ddp_hpu",
+    "fsdp_hpu",
+    "hpu_parallel",
+    "deepspeed_hpu",
+    "fabric_cpu",
+    "fabric_hpu",
+    "resumed",
+    "ddp_hccl",
+)
 
 
 def main() -> None:
@@ -158,7 +192,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     import ray
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     started = time.monotonic()
     env_vars = {
@@ -168,6 +202,7 @@ def main() -> None:
     }
     ray.init(
         num_cpus=2,
+        resources={"HPU": 2},  # as Ray counts a Gaudi node's cards; workers not given HPU see none of them
         include_dashboard=False,
         _temp_dir=ray_temp,
         runtime_env={"env_vars": env_vars},
@@ -207,6 +242,24 @@ def main() -> None:
             run_config=run,
         ).fit()
         timings["resume_s"] = time.monotonic() - started - sum(timings.values())
+        # Intel's recipe: {"HPU": 1} per worker and TorchConfig(backend="hccl"), Ray's own HPU code path (its device
+        # manager, its HCCL process group) on the bridge double
+        double = str(Path(__file__).parents[1] / "bridge_double")
+        worker_env = {
+            "LIGHTNING_GAUDI_EMULATE": "0",
+            "PT_HPU_LAZY_MODE": "0",
+            "PYTHONPATH": os.pathsep.join([double, os.environ.get("PYTHONPATH", "")]),
+        }
+        TorchTrainer(
+            _worker,
+            train_loop_config={"job": "hccl", "out": str(out)},
+            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "HPU": 1}),
+            torch_config=TorchConfig(backend="hccl"),
+            run_config=RunConfig(
+                storage_path=str(out / "ray_results"), name="hccl", worker_runtime_env={"env_vars": worker_env}
+            ),
+        ).fit()
+        timings["hccl_s"] = time.monotonic() - started - sum(timings.values())
     finally:
         ray.shutdown()
         timings["total_s"] = time.monotonic() - started

@@ -2,9 +2,10 @@
 
 The quick tests build Ray's objects in this process as a Ray worker would (no cluster): the launch check, the device,
 the sampler, ``prepare_trainer``. The ``subprocess`` tests read one job on a local 2-worker Ray cluster that
-``tests/helpers/ray_train_job.py`` starts and stops (about 2.5 minutes on 2 busy cores): Ray's documented pattern on
-the emulated HPU equals the same code on the CPU, a checkpoint Ray kept resumes, Fabric runs in a Ray worker, and no
-Ray process outlives the job.
+``tests/helpers/ray_train_job.py`` starts and stops (about 3 minutes on 2 busy cores): Ray's documented pattern on
+the emulated HPU equals the same code on the CPU, a checkpoint Ray kept resumes, Fabric runs in a Ray worker, Intel's
+recipe (``{"HPU": 1}`` workers, ``TorchConfig(backend="hccl")``) runs Ray's own HPU code path on the bridge double, and
+no Ray process outlives the job.
 """
 
 from __future__ import annotations
@@ -233,6 +234,7 @@ def test_the_job_ends_and_leaves_no_ray_process(ray_job: Path) -> None:
             marks=pytest.mark.skipif(not DEEPSPEED_AVAILABLE, reason="DeepSpeed is not installed (`deepspeed` extra)"),
         ),
         ("fabric_hpu", "fabric_cpu"),  # Fabric in a Ray worker
+        ("ddp_hccl", "ddp_cpu"),  # Intel's recipe: {"HPU": 1}, TorchConfig(backend="hccl"), on the bridge double
     ],
 )
 def test_ray_workers_on_the_hpu_equal_the_cpu(ray_job: Path, case: str, control: str) -> None:
@@ -253,6 +255,27 @@ def test_each_worker_used_its_own_card_and_rays_process_group(ray_job: Path) -> 
         assert facts["fabric_hpu"]["strategy"] == "HPUParallelStrategy"
         assert all(fact["kept_rays_group"] for fact in facts.values())
     assert "using: 1 HPU, strategy RayDDPStrategy over 2 Ray Train workers" in (ray_job / "job.log").read_text()
+
+
+@pytest.mark.subprocess
+def test_rays_own_hpu_path_runs_on_the_bridge_double(ray_job: Path) -> None:
+    """Ray gave each worker one ``HPU``: its HPU device manager found the card through the double's
+    ``habana_frameworks.torch.hpu``, its ``TorchConfig(backend="hccl")`` group is the double's, and the plugin trained
+    on the one card Ray made visible."""
+    cards = set()
+    for rank in (0, 1):
+        facts = json.loads((ray_job / f"facts.hccl.rank{rank}.json").read_text())["ddp_hccl"]
+        assert facts["device_manager"] == "HPUTorchDeviceManager"
+        assert facts["ray_device"] == "hpu"
+        assert facts["torch_hpu"] == "habana_frameworks.torch.hpu"  # registered by the double's core, as the bridge
+        assert facts["backend"] == "hccl"
+        assert facts["kept_rays_group"]
+        assert facts["num_devices"] == 1
+        assert facts["sampler_kwargs"] == {"num_replicas": 2, "rank": rank}
+        assert facts["strategy"][2] == "HPUParallelStrategy"
+        assert facts["master_port"] != "12345"
+        cards.add(facts["visible_modules"])
+    assert len(cards) == 2  # one card each
 
 
 @pytest.mark.subprocess

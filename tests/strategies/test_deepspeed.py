@@ -227,6 +227,7 @@ def test_real_path_setup_uses_the_hpu_and_hccl(bridge_double: ModuleType, monkey
         monkeypatch.setenv(name, value)
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.setenv(name, "")  # the strategy sets them; monkeypatch restores them
+        monkeypatch.delenv(name)  # unset: the bridge's import reads them as integers (distributed/hccl/__init__.py:85)
     groups: list[dict[str, Any]] = []
 
     def init_process_group(backend: str, **kwargs: Any) -> None:
