@@ -39,6 +39,7 @@ class HPUModelParallelStrategy(ModelParallelCore, FabricShardedCore, LateArgumen
     @override
     def setup_module(self, module: Module) -> Module:
         module = super().setup_module(module)
+        self._reduce_with_sums(module)
         move_keeping_ties(module, self.root_device)
         return module
 

@@ -106,11 +106,14 @@ def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.dev
     )
 
 
-#: The reductions HCCL has, by name (a mean: a sum divided by the world size).
+#: The reductions HCCL has (``hcclOp``: sum, min, max, product; lightning_gaudi/hpu/hccl.py), by name; a mean is a
+#: sum divided by the world size (HCCL has no AVG).
 HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
     "sum": ReduceOp.SUM,
     "min": ReduceOp.MIN,
     "max": ReduceOp.MAX,
+    "product": ReduceOp.PRODUCT,
+    "prod": ReduceOp.PRODUCT,
     "mean": ReduceOp.AVG,
     "avg": ReduceOp.AVG,
 }
@@ -126,7 +129,8 @@ def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
             return op
         if not isinstance(getattr(ReduceOp, reduce_op.upper(), None), ReduceOp.RedOpType):
             raise ValueError(
-                f"`reduce_op={reduce_op!r}` is not a reduction; use 'mean', 'sum', 'min', 'max' or a ReduceOp."
+                f"`reduce_op={reduce_op!r}` is not a reduction; use 'mean', 'sum', 'min', 'max', 'product' or a"
+                " ReduceOp."
             )
     else:
         # a ReduceOp object equals its RedOpType but does not hash like it
@@ -134,9 +138,9 @@ def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
         if op is not None:
             return op
     raise ValueError(
-        f"`reduce_op={reduce_op!r}` is not supported on HPU: HCCL reduces with sum, min, max (and mean, as a sum"
-        " divided by the world size), in emulation as on a Gaudi. Use 'sum', 'mean', 'min' or 'max'; for a product,"
-        " all_gather the values and multiply them."
+        f"`reduce_op={reduce_op!r}` is not supported on HPU: HCCL reduces with sum, min, max and product (and mean,"
+        " as a sum divided by the world size), in emulation as on a Gaudi. Use 'sum', 'mean', 'min', 'max' or"
+        " 'product'; for a bitwise reduction, all_gather the values and combine them."
     )
 
 
@@ -479,7 +483,7 @@ class TrainerParallelCore(TrainerCore, HPUParallelCore):
 
         Raises:
             CollectiveMismatchError: the ranks passed tensors of more than one element in different shapes or dtypes.
-            ValueError: ``reduce_op`` is not a reduction HCCL has (sum, min, max; mean as a sum).
+            ValueError: ``reduce_op`` is not a reduction HCCL has (sum, min, max, product; mean as a sum).
         """
         return self._all_reduce(tensor, group, reduce_op)
 

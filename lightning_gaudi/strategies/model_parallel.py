@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.precision import HalfPrecision, Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch import Tensor
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -23,6 +24,9 @@ from lightning_gaudi.patches.launcher import checked_launcher
 from lightning_gaudi.precision import HPUPrecision
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.core import HPUParallelCore, TrainerParallelCore
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
 
 MeshSize = int | Literal["auto"]
 
@@ -51,6 +55,13 @@ class ModelParallelCore(HPUParallelCore):
     backward_collective = "backward (tensor-parallel and FSDP2 gradient collectives)"
     forward_collective = "forward (tensor-parallel activations or FSDP2 parameter all-gather)"
 
+    device_mesh: Any
+
+    def _reduce_with_sums(self, module: nn.Module) -> None:
+        """Has every FSDP2 module the user's plan created reduce with sums HCCL accepts (:func:`reduce_with_sums`);
+        runs once the plan is applied (the mesh is built), before the first backward."""
+        reduce_with_sums(module, self.device_mesh["data_parallel"].size(), self.strategy_name)
+
     @override
     def _check_runnable(self) -> None:
         if hpu.get_backend().is_lazy():  # DTensor, which FSDP2 and tensor parallelism build on
@@ -60,6 +71,49 @@ class ModelParallelCore(HPUParallelCore):
                 f"execution_mode='compile'), PT_HPU_LAZY_MODE=0; {hpu.EMULATE_ENV}=eager in emulation), or use strategy"
                 " 'hpu_fsdp'."
             )
+
+
+def fsdp_reduces_with_sums() -> bool:
+    """Whether this torch's FSDP2 can be told to reduce with sums only (``set_force_sum_reduction_for_comms``,
+    pytorch/pytorch#155915: torch 2.8 and later)."""
+    return hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
+
+
+def reduce_with_sums(module: nn.Module, data_parallel_size: int, strategy_name: str) -> int:
+    """Makes every FSDP2 module in ``module`` reduce its gradients with ``ReduceOp.SUM`` and divide them itself;
+    returns how many modules it set.
+
+    HCCL reduces with sum, min, max and product only. By default FSDP2 reduce-scatters (and, with a replicate
+    dimension, all-reduces) float32 and bfloat16 gradients with ``ReduceOp.AVG`` once more than one rank holds the
+    data, and with ``PREMUL_SUM`` under ``set_gradient_divide_factor`` (torch >= 2.8) or
+    ``set_reduce_scatter_divide_factor`` (torch 2.7): a Gaudi refuses both at the first backward
+    (``_get_gradient_divide_factors`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). With
+    ``set_force_sum_reduction_for_comms(True)`` (torch >= 2.8) every FSDP2 collective is a sum and the mean is a
+    division by the data-parallel size after it (before and after it for float16), on the reduce-scatter and on the
+    replicate dimension's all-reduce alike; a divide factor the user set is kept and divided by the same way.
+    The setting is per module (not recursive), hence the walk.
+
+    torch 2.7 (Intel Gaudi software 1.22) has no public route to a sum for float32 and bfloat16 gradients: with FSDP2
+    modules over more than one data-parallel rank this raises ``RuntimeError`` here, at set-up, naming the ways out,
+    instead of HCCL's error at the first backward.
+    """
+    fsdp_modules = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not fsdp_modules:
+        return 0
+    if not fsdp_reduces_with_sums():
+        if data_parallel_size > 1:
+            raise RuntimeError(
+                f"{strategy_name!r} cannot shard with FSDP2 over {data_parallel_size} data-parallel HPUs on torch"
+                f" {torch.__version__}: this FSDP2 averages gradients with ReduceOp.AVG (or PREMUL_SUM under"
+                " set_reduce_scatter_divide_factor), which HCCL does not have, and gains"
+                " `FSDPModule.set_force_sum_reduction_for_comms` (sums, then a division) only in torch 2.8. Use Intel"
+                " Gaudi software 1.23 or later (torch 2.9), or strategy 'hpu_fsdp' (FSDP1 reduces with sums), or"
+                " `data_parallel_size=1` (tensor parallelism only)."
+            )
+        return 0
+    for fsdp_module in fsdp_modules:
+        fsdp_module.set_force_sum_reduction_for_comms(True)
+    return len(fsdp_modules)
 
 
 @torch.no_grad()
@@ -157,6 +211,11 @@ class HPUModelParallelStrategy(ModelParallelCore, TrainerParallelCore, LateArgum
     @override
     def _setup_distributed(self) -> None:
         self._form_process_group()  # HCCL (gloo in emulation); the mesh is then built on the root device's type
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        self._reduce_with_sums(self.model)  # the plan of configure_model is applied by now
+        super().setup(trainer)
 
     def hpu_precision_plugin(self, precision: str) -> Precision | None:
         """The precision plugin for ``Trainer(precision=...)`` (the connector asks): one clipping over the shards."""

@@ -7,8 +7,8 @@ It trains ``STEPS`` steps with gradient clipping, then saves a sharded checkpoin
 one ``OUT_DIR/full.ckpt``. Given ``RESUMED_STEPS``, it then resumes, in the same processes, from each of them up to
 that many steps: the sharded one through the resume policy over ``OUT_DIR/ckpt``, which holds it and a newer copy
 with a damaged shard. Each rank writes ``OUT_DIR/<run>-rank<r>.json`` (``fit``, ``resume-sharded``, ``resume-full``):
-its data-parallel rank, its batches, the bytes of parameters and optimizer state it held, and the full weights at the
-start and the end of training.
+its data-parallel rank, its batches and losses, the bytes of parameters and optimizer state it held, the reduce ops
+of the reduce-scatters it ran (FSDP2's gradients) and the full weights at the start and the end of training.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from lightning_gaudi import HPUModelParallelStrategy
+from lightning_gaudi.hpu.hccl import EmulatedHCCLGroup
 from lightning_gaudi.resume import resolve_ckpt_path
 
 MOMENTUM = 0.9
@@ -66,7 +67,22 @@ class ParallelModel(RegressionModel):
 
 class Probe(Callback):
     def __init__(self) -> None:
-        self.facts: dict[str, Any] = {"batches": []}
+        self.facts: dict[str, Any] = {"batches": [], "losses": [], "reduce_scatter_ops": []}
+        self._reduce_scatter = EmulatedHCCLGroup._reduce_scatter_single
+
+    def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
+        # the process group's reduce-scatter (FSDP2's gradients), whichever torch function reached it
+        ops, reduce_scatter = self.facts["reduce_scatter_ops"], self._reduce_scatter
+
+        def record(group: EmulatedHCCLGroup, output: Any, input: Any, opts: Any) -> Any:
+            if opts.reduceOp.op.name not in ops:
+                ops.append(opts.reduceOp.op.name)
+            return reduce_scatter(group, output, input, opts)
+
+        EmulatedHCCLGroup._reduce_scatter_single = record  # type: ignore[method-assign]
+
+    def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
+        EmulatedHCCLGroup._reduce_scatter_single = self._reduce_scatter  # type: ignore[method-assign]
 
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         mesh = trainer.strategy.device_mesh
@@ -80,6 +96,9 @@ class Probe(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.facts["batches"].append([tensor.tolist() for tensor in batch])
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.facts["losses"].append(outputs["loss"].item())  # this rank's loss on its own batch
 
     def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
         states = trainer.optimizers[0].state.values()

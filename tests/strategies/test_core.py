@@ -254,7 +254,7 @@ CORE_OWN = {
     },
     "SingleDeviceCore": {"_check_runnable"},
     "FSDPCore": {"_check_runnable", "_fsdp_arguments", "_set_up_sharded", "_build_device_mesh"},
-    "ModelParallelCore": {"_check_runnable"},
+    "ModelParallelCore": {"_check_runnable", "_reduce_with_sums"},
 }
 
 

@@ -7,19 +7,22 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from helpers.models import make_net
 from helpers.shared_job import run_once
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lightning_gaudi import HPUCheckpointIO, HPUModelParallelStrategy, HPUPrecision, hpu, resume
-from lightning_gaudi.strategies.model_parallel import clip_grad_norm_
+from lightning_gaudi.hpu import hccl
+from lightning_gaudi.strategies.model_parallel import clip_grad_norm_, reduce_with_sums
 
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
 MOMENTUM, CLIP = 0.9, 0.5  # helpers/model_parallel_fit.py's
@@ -132,6 +135,48 @@ def test_clipping_plain_tensors_matches_torch() -> None:
         torch.testing.assert_close(ours.grad, theirs.grad)
 
 
+@pytest.fixture
+def sharded_net() -> Iterator[torch.nn.Module]:
+    """A net with FSDP2 on each linear layer and the root, on a 1-rank emulated HCCL group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    hccl.register_emulated_hccl()
+    dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        net = make_net()
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in (net[0], net[2]):
+            fully_shard(layer, mesh=mesh)
+        yield fully_shard(net, mesh=mesh)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_fsdp2_module_is_set_to_reduce_with_sums(
+    sharded_net: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    calls: list[tuple[torch.nn.Module, bool]] = []
+    monkeypatch.setattr(FSDPModule, "set_force_sum_reduction_for_comms", lambda self, on: calls.append((self, on)))
+    assert reduce_with_sums(sharded_net, 2, "hpu_model_parallel") == 3
+    assert calls == [(sharded_net, True), (sharded_net[0], True), (sharded_net[2], True)]  # the setting is per module
+    assert reduce_with_sums(make_net(), 2, "hpu_model_parallel") == 0  # tensor parallelism alone: nothing to set
+
+
+def test_a_torch_without_sum_reductions_is_refused_at_set_up(
+    sharded_net: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.7's FSDP2 (Gaudi software 1.22) averages with AVG or PREMUL_SUM: refused before the first backward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
+    with pytest.raises(RuntimeError, match=r"over 2 data-parallel HPUs.*ReduceOp\.AVG.*only in torch 2\.8.*'hpu_fsdp'"):
+        reduce_with_sums(sharded_net, 2, "hpu_model_parallel")
+    assert reduce_with_sums(sharded_net, 1, "hpu_model_parallel") == 0  # one data-parallel rank: FSDP2 sums
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Real runs: 2 processes on the emulated HPU
 # ---------------------------------------------------------------------------------------------------------------------
@@ -165,14 +210,20 @@ def steps_of(ranks: list[dict[str, Any]]) -> list[tuple[list[Any], list[Any]]]:
     return steps
 
 
-def reference(initial: dict[str, list[Any]], steps: list[tuple[Any, Any]]) -> dict[str, torch.Tensor]:
-    """SGD with momentum and clipping by the global norm, in one process on each step's union of batches."""
+def reference(
+    initial: dict[str, list[Any]], steps: list[tuple[Any, Any]], losses: list[float] | None = None
+) -> dict[str, torch.Tensor]:
+    """SGD with momentum and clipping by the global norm, in one process on each step's union of batches (each step's
+    loss appended to ``losses``)."""
     net = make_net()
     net.load_state_dict({name.removeprefix("net."): torch.tensor(value) for name, value in initial.items()})
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=MOMENTUM)
     for x, y in steps:
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(net(torch.tensor(x)), torch.tensor(y)).backward()
+        loss = torch.nn.functional.mse_loss(net(torch.tensor(x)), torch.tensor(y))
+        loss.backward()
+        if losses is not None:
+            losses.append(loss.item())
         torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
         optimizer.step()
     return {f"net.{name}": tensor for name, tensor in net.state_dict().items()}
@@ -216,13 +267,22 @@ def test_two_processes_train_to_the_weights_of_one(fitted: tuple[Path, tuple[Any
         if tp == 2 or plan == "fsdp":  # every parallelized weight is split in two; biases partly
             assert facts["parameter_bytes"] < 0.8 * total_bytes, (facts["parameter_bytes"], total_bytes)
             assert facts["optimizer_bytes"] < 0.8 * total_bytes
+    # FSDP2 reduce-scatters its gradients with a sum HCCL has, then divides (AVG by default: refused by HCCL)
+    reduce_scatter_ops = {op for facts in ranks for op in facts["reduce_scatter_ops"]}
+    assert reduce_scatter_ops <= {"SUM"}
+    if plan != "tp" and dp == 2:
+        assert reduce_scatter_ops == {"SUM"}
     if dp == 2:  # the ranks read different halves of the data
         assert {facts["data_parallel_rank"] for facts in ranks} == {0, 1}
         assert ranks[0]["batches"] != ranks[1]["batches"]
     else:
         assert ranks[0]["batches"] == ranks[1]["batches"]
-    expected = reference(initial, steps_of(ranks))
+    losses: list[float] = []
+    expected = reference(initial, steps_of(ranks), losses)
     assert_matches_reference(ranks, expected)
+    # each step's loss: on 2 data-parallel ranks the mean of the halves' (equal halves) is the union's on 1 process
+    by_dp = {facts["data_parallel_rank"]: facts["losses"] for facts in ranks}
+    torch.testing.assert_close(torch.tensor(list(by_dp.values())).mean(0), torch.tensor(losses), rtol=1e-5, atol=1e-6)
     for name in expected:
         assert ranks[0]["final"][name] != initial[name], f"{name} never trained"
 

@@ -289,16 +289,39 @@ def test_a_device_that_is_not_an_hpu_fails_while_the_trainer_is_built(eager_hpu:
 
 
 @pytest.mark.parametrize(
-    "reduce_op",
-    ["product", "PRODUCT", ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR, "band", "premul_sum"],
+    ("reduce_op", "op"),
+    [
+        ("sum", ReduceOp.SUM),
+        ("MAX", ReduceOp.MAX),
+        (ReduceOp.MIN, ReduceOp.MIN),
+        ("product", ReduceOp.PRODUCT),
+        ("PRODUCT", ReduceOp.PRODUCT),
+        (ReduceOp.PRODUCT, ReduceOp.PRODUCT),
+        ("mean", ReduceOp.SUM),  # HCCL has no AVG: a sum, then a division
+        (None, ReduceOp.SUM),
+        (ReduceOp.AVG, ReduceOp.SUM),
+    ],
 )
+def test_reductions_reach_hccl_as_ops_it_has(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, reduce_op: Any, op: Any
+) -> None:
+    calls: list[Any] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op, group=None: calls.append(op))
+    result = HPUParallelStrategy().reduce(torch.tensor([2.0]), reduce_op=reduce_op)
+    assert calls == [op]
+    assert result.item() == (1.0 if op == ReduceOp.SUM and reduce_op in ("mean", None, ReduceOp.AVG) else 2.0)
+
+
+@pytest.mark.parametrize("reduce_op", [ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR, "band", "premul_sum"])
 def test_reductions_hccl_lacks_are_refused(
     eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch, reduce_op: Any
 ) -> None:
     calls: list[Any] = []
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "all_reduce", lambda *args, **kwargs: calls.append(args))
-    with pytest.raises(ValueError, match=r"`reduce_op=.*` is not supported on HPU: HCCL reduces with sum, min, max"):
+    with pytest.raises(ValueError, match=r"is not supported on HPU: HCCL reduces with sum, min, max and product"):
         HPUParallelStrategy().reduce(torch.tensor([2.0]), reduce_op=reduce_op)
     assert calls == []  # refused before any collective, in emulation as on a Gaudi
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
