@@ -16,6 +16,7 @@ from lightning_gaudi.patches import (
     fp8_precision_name,
     launcher,
     module_forward,
+    sharded_tensor_device,
     signals,
     sync_free_logging,
     tuner_oom,
@@ -41,6 +42,7 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             fabric_backward_sync.PATCH,
             module_forward.PATCH,
             launcher.PATCH,
+            sharded_tensor_device.PATCH,
         )
     }
 )

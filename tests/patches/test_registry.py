@@ -29,6 +29,7 @@ MODULES = (
     "fabric_backward_sync",
     "module_forward",
     "launcher",
+    "sharded_tensor_device",
 )
 
 
