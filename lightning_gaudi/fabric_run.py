@@ -23,9 +23,10 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch.distributed import run as torchrun
 
 import lightning_gaudi  # noqa: F401  # registers the HPU and its strategies before the options are checked
+from lightning_gaudi.fabric import RUN_COMMAND
 
-#: The command, as users type it (and Fabric's refusal on the HPU names it).
-COMMAND = "python -m lightning_gaudi fabric run"
+#: The command, as users type it (Fabric's refusal of an unlaunched multi-device job on the HPU names it).
+COMMAND = RUN_COMMAND
 #: What ``--accelerator`` takes: the HPU, and the CPU (as Lightning's ``fabric run`` runs it, for comparisons);
 #: ``auto`` (the default) is the HPU where there is one.
 ACCELERATORS = ("hpu", "cpu", "auto")

@@ -13,6 +13,7 @@ from lightning_gaudi.patches import (
     fabric_checkpoint_writer,
     fabric_compile,
     fabric_connector,
+    fabric_launch_hint,
     fp8_precision_name,
     launcher,
     module_forward,
@@ -39,6 +40,7 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             deepspeed_strategy.PATCH,
             fabric_checkpoint_writer.PATCH,
             fabric_backward_sync.PATCH,
+            fabric_launch_hint.PATCH,
             module_forward.PATCH,
             launcher.PATCH,
         )
