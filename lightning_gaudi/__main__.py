@@ -20,13 +20,16 @@ PROGRAM_ENV = "LIGHTNING_GAUDI_PROGRAM"
 
 USAGE = """usage: python -m lightning_gaudi PROGRAM [ARGS...]
        python -m lightning_gaudi -m MODULE [ARGS...]
+       python -m lightning_gaudi fabric run [OPTIONS] SCRIPT [ARGS...]
 
 Registers the Intel Gaudi HPU with Lightning, then runs PROGRAM (a console script such as `litgpt`, or a Python file)
-or MODULE with ARGS, so a tool that builds its own Trainer or Fabric trains on the HPU. Examples:
+or MODULE with ARGS, so a tool that builds its own Trainer or Fabric trains on the HPU; `fabric run` is Lightning's
+`fabric run` for the HPU (`--accelerator hpu`; see `python -m lightning_gaudi fabric run --help`). Examples:
 
   python -m lightning_gaudi litgpt pretrain pythia-14m --devices 2 ...
   python -m lightning_gaudi train.py --max_epochs 3
   python -m lightning_gaudi -m my_package.train --lr 1e-3
+  python -m lightning_gaudi fabric run --accelerator hpu --devices 8 train.py
 """
 
 
@@ -35,10 +38,13 @@ class ProgramError(Exception):
 
 
 def parse(argv: list[str]) -> tuple[tuple[str, str], list[str]]:
-    """``(kind, target), args`` from the arguments; ``kind`` is ``"module"``, ``"entry_point"`` or ``"script"``;
-    :class:`ProgramError` when PROGRAM is missing or not found."""
+    """``(kind, target), args`` from the arguments; ``kind`` is ``"module"``, ``"entry_point"``, ``"script"`` or
+    ``"fabric_run"`` (``fabric run ...``: :mod:`lightning_gaudi.fabric_run`); :class:`ProgramError` when PROGRAM is
+    missing or not found."""
     if not argv or argv[0] in ("-h", "--help"):
         raise ProgramError(USAGE)
+    if argv[:2] == ["fabric", "run"]:  # Lightning's other `fabric` commands run as they are (a console script)
+        return ("fabric_run", "fabric run"), argv[2:]
     if argv[0] == "-m":
         if len(argv) < 2:
             raise ProgramError("`python -m lightning_gaudi -m` needs a module to run: -m MODULE [ARGS...].")
@@ -88,6 +94,13 @@ def _exec_as_main(code: CodeType, path: str) -> None:
 def run(kind: str, target: str, args: list[str]) -> Any:
     """Runs the program ``(kind, target)`` with ``args`` (as its ``sys.argv[1:]``); returns what an entry point
     returns. Raises :class:`ProgramError` when the module cannot be found."""
+    if kind == "fabric_run":
+        from lightning_gaudi import fabric_run
+
+        # the ranks it starts find SCRIPT in their own arguments (`python -m lightning_gaudi SCRIPT ARGS`)
+        os.environ.pop(PROGRAM_ENV, None)
+        fabric_run.main(args)
+        return None
     if kind == "entry_point":
         (entry,) = (ep for ep in entry_points(group="console_scripts") if ep.name == target)
         sys.argv = [shutil.which(target) or target, *args]

@@ -218,6 +218,12 @@ class EmulatedHCCLGroup(dist.ProcessGroup):
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)  # torch >= 2.12's name
 
     @_not_traced
+    def barrier(self, opts: Any = None) -> Any:
+        # through gloo's own method, which lets go of the GIL while it waits: the base class's (torch's trampoline for
+        # a Python process group) holds it, and deadlocked with gloo's worker thread freeing an all_gather's tensors
+        # (which takes the GIL) under the queue lock the barrier waits for (torchmetrics' sync after all_gather)
+        return self._gloo.barrier(_options.BarrierOptions() if opts is None else opts)
+
     def broadcast(self, tensors: list[Tensor], opts: Any = None) -> Any:
         # HCCL broadcasts bytes (getCountDatatype, collective_utils.cpp:122-150): any dtype, where gloo has a table
         opts = _options.BroadcastOptions() if opts is None else opts

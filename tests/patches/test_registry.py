@@ -27,6 +27,7 @@ MODULES = (
     "deepspeed_strategy",
     "fabric_checkpoint_writer",
     "fabric_backward_sync",
+    "fabric_launch_hint",
     "module_forward",
     "launcher",
     "sharded_tensor_device",
