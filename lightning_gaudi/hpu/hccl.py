@@ -246,6 +246,47 @@ class EmulatedHCCLGroup(dist.ProcessGroup):
         return self._gloo._allgather_base(output, input, _options.AllgatherOptions() if opts is None else opts)
 
     @_not_traced
+    def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
+        # the bridge's allgather_into_tensor_coalesced (..._base.cpp:1183, its dtype 1269), one gather a pair here
+        works = [self.all_gather_single(out, inp, opts) for out, inp in zip(outputs, inputs, strict=True)]
+        for work in works[:-1]:
+            work.wait()
+        return works[-1]
+
+    @_not_traced
+    def allgather_into_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
+        return self.all_gather_single_coalesced(outputs, inputs, opts)  # torch < 2.12's name
+
+    # The collectives below only run on gloo's own methods, which let go of the GIL while they wait (see barrier).
+
+    @_not_traced
+    def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        return self._gloo.gather(outputs, inputs, _options.GatherOptions() if opts is None else opts)
+
+    @_not_traced
+    def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        return self._gloo.scatter(outputs, inputs, _options.ScatterOptions() if opts is None else opts)
+
+    @_not_traced
+    def alltoall(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
+        check_dtype(outputs + inputs)  # ..._base.cpp:581
+        return self._gloo.alltoall(outputs, inputs, _options.AllToAllOptions() if opts is None else opts)
+
+    @_not_traced
+    def alltoall_base(
+        self, output: Tensor, input: Tensor, output_splits: Any, input_splits: Any, opts: Any = None
+    ) -> Any:
+        check_dtype([output, input])  # ..._base.cpp:677
+        opts = _options.AllToAllOptions() if opts is None else opts
+        return self._gloo.alltoall_base(output, input, output_splits, input_splits, opts)
+
+    @_not_traced
+    def all_to_all_single(
+        self, output: Tensor, input: Tensor, output_splits: Any, input_splits: Any, opts: Any = None
+    ) -> Any:
+        return self.alltoall_base(output, input, output_splits, input_splits, opts)  # torch >= 2.12's name
+
+    @_not_traced
     def allgather_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         raise RuntimeError("ProcessGroupHcclBase does not support allgather_coalesced")  # ..._base.cpp:1179-1180
 

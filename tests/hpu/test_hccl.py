@@ -113,3 +113,20 @@ def test_barrier_goes_to_gloo_letting_go_of_the_gil(group: dist.ProcessGroup) ->
         gathered = [torch.zeros(3)]
         dist.all_gather(gathered, torch.ones(3), async_op=True)
         dist.barrier()
+
+
+def test_the_other_collectives_run_on_gloo(group: dist.ProcessGroup) -> None:
+    gathered = [torch.empty(2)]
+    dist.gather(torch.ones(2), gathered, dst=0)
+    assert gathered[0].tolist() == [1.0, 1.0]
+    out = torch.empty(2)
+    dist.scatter(out, [torch.full((2,), 3.0)], src=0)
+    assert out.tolist() == [3.0, 3.0]
+    single = torch.empty(2)
+    dist.all_to_all_single(single, torch.arange(2.0))
+    assert single.tolist() == [0.0, 1.0]
+    dist.barrier()
+    with pytest.raises(ValueError, match="only implemented for GLOO"):  # torch's rule, on a Gaudi too
+        dist.monitored_barrier()
+    with pytest.raises(RuntimeError, match="not supported for HCCL process group: Short"):
+        dist.all_to_all_single(torch.empty(2, dtype=torch.int16), torch.ones(2, dtype=torch.int16))
