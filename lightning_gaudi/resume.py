@@ -32,6 +32,7 @@ __all__ = [
     "REQUEUE_PREFIX",
     "CheckpointDamagedError",
     "CheckpointInfo",
+    "UntrustedCheckpointError",
     "is_complete_checkpoint",
     "latest",
     "load_or_fall_back",
@@ -62,6 +63,40 @@ class CheckpointDamagedError(ValueError):
         super().__init__(f"The checkpoint {path!r} is {reason}.{hint}")
         self.path = path
         self.reason = reason
+
+
+#: How each call that loads a checkpoint is told to trust one (:class:`UntrustedCheckpointError`), by its name.
+TRUSTING_CALLS = {
+    "fit": "trainer.fit(..., ckpt_path=..., weights_only=False)",
+    "validate": "trainer.validate(..., ckpt_path=..., weights_only=False)",
+    "test": "trainer.test(..., ckpt_path=..., weights_only=False)",
+    "predict": "trainer.predict(..., ckpt_path=..., weights_only=False)",
+    "load": "fabric.load(path, state, weights_only=False)",
+}
+
+
+class UntrustedCheckpointError(pickle.UnpicklingError):
+    """A checkpoint holding objects that loading under torch's weights-only rules refuses (``holds`` names them):
+    unpickling them could run code from the file. ``call`` (a key of :data:`TRUSTING_CALLS`) is the call that loads
+    it, whose ``weights_only=False`` trusts it."""
+
+    def __init__(self, path: str, holds: str, call: str | None = None) -> None:
+        trust = TRUSTING_CALLS.get(call or "", "the call that loads it")
+        super().__init__(
+            f"The checkpoint {path!r} holds {holds}, which loading under torch's weights-only rules refuses: unpickling"
+            f" it could run code from the file, so nothing of it was loaded. If you made this checkpoint yourself and"
+            f" trust it, pass weights_only=False: {trust}."
+        )
+        self.path = path
+        self.holds = holds
+        self.call = call
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.path, self.holds, self.call)
+
+    def for_call(self, call: str) -> UntrustedCheckpointError:
+        """The same refusal, naming ``call``."""
+        return UntrustedCheckpointError(self.path, self.holds, call)
 
 
 @dataclass(frozen=True)
@@ -197,13 +232,18 @@ def _chosen_by(policy: str, path: str | None, dirpath: _PATH | None, requeue_dir
     return path
 
 
-def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+def load_or_fall_back(
+    strategy: Any, checkpoint_path: _PATH, load: Callable[[str], dict[str, Any]], call: str = "fit"
+) -> dict[str, Any]:
     """``load(checkpoint_path)`` on every rank; when it fails on any rank and a resume policy (``"auto"``, ``"last"``)
     chose the checkpoint, rank 0 moves it aside (renamed to ``<name>.unloadable``, never deleted), one warning says so,
     and every rank loads the next newest checkpoint that verifies under the same policy instead, until one loads.
 
-    A checkpoint given by path is not moved: its error is logged naming it, and raised. A peer lost or a collective
-    timing out (:class:`~lightning_gaudi.distributed.CollectiveError`) is no fault of the checkpoint and propagates.
+    A checkpoint given by path is not moved: its error is logged naming it, and raised; a damaged one raises
+    :class:`CheckpointDamagedError` saying what is wrong (not torch's advice to load it with ``weights_only=False``).
+    ``call`` names the call that loads it (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``, ``"load"``): only
+    ``"fit"`` is told how to resume from another checkpoint. A peer lost or a collective timing out
+    (:class:`~lightning_gaudi.distributed.CollectiveError`) is no fault of the checkpoint and propagates.
 
     Raises:
         CheckpointDamagedError: the policy's checkpoints all failed to load (each moved aside: a restart starts
@@ -223,13 +263,21 @@ def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Callable[[str
         if not failed_anywhere:
             return checkpoint
         choice = _chosen.get(path)
+        if isinstance(error, UntrustedCheckpointError):
+            error = error.for_call(call)
         why = _first_line(error) if error is not None else "it failed to load on another rank"
+        hint = _TRY_INSTEAD if call == "fit" and not isinstance(error, UntrustedCheckpointError) else ""
         if choice is None:
-            log.error("lightning_gaudi: could not load the checkpoint %s (%s).%s", path, why, _TRY_INSTEAD)
+            log.error("lightning_gaudi: could not load the checkpoint %s (%s).%s", path, why, hint)
         # not moved aside, it stays where the policy would pick it again: fail, as without a fallback
         aside = None if choice is None else _move_aside(strategy, path)
         if choice is None or aside is None:
-            raise error or RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
+            if error is None:
+                raise RuntimeError(f"The checkpoint {path!r} failed to load on another rank.")
+            named = _damage_named(path, error, hint)
+            if named is error:
+                raise error
+            raise named from error
         moved.append(f"{path} (now {aside})")
         following = _next_choice(choice)
         if strategy.is_global_zero:
@@ -252,7 +300,23 @@ def load_or_fall_back(strategy: Any, checkpoint_path: _PATH, load: Callable[[str
 def _first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     line = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    if isinstance(error, UntrustedCheckpointError):  # one line, and its end says how to trust it
+        return line
     return line if len(line) <= _WHY_LENGTH else f"{line[: _WHY_LENGTH - 3]}..."
+
+
+def _damage_named(path: str, error: BaseException, hint: str) -> BaseException:
+    """``error``, or for a checkpoint that does not verify, a :class:`CheckpointDamagedError` saying why (torch's error
+    on a damaged pickle advises loading it with ``weights_only=False``, which cannot help)."""
+    if isinstance(error, (UntrustedCheckpointError, CheckpointDamagedError)):
+        return error
+    try:
+        verify_checkpoint(path)
+    except CheckpointDamagedError as damaged:
+        return CheckpointDamagedError(path, damaged.reason, hint)
+    except OSError:
+        return error
+    return error
 
 
 def _move_aside(strategy: Any, path: str) -> str | None:

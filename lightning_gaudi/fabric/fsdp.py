@@ -20,6 +20,7 @@ from lightning_gaudi.fabric._base import FabricParallelCore
 from lightning_gaudi.patches import fabric_checkpoint_writer
 from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.resume import load_or_fall_back
+from lightning_gaudi.safe_load import check_weights_only
 from lightning_gaudi.strategies._staged import ChecksummedWriter, save_staged
 from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, FSDPCore, has_meta_tensors
@@ -61,10 +62,18 @@ class FabricShardedCore(FabricParallelCore):
         strict: bool = True,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Loads ``path`` into ``state`` (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
+        """Loads ``path`` into ``state`` once what it holds besides tensor data reads under torch's weights-only rules
+        (:func:`lightning_gaudi.safe_load.check_weights_only`; ``weights_only=False`` trusts it), falling back past a
+        chosen one that fails to load (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
         load: Callable[..., dict[str, Any]] = super().load_checkpoint  # type: ignore[misc]
         extra = {} if weights_only is None else {"weights_only": weights_only}  # Lightning 2.5 takes no weights_only
-        return load_or_fall_back(self, path, lambda chosen: load(chosen, state, strict, **extra))
+
+        def checked(chosen: str) -> dict[str, Any]:
+            if weights_only is not False:
+                check_weights_only(chosen)
+            return load(chosen, state, strict, **extra)
+
+        return load_or_fall_back(self, path, checked, "load")
 
 
 class HPUFSDPPrecision(FSDPPrecision):

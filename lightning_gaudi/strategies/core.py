@@ -41,6 +41,7 @@ from lightning_gaudi.distributed import (
 from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed, run_started
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
+from lightning_gaudi.safe_load import check_weights_only
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
 from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.layer_sync import HPUSyncBatchNorm
@@ -402,9 +403,20 @@ class TrainerCore(HPUStrategyCore):
             disable_inference_mode(trainer)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Loads the checkpoint (:meth:`load_checkpoint_files`), falling back past a chosen one that fails to load
+        """Loads the checkpoint (:meth:`load_checkpoint_files`) once what it holds besides tensor data reads under
+        torch's weights-only rules (:func:`lightning_gaudi.safe_load.check_weights_only`; ``weights_only=False``
+        trusts it), falling back past a chosen one that fails to load
         (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
-        return load_or_fall_back(self, checkpoint_path, lambda path: self.load_checkpoint_files(path, weights_only))
+        module = self.lightning_module
+        state = getattr(getattr(module, "trainer", None), "state", None)
+        call = str(getattr(getattr(state, "fn", None), "value", "fit"))
+
+        def load(path: str) -> dict[str, Any]:
+            if weights_only is not False:
+                check_weights_only(path)
+            return self.load_checkpoint_files(path, weights_only)
+
+        return load_or_fall_back(self, checkpoint_path, load, call)
 
     def load_checkpoint_files(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Loads one checkpoint: Lightning's strategy's ``load_checkpoint``."""

@@ -45,6 +45,7 @@ from typing_extensions import override
 from lightning_gaudi import hpu
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT
 from lightning_gaudi.fsdp_precision import FSDP_PRECISIONS, HPUFSDPPrecision
+from lightning_gaudi.safe_load import WeightsOnlyReader
 from lightning_gaudi.strategies._staged import METADATA_FILENAME as METADATA_FILENAME  # where readers look
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.adoption import Adoption
@@ -383,10 +384,12 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
             ShardedOptimStateDictConfig(offload_to_cpu=True),
         ):
             module_state = {"model": self.model.state_dict()}
-            dcp.load(module_state, checkpoint_id=path)
+            # torch's reader unpickles .metadata without restriction: this one admits only what metadata is made of
+            trusted = weights_only is False
+            dcp.load(module_state, storage_reader=FileSystemReader(path) if trusted else WeightsOnlyReader(path))
             self.model.load_state_dict(module_state["model"], strict=self.lightning_module.strict_loading)
             if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
-                reader = FileSystemReader(path)
+                reader = FileSystemReader(path) if trusted else WeightsOnlyReader(path)
                 for index, optimizer in enumerate(self.optimizers):
                     key = f"optimizer_{index}"
                     state = load_sharded_optimizer_state_dict(module_state["model"], key, reader)[key]
@@ -394,7 +397,7 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
                     optimizer.load_state_dict(
                         FullyShardedDataParallel.optim_state_dict_to_load(self.model, optimizer, state)
                     )
-        return torch.load(path / METADATA_FILENAME, weights_only=weights_only)  # type: ignore[no-any-return]
+        return torch.load(path / METADATA_FILENAME, weights_only=weights_only is not False)  # type: ignore[no-any-return]
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
