@@ -133,6 +133,24 @@ def _restore_rank_zero() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _restore_launch_env() -> Iterator[None]:
+    """Puts back the launch variables (and the card a bridge import picks) after each test.
+
+    A launch variable left in this process reaches every later subprocess test: importing Intel's bridge (or its
+    double) exports ``MASTER_PORT=12345`` where it was unset, and two jobs started at once with it then met on that
+    port (seen: the two LitGPT jobs, ``EADDRINUSE``).
+    """
+    names = (*_LAUNCH_ENV, "HLS_MODULE_ID", "ID")
+    saved = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
 def _restore_functional_linear(monkeypatch: pytest.MonkeyPatch) -> None:
     """Puts back ``torch.nn.functional.linear`` after each test.
 

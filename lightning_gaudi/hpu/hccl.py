@@ -224,6 +224,7 @@ class EmulatedHCCLGroup(dist.ProcessGroup):
         # (which takes the GIL) under the queue lock the barrier waits for (torchmetrics' sync after all_gather)
         return self._gloo.barrier(_options.BarrierOptions() if opts is None else opts)
 
+    @_not_traced
     def broadcast(self, tensors: list[Tensor], opts: Any = None) -> Any:
         # HCCL broadcasts bytes (getCountDatatype, collective_utils.cpp:122-150): any dtype, where gloo has a table
         opts = _options.BroadcastOptions() if opts is None else opts

@@ -130,3 +130,14 @@ def test_the_other_collectives_run_on_gloo(group: dist.ProcessGroup) -> None:
         dist.monitored_barrier()
     with pytest.raises(RuntimeError, match="not supported for HCCL process group: Short"):
         dist.all_to_all_single(torch.empty(2, dtype=torch.int16), torch.ones(2, dtype=torch.int16))
+
+
+def test_dynamo_never_traces_into_the_group() -> None:
+    """A compiled module's collectives (DDP's buffer broadcast) are calls to it: dynamo cannot read its Python state."""
+    helpers = {"__init__", "getBackendName", "_reduce_in_float32", "_reduce_scatter_single"}
+    collectives = {name for name, value in vars(hccl.EmulatedHCCLGroup).items() if callable(value)} - helpers
+    assert {"broadcast", "allreduce", "barrier", "_reduce_scatter_base"} <= collectives
+    traced = {
+        name for name in collectives if not getattr(vars(hccl.EmulatedHCCLGroup)[name], "_torchdynamo_disable", 0)
+    }
+    assert traced == set()
