@@ -132,13 +132,13 @@ def _restore_rank_zero() -> Iterator[None]:
     rank_zero_only.rank, utils_rank_zero_only.rank = saved  # type: ignore[attr-defined]
 
 
-@pytest.fixture(autouse=True)
-def _restore_launch_env() -> Iterator[None]:
-    """Puts back the launch variables (and the card a bridge import picks) after each test.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Puts back the launch variables (and the card a bridge import picks) after each test, its fixtures included.
 
     A launch variable left in this process reaches every later subprocess test: importing Intel's bridge (or its
     double) exports ``MASTER_PORT=12345`` where it was unset, and two jobs started at once with it then met on that
-    port (seen: the two LitGPT jobs, ``EADDRINUSE``).
+    port (seen: the two LitGPT jobs, ``EADDRINUSE``, after a test of ``initialize_distributed_hpu``).
     """
     names = (*_LAUNCH_ENV, "HLS_MODULE_ID", "ID")
     saved = {name: os.environ.get(name) for name in names}
