@@ -148,6 +148,9 @@ class Backend(abc.ABC):
             return torch.int32
         return dtype
 
+    #: Whether :meth:`copied_to_device` can change a tensor (an emulator's copy); callers skip it where it cannot.
+    converts_copies: bool = False
+
     def copied_to_device(self, tensor: Tensor) -> Tensor:
         """``tensor`` (a host tensor about to move to the device) with what the device will hold of it. A device
         whose copy converts by itself (Intel's bridge) returns it unchanged; an emulator converts it as the bridge

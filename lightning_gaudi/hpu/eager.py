@@ -147,6 +147,8 @@ class EagerBackend(Backend):
     def int64_supported(self) -> bool:
         return int64_supported(self.is_lazy(), self._device_name)
 
+    converts_copies = True
+
     def copied_to_device(self, tensor: Tensor) -> Tensor:
         """A host tensor with the values a Gaudi holds of it (:func:`~lightning_gaudi.hpu.dtypes.held_values`):
         float64 in float32, int64 in int32 without int64 support, refused out of range in lazy mode."""

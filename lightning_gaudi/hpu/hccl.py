@@ -128,6 +128,14 @@ def _flat(tensors: Any) -> list[Tensor]:
     return [t for item in tensors for t in _flat(item)]
 
 
+def _one_by_one(run: Callable[..., Any], outputs: list[Tensor], inputs: list[Tensor], opts: Any) -> Any:
+    """A coalesced collective as one ``run(output, input, opts)`` a pair: the last pair's work, the others waited."""
+    works = [run(out, inp, opts) for out, inp in zip(outputs, inputs, strict=True)]
+    for work in works[:-1]:
+        work.wait()
+    return works[-1]
+
+
 #: dynamo runs these as calls, not traced: the group is an opaque object to it, as a C++ process group is.
 _not_traced = torch.compiler.disable
 
@@ -208,10 +216,7 @@ class EmulatedHCCLGroup(dist.ProcessGroup):
 
     @_not_traced
     def reduce_scatter_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
-        works = [self._reduce_scatter_single(out, inp, opts) for out, inp in zip(outputs, inputs, strict=True)]
-        for work in works[:-1]:
-            work.wait()
-        return works[-1]
+        return _one_by_one(self._reduce_scatter_single, outputs, inputs, opts)
 
     @_not_traced
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
@@ -249,10 +254,7 @@ class EmulatedHCCLGroup(dist.ProcessGroup):
     @_not_traced
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
         # the bridge's allgather_into_tensor_coalesced (..._base.cpp:1183, its dtype 1269), one gather a pair here
-        works = [self.all_gather_single(out, inp, opts) for out, inp in zip(outputs, inputs, strict=True)]
-        for work in works[:-1]:
-            work.wait()
-        return works[-1]
+        return _one_by_one(self.all_gather_single, outputs, inputs, opts)
 
     @_not_traced
     def allgather_into_tensor_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:

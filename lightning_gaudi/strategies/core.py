@@ -428,7 +428,9 @@ class TrainerCore(HPUStrategyCore):
         """Moves ``batch`` as Lightning does, its host tensors first given the values the device will hold
         (:meth:`~lightning_gaudi.hpu.Backend.copied_to_device`: a Gaudi holds float64 in float32, and int64 in int32
         without int64 support)."""
-        batch = apply_to_collection(batch, Tensor, hpu.get_backend().copied_to_device)
+        backend = hpu.get_backend()
+        if backend.converts_copies:  # the bridge converts in its own copy: no pass over the batch each step
+            batch = apply_to_collection(batch, Tensor, backend.copied_to_device)
         return super().batch_to_device(batch, device, dataloader_idx)  # type: ignore[misc]
 
     def model_to_device(self) -> None:
