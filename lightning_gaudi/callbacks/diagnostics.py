@@ -418,12 +418,12 @@ class GraphDiagnostics(Callback):
         )
 
     def _fallbacks_are_real(self) -> bool:
-        return self._backend is not None and not self._backend.emulated
+        return self._backend is not None and self._backend.counts_device_fallbacks
 
     def _bridge_hint(self) -> str:
-        if self._mode != "lazy" or self._backend is None or self._backend.emulated:
+        if self._mode != "lazy" or self._backend is None or not self._backend.log_hint:
             return ""
-        return f" Run with {BRIDGE_LOG_HINT} to see the bridge's own log."
+        return f" Run with {self._backend.log_hint} to see the bridge's own log."
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

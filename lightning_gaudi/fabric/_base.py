@@ -16,7 +16,6 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.callbacks.inference import HPUCompile
 from lightning_gaudi.strategies._tied import move_keeping_ties
 from lightning_gaudi.strategies.core import HPUParallelCore, HPUStrategyCore
 
@@ -74,7 +73,7 @@ class FabricCore(HPUStrategyCore):
                 " PT_HPU_LAZY_MODE=0 (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python; or pass the"
                 " model uncompiled (lazy mode builds graphs itself)."
             )
-        return HPUCompile.backend_name(backend)
+        return backend.check_compile_backend()
 
     def setup_environment(self) -> None:
         super().setup_environment()  # type: ignore[misc]
@@ -84,7 +83,7 @@ class FabricCore(HPUStrategyCore):
         # Fabric sets up a single-device model without setup_environment unless launch() was called
         self._bind_mark_step()
         backend = hpu.get_backend()
-        if backend.emulated and backend.is_lazy():
+        if backend.explains_forward_errors:
             module.register_forward_hook(_explain_forward_error, always_call=True)
         return super().setup_module(module)  # type: ignore[misc,no-any-return]
 

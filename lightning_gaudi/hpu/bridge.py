@@ -108,6 +108,7 @@ class HabanaBackend(Backend):
     autocast_device_type: str | None = "hpu"
     collective_backend = "hccl"
     compile_backend = "hpu_backend"
+    log_hint = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"
 
     def __init__(self) -> None:
         if runtime.bridge_loaded():  # loaded before lightning_gaudi could keep the launcher's rendezvous

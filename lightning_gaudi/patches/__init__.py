@@ -17,6 +17,7 @@ from lightning_gaudi.patches import (
     fp8_precision_name,
     launcher,
     module_forward,
+    no_grad_eval,
     sharded_tensor_device,
     signals,
     sync_free_logging,
@@ -45,6 +46,7 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             module_forward.PATCH,
             launcher.PATCH,
             sharded_tensor_device.PATCH,
+            no_grad_eval.PATCH,
         )
     }
 )

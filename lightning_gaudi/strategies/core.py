@@ -39,7 +39,7 @@ from lightning_gaudi.distributed import (
     validate_ray_launch,
 )
 from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed, run_started
-from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
+from lightning_gaudi.patches.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.safe_load import check_weights_only
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
@@ -245,11 +245,10 @@ class HPUParallelCore(HPUStrategyCore):
     @override
     def _check_runnable(self) -> None:
         backend = hpu.get_backend()
-        if backend.is_lazy() and backend.emulated:
+        if backend.single_device_reason is not None:
             raise ValueError(
-                f"{self.strategy_name!r} cannot run under {hpu.EMULATE_ENV}=lazy: torch's Lazy Tensor Core"
-                " tensors cannot cross gloo collectives. Emulate data parallelism with"
-                f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
+                f"{self.strategy_name!r} cannot run here: {backend.single_device_reason}, or use one device"
+                " (strategy 'hpu_single')."
             )
 
     @property
@@ -306,10 +305,9 @@ class HPUParallelCore(HPUStrategyCore):
         # torch's env:// rendezvous reads these (as in Lightning's DDP strategies)
         os.environ["MASTER_ADDR"] = environment.main_address
         os.environ["MASTER_PORT"] = str(environment.main_port)
-        emulated = f" emulated on the CPU ({backend.name} mode)" if backend.emulated else ""
         self.log.info(
             f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size} on HPU {local_rank} of"
-            f" node {strategy.node_rank} ({backend.device_name()}{emulated}, device {self.root_device})"
+            f" node {strategy.node_rank} ({backend.device_description()}, device {self.root_device})"
         )
         atexit.unregister(close_process_group)  # one exit hook per process (several fits), with the latest timeout
         atexit.register(close_process_group, self.timeout)  # before the interpreter's teardown (see its docstring)
@@ -322,12 +320,11 @@ class HPUParallelCore(HPUStrategyCore):
             master_port=environment.main_port,
         )
         if rank == 0:
-            stand_in = ", HCCL emulated over gloo" if backend.emulated else ""
             self.log.info(
                 f"{'-' * 100}\ndistributed_backend={backend_name}\n"
                 f"All distributed processes registered. Starting with {world_size} processes\n"
-                f"HPUs: {strategy.num_processes} per node x {strategy.num_nodes} node(s), {backend.device_name()}"
-                f"{emulated}{stand_in}\n{'-' * 100}\n"
+                f"HPUs: {strategy.num_processes} per node x {strategy.num_nodes} node(s),"
+                f" {backend.device_description()}{backend.collective_note}\n{'-' * 100}\n"
             )
 
     def _set_ranks(self) -> None:
@@ -399,7 +396,7 @@ class TrainerCore(HPUStrategyCore):
         add_default_compile(trainer)
         add_default_preemption(trainer)
         backend = hpu.get_backend()
-        if backend.emulated and backend.is_lazy():
+        if not backend.supports_inference_mode:
             disable_inference_mode(trainer)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:

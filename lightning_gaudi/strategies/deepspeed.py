@@ -245,7 +245,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         select_deepspeed_accelerator(backend, type(self).__name__)
         if loaded is not None:
             check_config(loaded)
-        if not backend.emulated:
+        if backend.wants_intel_deepspeed:
             import deepspeed
 
             if not is_intel_fork(deepspeed.__version__):

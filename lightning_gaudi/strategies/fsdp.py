@@ -130,16 +130,10 @@ class FSDPCore(HPUParallelCore):
         backend = hpu.get_backend()
         if not backend.is_lazy():
             return
-        if backend.emulated:
-            why = "torch's Lazy Tensor Core tensors cannot cross gloo collectives"
-            fix = f"Emulate with {hpu.EMULATE_ENV}=eager"
-        else:
-            why = "Intel supports FSDP on Gaudi in eager mode (with or without torch.compile) only"
-            fix = (
-                "Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or 'eager' (PT_HPU_LAZY_MODE=0)"
-            )
         raise ValueError(
-            f"{self.strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'."
+            f"{self.strategy_name!r} cannot run in lazy mode: Intel supports FSDP on Gaudi in eager mode (with or"
+            " without torch.compile) only. Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or"
+            " 'eager' (PT_HPU_LAZY_MODE=0), or use strategy 'hpu_parallel'."
         )
 
     def _fsdp_arguments(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _Su
 
 from lightning_gaudi import HPUCheckpointIO, HPUParallelStrategy, SingleHPUStrategy, hpu
 from lightning_gaudi.distributed import rendezvous
-from lightning_gaudi.emulation.sync_batchnorm import EmulatedSyncBatchNorm
+from lightning_gaudi.emulator.sync_batchnorm import EmulatedSyncBatchNorm
 from lightning_gaudi.strategies import HPUSyncBatchNorm
 
 _needs_skip_all_reduce = pytest.mark.skipif(
@@ -135,7 +135,7 @@ def test_lazy_emulation_has_one_device(lazy_hpu: hpu.Backend) -> None:
 
 
 def test_parallel_refused_under_lazy_emulation(lazy_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="cannot run under LIGHTNING_GAUDI_EMULATE=lazy"):
+    with pytest.raises(ValueError, match="cannot run here: Lazy emulation drives one HPU"):
         Trainer(accelerator="hpu", strategy="hpu_parallel", devices=1, logger=False)
 
 
