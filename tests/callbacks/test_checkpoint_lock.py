@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.models import trainer_kwargs
+from helpers.workload import Workload, loader
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from callbacks.test_preemption import FIT, SIGTERM_EXIT, START_TIMEOUT_S, Job, _env
 from lightning_gaudi.callbacks.checkpoint_lock import LOCK_FILENAME, CheckpointFolderLock, FolderLockedError
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "helpers"))
-from models import trainer_kwargs
-from workload import Workload, loader
 
 
 def _plant(folder: Path, host: str, pid: int, age: float = 0.0) -> Path:
@@ -116,3 +116,26 @@ def test_fit_then_test_is_one_job_and_the_lock_is_released_at_the_end(tmp_path: 
     trainer.fit(Workload(), loader(4))  # the same process again: the lock was released
     assert not (folder / LOCK_FILENAME).exists()
     assert [p.name for p in folder.iterdir()] == ["epoch=0-step=2.ckpt"]
+
+
+@pytest.mark.subprocess
+def test_a_second_two_card_job_is_refused_and_the_first_releases_the_folder_when_preempted(tmp_path: Path) -> None:
+    first = Job(tmp_path / "first")
+    folder = tmp_path / "first" / "ckpt"
+    try:
+        holder = json.loads((folder / LOCK_FILENAME).read_text())
+        assert (holder["host"], holder["pid"]) == (socket.gethostname(), first.pids[0])  # global rank 0
+        (tmp_path / "second").mkdir()
+        command = [sys.executable, str(FIT), str(tmp_path / "second"), "--ckpt-dir", str(folder)]
+        second = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        assert second.returncode != 0
+        assert f"The checkpoint folder {str(folder)!r} is in use by another live job" in second.stderr
+        assert f"pid {first.pids[0]}" in second.stderr
+        assert not list((tmp_path / "second").glob("rank*.step"))  # neither rank trained
+        assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILENAME]  # nor wrote there
+        os.kill(first.pids[0], signal.SIGTERM)
+        first.wait_gone(within=60)
+    finally:
+        first.kill()
+    assert first.proc.returncode == SIGTERM_EXIT
+    assert sorted(p.name for p in folder.iterdir()) == ["last-preempted.ckpt"]  # the lock released at the exit
