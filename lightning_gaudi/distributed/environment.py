@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import torch.distributed as dist
+
 if TYPE_CHECKING:
     from lightning.fabric.plugins.environments import ClusterEnvironment
 
@@ -46,26 +48,27 @@ _before_launch: dict[str, str | None] | None = None  # the variables before this
 _earlier_launch: _InProcessLaunch | None = None
 
 
-def forget_stale_launch(owner: str, world: int, group_size: int | None) -> None:
-    """Puts back the launch variables an earlier launch in this process left, once its process group (of
-    ``group_size``; ``None``: none is left) is gone, so they are not taken for an external launcher's; they stay while
-    that group serves a run of the same size (``world`` processes). Then notes the variables before a launch.
+def forget_stale_launch(owner: str, world: int) -> None:
+    """Puts back the launch variables an earlier launch in this process left, once its process group is gone, so they
+    are not taken for an external launcher's; they stay while that group serves a run of its size (``world``
+    processes). Then notes the variables before a launch from this process.
 
     Raises:
-        InvalidLaunchError: the earlier launch's group is alive, of another size than ``world``.
+        InvalidLaunchError: the earlier launch's group is alive, and ``world`` is not its size.
     """
     global _before_launch, _earlier_launch
     earlier = _earlier_launch
     if earlier is not None and all(os.environ.get(name) == value for name, value in earlier.left):
-        if group_size is not None and group_size != world:
+        alive = dist.is_available() and dist.is_initialized()
+        if alive and earlier.world_size != world:
             left = ", ".join(f"{name}={value}" for name, value in earlier.left)
             raise InvalidLaunchError(
                 f"{owner} needs {world} processes, but an earlier launch in this process ({earlier.owner},"
-                f" {earlier.world_size} process(es)) left its {group_size}-process group and {left}: no external"
-                " launcher set them. Run each in a process of its own, or end the earlier group first with"
+                f" {earlier.world_size} process(es)) left its process group and {left}: no external launcher set"
+                " them. Run each in a process of its own, or end the earlier group first with"
                 " torch.distributed.destroy_process_group()."
             )
-        if group_size is None:
+        if not alive:
             for name, value in earlier.before:
                 if value is None:
                     os.environ.pop(name, None)

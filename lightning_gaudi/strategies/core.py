@@ -280,8 +280,7 @@ class HPUParallelCore(HPUStrategyCore):
         if strategy.parallel_devices and is_ray_environment(environment):
             validate_ray_launch(num_devices=strategy.num_processes, world_size=environment.world_size())
         elif strategy.parallel_devices and environment is not None:
-            group_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
-            forget_stale_launch(type(self).__name__, strategy.num_processes * strategy.num_nodes, group_size)
+            forget_stale_launch(type(self).__name__, strategy.num_processes * strategy.num_nodes)
             validate_launch(
                 environment,
                 num_devices=strategy.num_processes,
