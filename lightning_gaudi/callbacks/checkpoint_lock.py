@@ -40,11 +40,12 @@ def _holder_gone(holder: dict[str, Any], age: float, stale_after: float) -> str 
         if pid == os.getpid():
             return f"it has this process's pid {pid}"
         try:
-            os.kill(int(pid), 0)  # type: ignore[arg-type]
+            if isinstance(pid, int) and pid > 0:
+                os.kill(pid, 0)
         except ProcessLookupError:
             return f"no process {pid} runs on this host"
-        except (PermissionError, TypeError, ValueError):
-            pass
+        except PermissionError:
+            pass  # another user's live process
     if age > stale_after:
         return f"its last heartbeat is {age:.0f} s old (over {stale_after:.0f} s)"
     return None
@@ -80,11 +81,12 @@ class CheckpointFolderLock:
                 continue  # released meanwhile
             try:
                 holder = json.loads(text)
-            except ValueError:
-                holder = {}  # a holder that died while writing it, or someone else's file: judged by its age only
+                started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"]))
+                who = f"host {holder['host']!r}, pid {holder['pid']}, started {started}"
+            except (ValueError, TypeError, KeyError, OverflowError):
+                # a holder that died while writing it, or someone else's file: judged by its age only
+                holder, who = {}, f"an unreadable lock file, last written {age:.0f} s ago"
             gone = _holder_gone(holder, age, self.stale_after)
-            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
-            who = f"host {holder.get('host')!r}, pid {holder.get('pid')}, started {started}"
             if gone is None:
                 raise FolderLockedError(
                     f"The checkpoint folder {os.path.dirname(self.path)!r} is in use by another live job ({who}):"

@@ -66,6 +66,18 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_with_a_warning(
     assert "heartbeat is 3600 s old" in warnings[1]
 
 
+def test_an_unreadable_lock_is_judged_by_its_age(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILENAME
+    path.write_text("[1, 2")  # a holder killed while writing it
+    with pytest.raises(FolderLockedError, match="an unreadable lock file, last written 0 s ago"):
+        CheckpointFolderLock(str(tmp_path)).acquire()
+    os.utime(path, (time.time() - 3600, time.time() - 3600))
+    lock = CheckpointFolderLock(str(tmp_path))
+    lock.acquire()
+    lock.release()
+    assert not path.exists()
+
+
 def test_a_live_holder_refuses_naming_the_folder_and_the_holder(tmp_path: Path) -> None:
     _plant(tmp_path / "a", socket.gethostname(), os.getppid())  # alive on this host
     _plant(tmp_path / "b", "another-host", 4242, age=5)  # a fresh heartbeat from another host
