@@ -96,10 +96,16 @@ class CheckpointFolderLock:
             aside = f"{self.path}.{uuid.uuid4().hex}"
             with contextlib.suppress(FileNotFoundError):  # another taker renamed it first: try again
                 os.rename(self.path, aside)  # atomic: one taker wins
+                with open(aside) as file:
+                    taken = file.read()
+                if taken != text:  # another taker's new lock, created since it was read: put it back
+                    with contextlib.suppress(FileExistsError):
+                        os.link(aside, self.path)
+                else:
+                    log.warning(
+                        "lightning_gaudi: took over the checkpoint folder lock %s from %s: %s.", self.path, who, gone
+                    )
                 os.remove(aside)
-                log.warning(
-                    "lightning_gaudi: took over the checkpoint folder lock %s from %s: %s.", self.path, who, gone
-                )
         self._stop.clear()
         self._thread = threading.Thread(target=self._beat, name="lightning_gaudi-lock-heartbeat", daemon=True)
         self._thread.start()

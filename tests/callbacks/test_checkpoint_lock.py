@@ -66,6 +66,24 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_with_a_warning(
     assert "heartbeat is 3600 s old" in warnings[1]
 
 
+def test_a_taker_that_finds_another_takers_new_lock_puts_it_back_and_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _plant(tmp_path, "another-host", 1, age=3600)
+    rename = os.rename
+
+    def late(source: str, target: str) -> None:  # the other taker replaced the stale lock between read and rename
+        _plant(tmp_path, socket.gethostname(), os.getppid())
+        monkeypatch.setattr(os, "rename", rename)
+        rename(source, target)
+
+    monkeypatch.setattr(os, "rename", late)
+    with pytest.raises(FolderLockedError, match=f"pid {os.getppid()}"):
+        CheckpointFolderLock(str(tmp_path)).acquire()
+    assert json.loads(path.read_text())["pid"] == os.getppid()
+    assert [p.name for p in tmp_path.iterdir()] == [LOCK_FILENAME]
+
+
 def test_an_unreadable_lock_is_judged_by_its_age(tmp_path: Path) -> None:
     path = tmp_path / LOCK_FILENAME
     path.write_text("[1, 2")  # a holder killed while writing it
