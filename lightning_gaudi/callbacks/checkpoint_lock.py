@@ -16,6 +16,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, Checkpoint
 from typing_extensions import override
 
+from lightning_gaudi.callbacks.preemption import PreemptionCheckpoint
+
 __all__ = ["LOCK_FILENAME", "CheckpointFolderLock", "CheckpointLock", "FolderLockedError", "add_default_lock"]
 
 log = logging.getLogger(__name__)
@@ -149,7 +151,8 @@ class CheckpointLock(Callback):
     @staticmethod
     def folders(trainer: pl.Trainer) -> list[str]:
         """The local folders the fit's checkpoint callbacks write to (their ``dirpath``, set up by then)."""
-        folders = {getattr(c, "dirpath", None) for c in trainer.callbacks if isinstance(c, Checkpoint)}  # type: ignore[attr-defined]
+        writers = (Checkpoint, PreemptionCheckpoint)
+        folders = {getattr(c, "dirpath", None) for c in trainer.callbacks if isinstance(c, writers)}  # type: ignore[attr-defined]
         return sorted({os.path.abspath(os.fspath(f)) for f in folders if f is not None and "://" not in os.fspath(f)})
 
     @override

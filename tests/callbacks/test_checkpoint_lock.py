@@ -19,6 +19,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from callbacks.test_preemption import FIT, SIGTERM_EXIT, START_TIMEOUT_S, Job, _env
+from lightning_gaudi.callbacks import PreemptionCheckpoint
 from lightning_gaudi.callbacks.checkpoint_lock import LOCK_FILENAME, CheckpointFolderLock, FolderLockedError
 
 
@@ -126,6 +127,13 @@ def test_a_second_job_on_a_live_folder_is_refused_before_training(tmp_path: Path
         **trainer_kwargs(enable_checkpointing=True),
     )
     with pytest.raises(FolderLockedError, match=str(folder)):
+        trainer.fit(Workload(), loader(4))
+    preempted_into = tmp_path / "preempted"  # the preemption checkpoint's own folder is locked too
+    _plant(preempted_into, socket.gethostname(), os.getppid())
+    trainer = Trainer(
+        accelerator="hpu", devices=1, callbacks=[PreemptionCheckpoint(dirpath=str(preempted_into))], **trainer_kwargs()
+    )
+    with pytest.raises(FolderLockedError, match=str(preempted_into)):
         trainer.fit(Workload(), loader(4))
     assert steps.steps == 0
     assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILENAME]
