@@ -25,6 +25,7 @@ from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.callbacks.checkpoint_lock import add_default_lock
 from lightning_gaudi.callbacks.inference import add_default_compile
 from lightning_gaudi.callbacks.mark_step import add_default_mark_step
 from lightning_gaudi.callbacks.preemption import add_default_preemption
@@ -38,6 +39,7 @@ from lightning_gaudi.distributed import (
     validate_launch,
     validate_ray_launch,
 )
+from lightning_gaudi.distributed.environment import forget_stale_launch, note_launch
 from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed, run_started
 from lightning_gaudi.patches.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
@@ -277,6 +279,7 @@ class HPUParallelCore(HPUStrategyCore):
         if strategy.parallel_devices and is_ray_environment(environment):
             validate_ray_launch(num_devices=strategy.num_processes, world_size=environment.world_size())
         elif strategy.parallel_devices and environment is not None:
+            forget_stale_launch(type(self).__name__, strategy.num_processes * strategy.num_nodes)
             validate_launch(
                 environment,
                 num_devices=strategy.num_processes,
@@ -319,6 +322,7 @@ class HPUParallelCore(HPUStrategyCore):
             master_addr=environment.main_address,
             master_port=environment.main_port,
         )
+        note_launch(type(self).__name__, world_size)
         if rank == 0:
             self.log.info(
                 f"{'-' * 100}\ndistributed_backend={backend_name}\n"
@@ -384,8 +388,9 @@ class TrainerCore(HPUStrategyCore):
             self._prepare_trainer(self.lightning_module.trainer)
 
     def _prepare_trainer(self, trainer: pl.Trainer) -> None:
-        """The start-up line (once per Trainer), the default callbacks (configured ones win), and under lazy emulation
-        evaluation under ``torch.no_grad`` (Lazy Tensor Core cannot trace ``torch.inference_mode``)."""
+        """The start-up line (once per Trainer), the default callbacks (configured ones win; the checkpoint folder lock
+        last), and under lazy emulation evaluation under ``torch.no_grad`` (Lazy Tensor Core cannot trace
+        ``torch.inference_mode``)."""
         if trainer not in _ANNOUNCED:
             _ANNOUNCED.add(trainer)
             strategy = type(self).__name__
@@ -395,6 +400,7 @@ class TrainerCore(HPUStrategyCore):
         add_default_mark_step(trainer)
         add_default_compile(trainer)
         add_default_preemption(trainer)
+        add_default_lock(trainer)
         backend = hpu.get_backend()
         if not backend.supports_inference_mode:
             disable_inference_mode(trainer)
