@@ -42,6 +42,7 @@ def test_eager_counts_after_warmup_without_validation_or_checkpoint_time(
         enable_checkpointing=True,
         limit_val_batches=1,
         val_check_interval=5,
+        log_every_n_steps=1,
         logger=CSVLogger(tmp_path, name="", version=""),
     )
     trainer.fit(SlowOutsideTraining(), loader(10), loader(1))
@@ -52,8 +53,12 @@ def test_eager_counts_after_warmup_without_validation_or_checkpoint_time(
     assert summary["samples_per_sec"] == pytest.approx(summary["samples"] / summary["seconds"])
     assert "tokens_per_sec" not in summary
     with open(tmp_path / "metrics.csv") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("throughput/samples_per_sec")]
+        logged = list(csv.DictReader(f))
+    rows = [row for row in logged if row.get("throughput/samples_per_sec")]
     assert [int(row["epoch"]) for row in rows] == [0, 1]
+    assert [row["validate/samples"] for row in logged if row.get("validate/samples")] == ["4"] * 4, (
+        "validation as Lightning logs it"
+    )
     assert all(float(row["throughput/steps_per_sec"]) > 0 for row in rows)
 
 
