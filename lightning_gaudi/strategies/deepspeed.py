@@ -231,7 +231,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         **kwargs: Any,
     ) -> None:
-        deepspeed_strategy.check_installed()
+        deepspeed_strategy.check_supported()
         _check_stage(stage, "`stage`")
         accepted = set(inspect.signature(DeepSpeedStrategy.__init__).parameters) - {"self"}
         own = set(inspect.signature(HPUDeepSpeedStrategy.__init__).parameters) - {"self", "kwargs"}
