@@ -84,7 +84,7 @@ def load_config(config: Mapping[str, Any] | str | Path | None) -> dict[str, Any]
         if config is None:
             return None
     if isinstance(config, Mapping):
-        return _plain(config)  # type: ignore[no-any-return]
+        return _plain(config)
     if not isinstance(config, (str, Path)):
         raise TypeError(
             f"`config` must be a DeepSpeed config dict or the path of a JSON file, got {type(config).__name__}."
