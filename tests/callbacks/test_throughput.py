@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import HPUThroughputMonitor
+from lightning_gaudi.callbacks.throughput import default_batch_size
 
 PAUSE = 0.75  # 17 steps took 0.27 s on a loaded 2-core machine: well under one pause, even so
 
@@ -134,3 +135,9 @@ def test_bridge_synchronizes_once_per_epoch_not_per_step(bridge_double: ModuleTy
     assert logged["throughput/samples_per_sec"] > 0
     monitor.on_fit_end(trainer, module)  # type: ignore[arg-type]
     assert monitor.summary["steps"] == 4
+
+
+def test_default_batch_size_reads_shapes_and_says_what_to_pass() -> None:
+    assert default_batch_size({"input_ids": torch.zeros(6, 8), "labels": [torch.zeros(6)]}) == 6
+    with pytest.raises(ValueError, match=r"find a batch dimension in a dict batch.*batch_size_fn=lambda batch"):
+        default_batch_size({"ids": None})
