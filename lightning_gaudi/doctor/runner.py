@@ -55,7 +55,7 @@ def _text(value: object) -> str:
 def _cards() -> str:
     """The cards as Intel's management library reports them (``pyhlml``, from ``habana-pyhlml``), or why not."""
     try:
-        import pyhlml  # type: ignore[import-not-found]
+        import pyhlml
     except ModuleNotFoundError:
         return "not installed (habana-pyhlml; `pip install habana-pyhlml` on a Gaudi)"
     except Exception as error:  # installed, but its shared library is missing

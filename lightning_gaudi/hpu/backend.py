@@ -252,7 +252,7 @@ class Backend(abc.ABC):
         kernel = self._rope_kernel()
         if kernel is not None:  # the kernel takes one dtype
             dtype = torch.promote_types(x.dtype, cos.dtype)
-            return kernel(x.to(dtype), cos.to(dtype), sin.to(dtype), 0)  # type: ignore[no-any-return]
+            return kernel(x.to(dtype), cos.to(dtype), sin.to(dtype), 0)
         half = x.shape[-1] // 2
         return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
