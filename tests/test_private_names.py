@@ -45,7 +45,6 @@ REGISTRY = {
     "_C": "torch:_C._dispatch_get_all_op_names",
     "_dispatch_get_all_op_names": "torch:_C._dispatch_get_all_op_names",
     "_DEFAULT_FIRST_BUCKET_BYTES": "torch.distributed:_DEFAULT_FIRST_BUCKET_BYTES",
-    "_dynamo": "torch:_dynamo.config",
     "_call_impl": "torch.nn:Module._call_impl",
     "_torchdynamo_orig_callable": "torch._dynamo.eval_frame#_torchdynamo_orig_callable",
     "torch._dynamo.utils:counters": "torch._dynamo.utils:counters",

@@ -59,6 +59,12 @@ class HPUThroughputMonitor(ThroughputMonitor):
         self.on_fit_start()
 
     @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        # FLOPs are optional here: decided now, so Lightning does not warn at the first evaluation batch without them
+        self._module_has_flops = hasattr(pl_module, "flops_per_batch")
+
+    @override
     def on_fit_start(self, *args: Any) -> None:
         self.summary: dict[str, float] = {}
         self._fit_totals = [0.0, 0.0, 0.0, 0.0]  # seconds, samples, steps, tokens (global)
