@@ -143,9 +143,22 @@ class CheckpointFolderLock:
 class CheckpointLock(Callback):
     """Holds a :class:`CheckpointFolderLock` in every local checkpoint folder while ``fit`` runs (global rank 0 only;
     released when the fit ends or fails). Validate, test and predict write no checkpoint and take none. The HPU
-    strategies add it (docs/recipes.md, "One job per checkpoint folder")."""
+    strategies add it (docs/recipes.md, "One job per checkpoint folder").
 
-    def __init__(self) -> None:
+    Args:
+        heartbeat: seconds between two refreshes of the lock file while it is held.
+        stale_after: seconds without a refresh after which another host's lock counts as abandoned (keep it well
+            above ``heartbeat`` and the clock skew between the hosts sharing the folder).
+    """
+
+    def __init__(self, heartbeat: float = HEARTBEAT_S, stale_after: float = STALE_AFTER_S) -> None:
+        if not 0 < heartbeat < stale_after:
+            raise ValueError(
+                f"CheckpointLock needs 0 < heartbeat < stale_after, got heartbeat={heartbeat!r},"
+                f" stale_after={stale_after!r}: a live holder would look abandoned. Keep stale_after a few heartbeats."
+            )
+        self.heartbeat = heartbeat
+        self.stale_after = stale_after
         self._locks: list[CheckpointFolderLock] = []
 
     @staticmethod
@@ -163,7 +176,7 @@ class CheckpointLock(Callback):
         if trainer.is_global_zero:
             try:
                 for folder in self.folders(trainer):
-                    lock = CheckpointFolderLock(folder)
+                    lock = CheckpointFolderLock(folder, self.heartbeat, self.stale_after)
                     lock.acquire()
                     self._locks.append(lock)
             except FolderLockedError as error:

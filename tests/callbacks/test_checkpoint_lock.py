@@ -20,7 +20,12 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from callbacks.test_preemption import FIT, SIGTERM_EXIT, START_TIMEOUT_S, Job, _env
 from lightning_gaudi.callbacks import PreemptionCheckpoint
-from lightning_gaudi.callbacks.checkpoint_lock import LOCK_FILENAME, CheckpointFolderLock, FolderLockedError
+from lightning_gaudi.callbacks.checkpoint_lock import (
+    LOCK_FILENAME,
+    CheckpointFolderLock,
+    CheckpointLock,
+    FolderLockedError,
+)
 
 
 def _plant(folder: Path, host: str, pid: int, age: float = 0.0) -> Path:
@@ -177,3 +182,9 @@ def test_a_second_two_card_job_is_refused_and_the_first_releases_the_folder_when
         first.kill()
     assert first.proc.returncode == SIGTERM_EXIT
     assert sorted(p.name for p in folder.iterdir()) == ["last-preempted.ckpt"]  # the lock released at the exit
+
+
+@pytest.mark.parametrize(("heartbeat", "stale_after"), [(0, 60), (10, 10), (30, 20)])
+def test_a_heartbeat_not_below_the_stale_bound_is_refused(heartbeat: float, stale_after: float) -> None:
+    with pytest.raises(ValueError, match="needs 0 < heartbeat < stale_after"):
+        CheckpointLock(heartbeat=heartbeat, stale_after=stale_after)
