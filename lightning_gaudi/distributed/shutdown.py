@@ -113,19 +113,17 @@ def watch_ranks(procs: list[subprocess.Popen[bytes]], first_rank: int) -> None:
     _RANKS.update(enumerate(procs, first_rank))
     _stopped = False
     threading.Thread(target=_watch, name="lightning_gaudi rank watcher", daemon=True).start()
-    if threading.current_thread() is threading.main_thread():  # a fit registers its own handlers meanwhile
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, functools.partial(_forward, signal.getsignal(signum)))
+    # Ctrl-C of this process alone reaches them too; SIGTERM is PreemptionCheckpoint's during fit (a handler here would
+    # join Lightning's and end this process at once)
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is threading.main_thread() and callable(previous):
+        signal.signal(signal.SIGINT, functools.partial(_forward, previous))
 
 
-def _forward(previous: Any, signum: int, frame: Any) -> None:
-    """Passes ``signum`` on to the ranks this process started, then handles it as before (default: ends by it)."""
+def _forward(previous: Callable[[int, Any], Any], signum: int, frame: Any) -> None:
+    """Passes ``signum`` on to the ranks this process started, then handles it as before."""
     stop_ranks(signum)
-    if callable(previous):
-        previous(signum, frame)
-    elif previous != signal.SIG_IGN:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+    previous(signum, frame)
 
 
 def _watch() -> None:

@@ -117,3 +117,35 @@ def test_a_rank_failing_in_on_train_end_fails_the_job_under_torchrun(tmp_path: P
     job = _job(tmp_path, "train_end", "--torchrun")
     assert job.returncode != 0, job.stderr[-3000:]
     assert "rank 1 failed in on_train_end" in job.stderr
+
+
+WATCHER = """
+import subprocess, sys, time
+from pathlib import Path
+from lightning_gaudi.distributed import shutdown
+staging = Path(sys.argv[1])
+ranks = [subprocess.Popen([sys.executable, "-c", code]) for code in sys.argv[2:]]
+shutdown.watch_ranks(ranks, first_rank=1)
+with shutdown.cleanup_on_abort(lambda: staging.rmdir()):  # a save in progress
+    time.sleep(60)
+"""
+
+
+@pytest.mark.subprocess
+def test_a_rank_ending_143_ends_the_launching_rank_143_and_its_save_is_cleaned_up(tmp_path: Path) -> None:
+    """Lightning's observer SIGKILLed the launching rank (-9), and its staging folder stayed until the next save."""
+    staging = tmp_path / ".last.ckpt.tmp"
+    staging.mkdir()
+    pid_file = tmp_path / "rank2.pid"
+    rank1 = "import sys, time; time.sleep(1); sys.exit(143)"  # its grace period ran out
+    rank2 = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", WATCHER, str(staging), rank1, rank2], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 143, proc.stderr
+    assert time.monotonic() - start < 30
+    assert "lightning_gaudi: rank 1 failed with exit code 143; the job ends with exit code 143" in proc.stderr
+    assert not staging.exists()
+    with pytest.raises(ProcessLookupError):  # the other rank was stopped, and waited for
+        os.kill(int(pid_file.read_text()), 0)
