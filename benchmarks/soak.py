@@ -111,7 +111,7 @@ def _change(samples: list[dict[str, float]]) -> dict[str, Any]:
     var = sum((t - mean_t) ** 2 for t in ts)
     slope = sum((t - mean_t) * (r - mean_r) for t, r in zip(ts, rss, strict=True)) / var if var else 0.0
     return {
-        "saves": len(samples),
+        "samples": len(samples),
         "rss_mib": [round(first["rss_mib"], 1), round(last["rss_mib"], 1)],
         "rss_slope_mib_per_min": round(slope * 60, 2),
         "fds": [first["fds"], last["fds"]],

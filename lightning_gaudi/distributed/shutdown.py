@@ -55,6 +55,7 @@ __all__ = [
 EXIT_TIMEOUT_ENV = "LIGHTNING_GAUDI_EXIT_TIMEOUT"
 DEFAULT_EXIT_TIMEOUT = timedelta(seconds=30)
 _POLL_S = 0.5
+_SETTLE_S = 2.0
 
 #: The exit barrier's work: kept until the interpreter's teardown, which drops it on the main thread.
 _KEPT: list[Any] = []
@@ -127,9 +128,11 @@ def _forward(previous: Callable[[int, Any], Any], signum: int, frame: Any) -> No
 
 
 def _watch() -> None:
-    while any(proc.poll() is None for proc in _RANKS.values()):
-        _check_ranks()
+    while all(proc.poll() in (None, 0) for proc in _RANKS.values()):
+        if all(proc.returncode == 0 for proc in _RANKS.values()):
+            return
         time.sleep(_POLL_S)
+    time.sleep(_SETTLE_S)  # if this process fails too (a peer lost in a collective), its own error says more
     _check_ranks()
 
 

@@ -26,7 +26,7 @@ def _env(exit_timeout: float) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "LIGHTNING_GAUDI_"))}
     for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"):
         env.pop(name, None)
-    env.update({hpu.EMULATE_ENV: "eager", "OMP_NUM_THREADS": "1", shutdown.EXIT_TIMEOUT_ENV: str(exit_timeout)})
+    env.update({hpu.EMULATE_ENV: "eager", "OMP_NUM_THREADS": "1", "LIGHTNING_GAUDI_EXIT_TIMEOUT": str(exit_timeout)})
     return env
 
 
