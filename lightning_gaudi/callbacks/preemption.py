@@ -198,6 +198,7 @@ class PreemptionCheckpoint(Callback):
 
     def _expire(self, signum: int) -> None:
         saving = self._saving
+        self._kill_launched(signal.SIGKILL)  # a launcher that is not this package's (end_job stops the ranks it saw)
         end_job(  # removes the temporaries of a save in progress (_stop)
             preempted_exit_code(signum),
             f"lightning_gaudi: the preemption grace period of {self.grace_period:g}s ran out"
