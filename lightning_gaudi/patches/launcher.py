@@ -1,8 +1,8 @@
 """Lightning's ``_SubprocessScriptLauncher`` (the Trainer's and Fabric's), as a subclass instance (:func:`hpu_launcher`;
-nothing is patched globally): it watches the rank processes it starts with
-:func:`lightning_gaudi.distributed.shutdown.watch_ranks` in place of Lightning's ``_ChildProcessObserver`` (which
-SIGKILLs every process, its own included, when one rank ends with a non-zero code: a job that should end 143 ends -9),
-and runs a check of the Trainer before it starts them."""
+nothing is patched globally): it watches the rank processes it starts with the caller's ``watch``
+(``distributed.shutdown.watch_ranks``) in place of Lightning's ``_ChildProcessObserver`` (which SIGKILLs every
+process, its own included, when one rank ends with a non-zero code: a job that should end 143 ends -9), stops them
+with the caller's ``stop``, and runs a check of the Trainer (:func:`add_check`) before it starts them."""
 
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from typing_extensions import override
 
-from lightning_gaudi.distributed import shutdown
 from lightning_gaudi.patches._checked import Checked
+
+#: ``watch(procs, first_rank)``: watches the rank processes a launcher started; ``stop(signum)``: signals them.
+Watch = Callable[[list[Any], int], None]
+Stop = Callable[[int], None]
 
 _STEPS = ("self._call_children_scripts()", "_launch_process_observer(self.procs)", "_set_num_threads_if_needed(")
 
@@ -55,14 +58,15 @@ def _start(launcher: Any) -> None:
     environment.validate_settings(num_devices=launcher.num_processes, num_nodes=launcher.num_nodes)
     if not environment.creates_processes_externally:
         launcher._call_children_scripts()
-        shutdown.watch_ranks(launcher.procs, first_rank=environment.node_rank() * launcher.num_processes + 1)
+        launcher.watch(launcher.procs, environment.node_rank() * launcher.num_processes + 1)
     _set_num_threads_if_needed(num_processes=launcher.num_processes)
 
 
 class _HPULauncher(_SubprocessScriptLauncher):
-    def __init__(self, launcher: _SubprocessScriptLauncher, check: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, launcher: _SubprocessScriptLauncher, watch: Watch, stop: Stop) -> None:
         super().__init__(launcher.cluster_environment, launcher.num_processes, launcher.num_nodes)
-        self.check = check
+        self.watch, self.stop = watch, stop
+        self.check: Callable[[Any], None] | None = None
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
@@ -73,12 +77,13 @@ class _HPULauncher(_SubprocessScriptLauncher):
 
     @override
     def kill(self, signum: Any) -> None:
-        shutdown.stop_ranks(signum)
+        self.stop(signum)
 
 
 class _HPUFabricLauncher(_FabricLauncher):
-    def __init__(self, launcher: _FabricLauncher) -> None:
+    def __init__(self, launcher: _FabricLauncher, watch: Watch) -> None:
         super().__init__(launcher.cluster_environment, launcher.num_processes, launcher.num_nodes)
+        self.watch = watch
 
     @override
     def launch(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -86,15 +91,20 @@ class _HPUFabricLauncher(_FabricLauncher):
         return function(*args, **kwargs)
 
 
-def hpu_launcher(launcher: Any, check: Callable[[Any], None] | None = None) -> Any:
-    """``launcher`` as one that watches its rank processes and runs ``check(trainer)`` (if given) before it starts
-    them, when it is Lightning's launcher of local ranks and this Lightning was checked (:func:`install`); otherwise
-    ``launcher`` itself."""
-    if isinstance(launcher, _HPULauncher):
-        launcher.check = check or launcher.check
-        return launcher
+def hpu_launcher(launcher: Any, watch: Watch, stop: Stop) -> Any:
+    """``launcher`` as one that has ``watch`` watch the rank processes it starts and ``stop`` signal them
+    (``launcher.kill``), when it is Lightning's launcher of local ranks (the Trainer's or Fabric's) and this Lightning
+    was checked (:func:`install`); otherwise ``launcher`` itself."""
     if not installed():
         return launcher
     if type(launcher) is _SubprocessScriptLauncher:
-        return _HPULauncher(launcher, check)
-    return _HPUFabricLauncher(launcher) if type(launcher) is _FabricLauncher else launcher
+        return _HPULauncher(launcher, watch, stop)
+    return _HPUFabricLauncher(launcher, watch) if type(launcher) is _FabricLauncher else launcher
+
+
+def add_check(launcher: Any, check: Callable[[Any], None]) -> Any:
+    """``launcher`` (from :func:`hpu_launcher`) running ``check(trainer)`` before it starts any process; a launcher
+    of another kind is returned unchanged."""
+    if isinstance(launcher, _HPULauncher):
+        launcher.check = check
+    return launcher

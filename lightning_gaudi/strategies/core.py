@@ -38,7 +38,14 @@ from lightning_gaudi.distributed import (
     validate_launch,
     validate_ray_launch,
 )
-from lightning_gaudi.distributed.shutdown import close_process_group, exit_timeout, mark_failed, run_started
+from lightning_gaudi.distributed.shutdown import (
+    close_process_group,
+    exit_timeout,
+    mark_failed,
+    run_started,
+    stop_ranks,
+    watch_ranks,
+)
 from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
 from lightning_gaudi.patches.launcher import hpu_launcher
 from lightning_gaudi.resume import load_or_fall_back
@@ -292,7 +299,8 @@ class HPUParallelCore(HPUStrategyCore):
     def _configure_launcher(self) -> None:
         super()._configure_launcher()  # type: ignore[misc]
         strategy: Any = self
-        strategy._launcher = hpu_launcher(strategy._launcher)  # watches the ranks it starts (patches/launcher.py)
+        # Lightning's launcher with this package's watcher of the ranks it starts (patches/launcher.py)
+        strategy._launcher = hpu_launcher(strategy._launcher, watch_ranks, stop_ranks)
 
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or hpu.get_backend().collective_backend

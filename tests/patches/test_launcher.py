@@ -33,7 +33,7 @@ def test_the_check_runs_before_any_rank_process_starts(monkeypatch: pytest.Monke
         if trainer == "bad":
             raise TypeError("refused")
 
-    checked = launcher.hpu_launcher(plain, check)
+    checked = launcher.add_check(launcher.hpu_launcher(plain, shutdown.watch_ranks, shutdown.stop_ranks), check)
     assert isinstance(checked, trainer_script._SubprocessScriptLauncher)
     assert (checked.num_processes, checked.num_nodes) == (2, 1)
     with pytest.raises(TypeError, match="refused"):
@@ -42,8 +42,8 @@ def test_the_check_runs_before_any_rank_process_starts(monkeypatch: pytest.Monke
     with pytest.raises(InterruptedError):
         checked.launch(lambda: None, trainer="good")
     assert events == ["checked bad", "checked good", "started"]
-    assert launcher.hpu_launcher(checked) is checked  # only Lightning's own classes are turned
-    assert checked.check is check
+    assert launcher.hpu_launcher(checked, shutdown.watch_ranks, shutdown.stop_ranks) is checked  # Lightning's only
+    assert launcher.add_check(plain, check) is plain
 
 
 @pytest.mark.parametrize("script", [trainer_script, fabric_script])
@@ -53,12 +53,15 @@ def test_the_ranks_are_watched_by_this_package_not_by_lightning(monkeypatch: pyt
     watched: list[tuple[Any, int]] = []
     monkeypatch.setattr(script._SubprocessScriptLauncher, "_call_children_scripts", lambda self: None)
     monkeypatch.setattr(script, "_launch_process_observer", lambda procs: pytest.fail("Lightning's observer ran"))
-    monkeypatch.setattr(shutdown, "watch_ranks", lambda procs, first_rank: watched.append((procs, first_rank)))
     monkeypatch.setattr(LightningEnvironment, "validate_settings", lambda self, **kwargs: None)
     monkeypatch.setenv("NODE_RANK", "1")  # the second node's local ranks 1, 2 are global ranks 4, 5
     plain = script._SubprocessScriptLauncher(LightningEnvironment(), 3, 2)
-    hpu = launcher.hpu_launcher(plain)
+    stopped: list[int] = []
+    hpu = launcher.hpu_launcher(plain, lambda procs, first_rank: watched.append((procs, first_rank)), stopped.append)
     assert isinstance(hpu, script._SubprocessScriptLauncher)
     assert type(hpu) is not type(plain)
     assert hpu.launch(lambda x: x + 1, 1) == 2
     assert watched == [(hpu.procs, 4)]
+    if script is trainer_script:  # the Trainer asks its launcher to kill the ranks when a run fails or is interrupted
+        hpu.kill(9)
+        assert stopped == [9]

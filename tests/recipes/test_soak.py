@@ -18,7 +18,7 @@ from benchmarks import soak  # noqa: E402
 
 @pytest.mark.subprocess
 def test_a_short_ddp_soak_keeps_descriptors_threads_and_memory_flat(tmp_path: Path) -> None:
-    result = soak.soak("ddp", duration=10, every=5, out=tmp_path)
+    result = soak.soak("ddp", duration=6, every=5, out=tmp_path)
     assert result["steps"] > 20
     for rank, facts in enumerate(result["ranks"]):
         assert facts["samples"] >= 4, facts
