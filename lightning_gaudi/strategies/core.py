@@ -40,7 +40,15 @@ from lightning_gaudi.distributed import (
     validate_ray_launch,
 )
 from lightning_gaudi.distributed.environment import forget_stale_launch, note_launch
-from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed, run_started
+from lightning_gaudi.distributed.shutdown import (
+    close_process_group,
+    exit_timeout,
+    mark_failed,
+    run_started,
+    stop_ranks,
+    watch_ranks,
+)
+from lightning_gaudi.patches.launcher import hpu_launcher
 from lightning_gaudi.patches.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.safe_load import check_weights_only
@@ -272,7 +280,7 @@ class HPUParallelCore(HPUStrategyCore):
 
         Raises:
             InvalidLaunchError: the launch is malformed or disagrees with the requested layout.
-            ValueError: a device that is no HPU.
+            ValueError: a device that is no HPU, or a malformed ``LIGHTNING_GAUDI_EXIT_TIMEOUT``.
         """
         strategy: Any = self
         environment = strategy.cluster_environment
@@ -288,6 +296,13 @@ class HPUParallelCore(HPUStrategyCore):
             )
         for device in strategy.parallel_devices or ():
             hpu_device(device, type(self).__name__)
+        exit_timeout(strategy.timeout)  # LIGHTNING_GAUDI_EXIT_TIMEOUT, checked before any process starts
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()  # type: ignore[misc]
+        strategy: Any = self
+        # Lightning's launcher with this package's watcher of the ranks it starts (patches/launcher.py)
+        strategy._launcher = hpu_launcher(strategy._launcher, watch_ranks, stop_ranks)
 
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or hpu.get_backend().collective_backend
@@ -313,7 +328,8 @@ class HPUParallelCore(HPUStrategyCore):
             f" node {strategy.node_rank} ({backend.device_description()}, device {self.root_device})"
         )
         atexit.unregister(close_process_group)  # one exit hook per process (several fits), with the latest timeout
-        atexit.register(close_process_group, self.timeout)  # before the interpreter's teardown (see its docstring)
+        # before the interpreter's teardown (see its docstring)
+        atexit.register(close_process_group, exit_timeout(self.timeout))
         rendezvous.init_process_group(  # the module attribute, which tests replace
             backend_name,
             rank=rank,
@@ -449,7 +465,7 @@ class TrainerCore(HPUStrategyCore):
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)  # type: ignore[misc]
         hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
-        mark_failed()  # the exit skips its last barrier
+        mark_failed(130 if isinstance(exception, KeyboardInterrupt) else None)  # no last barrier; Ctrl-C: 130
         if getattr(self, "launcher", None) is not None and not isinstance(exception, SIGTERMException):
             # the job has failed: the ranks this process started would wait for it in a collective until the
             # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card.
