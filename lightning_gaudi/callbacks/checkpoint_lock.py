@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 from typing_extensions import override
 
 from lightning_gaudi.callbacks.preemption import PreemptionCheckpoint
+from lightning_gaudi.distributed.shutdown import cleanup_on_abort
 
 __all__ = ["LOCK_FILENAME", "CheckpointFolderLock", "CheckpointLock", "FolderLockedError", "add_default_lock"]
 
@@ -160,6 +161,7 @@ class CheckpointLock(Callback):
         self.heartbeat = heartbeat
         self.stale_after = stale_after
         self._locks: list[CheckpointFolderLock] = []
+        self._on_abort = contextlib.ExitStack()
 
     @staticmethod
     def folders(trainer: pl.Trainer) -> list[str]:
@@ -179,6 +181,7 @@ class CheckpointLock(Callback):
                     lock = CheckpointFolderLock(folder, self.heartbeat, self.stale_after)
                     lock.acquire()
                     self._locks.append(lock)
+                self._on_abort.enter_context(cleanup_on_abort(self._drop_locks))  # a job ended at once releases too
             except FolderLockedError as error:
                 self._release()
                 refused = str(error)
@@ -186,9 +189,13 @@ class CheckpointLock(Callback):
         if refused is not None:
             raise FolderLockedError(refused)
 
-    def _release(self) -> None:
+    def _drop_locks(self) -> None:
         while self._locks:
             self._locks.pop().release()
+
+    def _release(self) -> None:
+        self._on_abort.close()
+        self._drop_locks()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
