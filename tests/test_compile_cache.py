@@ -154,3 +154,36 @@ def test_strategy_key_reads_layout_world_and_precision(eager_hpu: hpu.Backend) -
     assert parts["layout"] == "SingleHPUStrategy"
     assert parts["world_size"] == 1
     assert parts["precision"] == "32-true"
+
+
+@pytest.mark.subprocess
+def test_a_requeue_on_another_node_reads_its_graphs_from_beside_the_checkpoint(
+    eager_hpu: hpu.Backend, policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers.workload import Workload, loader, quiet_trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_gaudi.callbacks import HPUCompile
+    from lightning_gaudi.strategies import SingleHPUStrategy
+
+    monkeypatch.setenv(runtime.COMPILE_BACKEND_ENV, "inductor")
+    checkpoints = tmp_path / "run" / "checkpoints"
+
+    def fit(steps: int, ckpt_path: Path | None) -> dict[str, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        saver = ModelCheckpoint(dirpath=checkpoints, save_last=True)
+        trainer = quiet_trainer(
+            max_steps=steps, max_epochs=-1, callbacks=[HPUCompile(), saver], enable_checkpointing=True
+        )
+        trainer.fit(Workload(), loader(8), ckpt_path=ckpt_path)
+        return {"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}
+
+    assert fit(2, None) == {"hit": 0, "miss": 2}
+    key = compile_cache.strategy_key(SingleHPUStrategy())[0]
+    assert sorted(p.name for p in checkpoints.glob("compile_cache-*")) == [
+        f"compile_cache-{key}.bin",
+        f"compile_cache-{key}.kernels.tar",
+    ]
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path / "other_node"))  # an empty node-local folder
+    assert fit(4, checkpoints / "last.ckpt") == {"hit": 2, "miss": 0}  # forward and backward: none compiled
