@@ -18,8 +18,8 @@ the same code differ on this machine, the noise floor of every ratio:
 3. **Compile.** The model compiled whole against regionally (``HPUCompile(regional=True)``: the decoder blocks,
    which share one graph), each variant in a fresh process with an empty compile cache folder
    (``LIGHTNING_GAUDI_COMPILE_CACHE`` a new temporary directory: ``cold``), then in a second fresh process reusing
-   that directory (``warm``): the first
-   training step (compilation of forward and backward) and the mean of the later steps, in seconds; the graphs
+   that directory (``warm``): the first training step (compilation of forward and backward) and the mean of the
+   later steps, in seconds; the graphs
    dynamo compiled (``unique_graphs``), the graphs the decoder block's ``forward`` holds
    (:func:`lightning_gaudi.callbacks.dynamo.cache_entries`) and inductor's FX-graph cache hits. ``whole_again``
    (whole, cold, its own empty cache) is the A/A control of the cold compile time. Backend ``inductor``
