@@ -67,10 +67,6 @@ def _kernels(path: Path) -> Path:
     return path.with_suffix(".kernels.tar")
 
 
-#: tarfile's own check of what it extracts, where this Python has it (3.10.12, 3.11.4 and newer).
-_DATA_ONLY: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-
-
 def _safe(member: tarfile.TarInfo) -> bool:
     """A kernel as :func:`save_artifacts` packs one: a plain file, two levels down, with no way out of the folder."""
     parts = Path(member.name).parts
@@ -86,15 +82,20 @@ def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
     saved = save() if save is not None and runtime.compile_cache_root() is not None else None
     if saved is None:
         return unless
-    if saved[0] != unless:
+    if saved[0] == unless:
+        return unless
+    folder = os.environ.get(TORCH_CACHE_ENV, "")  # torch's folder, where inductor built the kernels
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _write(path, saved[0])
-        folder = Path(os.environ[TORCH_CACHE_ENV])
         with io.BytesIO() as packed:
             with tarfile.open(fileobj=packed, mode="w") as tar:
-                for kernel in sorted(folder.glob("*/*.so")):
+                for kernel in sorted(Path(folder).glob("*/*.so")) if folder else []:
                     tar.add(kernel, str(kernel.relative_to(folder)))
             _write(_kernels(path), packed.getvalue())
+    except OSError as error:  # never in the way of the checkpoint being saved
+        log.warning("lightning_gaudi: could not save the compile cache artifacts %s (%s).", path, error)
+        return unless
     return saved[0]
 
 
@@ -105,14 +106,17 @@ def load_artifacts(path: Path) -> bool:
     load = getattr(torch.compiler, "load_cache_artifacts", None)
     if load is None or runtime.compile_cache_root() is None or not path.is_file():
         return False
-    folder = Path(os.environ[TORCH_CACHE_ENV])
+    folder = os.environ.get(TORCH_CACHE_ENV, "")
     try:
         if load(path.read_bytes()) is None:
             raise ValueError("torch could not read them")
-        if _kernels(path).is_file():
+        if folder and _kernels(path).is_file():
             with tarfile.open(_kernels(path)) as tar:
-                members = [m for m in tar.getmembers() if _safe(m) and not (folder / m.name).exists()]
-                tar.extractall(folder, members, **_DATA_ONLY)
+                for member in tar.getmembers():
+                    kernel = Path(folder, member.name)
+                    if _safe(member) and not kernel.exists() and (data := tar.extractfile(member)) is not None:
+                        kernel.parent.mkdir(exist_ok=True)
+                        _write(kernel, data.read())  # whole or not at all: a node's ranks load at once
     except Exception as error:  # and whatever its deserializer or tarfile meets in a damaged or foreign file
         log.warning("lightning_gaudi: the compile cache artifacts %s did not load (%s); compiling cold.", path, error)
         return False

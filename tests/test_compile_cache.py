@@ -122,6 +122,9 @@ def test_portable_artifacts_warm_an_empty_folder_and_only_their_key(policy: Path
     assert saved is not None
     assert path.read_bytes() == saved
     assert compile_cache.save_artifacts(path, unless=saved) == saved
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    assert compile_cache.save_artifacts(blocked / "x.bin") is None  # logged, never in the checkpoint's way
     kernels = sorted(str(p.relative_to(policy / key)) for p in (policy / key).glob("*/*.so"))
     assert kernels  # inductor built the CPU kernel, which the artifacts leave out
     os.environ[runtime.COMPILE_CACHE_ENV] = str(tmp_path / "other_node")  # empty: a requeue elsewhere
