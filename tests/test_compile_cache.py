@@ -190,3 +190,12 @@ def test_a_requeue_on_another_node_reads_its_graphs_from_beside_the_checkpoint(
     ]
     monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path / "other_node"))  # an empty node-local folder
     assert fit(4, checkpoints / "last.ckpt") == {"hit": 2, "miss": 0}  # forward and backward: none compiled
+
+
+@pytest.mark.parametrize(("value", "expected"), [("false", False), ("/local/cc", "/local/cc"), ("true", True)])
+def test_the_cli_reads_runtime_compile_cache(value: str, expected: object) -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(runtime.Runtime, "runtime", instantiate=False)
+    assert parser.parse_args(["--runtime.compile_cache", value]).runtime.compile_cache == expected

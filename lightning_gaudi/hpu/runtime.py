@@ -445,7 +445,7 @@ class Runtime:
     emulated_device_name: GaudiName | None = None
     int64_support: bool | None = None
     recipe_cache: RecipeCache | str | Mapping[str, Any] | None = None
-    compile_cache: str | bool | None = None
+    compile_cache: bool | str | None = None
     autocast_bf16_ops: Sequence[str] | None = None
     autocast_fp32_ops: Sequence[str] | None = None
     autocast_list_dir: str | None = None
