@@ -281,7 +281,7 @@ def gaudi_callbacks() -> tuple[list[str], list[Callback]]:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    import lightning_gaudi.hydra  # noqa: F401 - registers the callback schemas the recipes extend
+    import lightning_gaudi.app.hydra  # noqa: F401 - registers the callback schemas the recipes extend
 
     conf = Path(__file__).resolve().parent.parent / "conf"
     with initialize_config_dir(str(conf), version_base=None):

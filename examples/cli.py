@@ -10,7 +10,7 @@ for your own modules (``--model my_pkg.MyModule``).
 
 from gpt_recipe import logs
 
-from lightning_gaudi.cli import main
+from lightning_gaudi.app.cli import main
 
 if __name__ == "__main__":
     logs.quiet_upstream_noise()  # no torch deprecation warning or Lightning tips on the console

@@ -17,13 +17,13 @@ import hydra
 from gpt_recipe import logs, task
 from omegaconf import DictConfig
 
-import lightning_gaudi.hydra  # registers the config schemas and resolvers before Hydra composes
+import lightning_gaudi.app.hydra  # registers the config schemas and resolvers before Hydra composes
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     logs.setup()  # Lightning's and lightning_gaudi's lines into the run's log; no upstream tips on the console
-    return lightning_gaudi.hydra.run(cfg, task.train)
+    return lightning_gaudi.app.hydra.run(cfg, task.train)
 
 
 if __name__ == "__main__":

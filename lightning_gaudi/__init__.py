@@ -18,7 +18,7 @@ import logging
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightning_gaudi import emulation, fabric, patches, routing
+from lightning_gaudi import fabric, patches, routing
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.fsdp_precision import HPUFSDPPrecision
@@ -62,7 +62,7 @@ if not _log.handlers:
 
 def register() -> None:
     """Registers the HPU accelerator and strategies with the Trainer and Fabric and installs the patches (with the
-    routing policy) and the emulator's; runs at import, safe to call again."""
+    routing policy); runs at import, safe to call again."""
     HPUAccelerator.register_accelerators(AcceleratorRegistry)
     SingleHPUStrategy.register_strategies(StrategyRegistry)
     HPUParallelStrategy.register_strategies(StrategyRegistry)
@@ -72,7 +72,6 @@ def register() -> None:
     fabric.register()
     routing.install()
     patches.install_all()
-    emulation.install_all()
 
 
 register()

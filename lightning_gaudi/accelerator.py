@@ -105,12 +105,7 @@ class HPUAccelerator(Accelerator):
             ValueError: zero devices, more than the node has, or an index out of range.
         """
         backend = hpu.get_backend()
-        note = (
-            f" Lazy emulation drives one HPU (gloo collectives cannot carry Lazy Tensor Core tensors); emulate"
-            f" several with {hpu.EMULATE_ENV}=eager."
-            if backend.emulated and backend.is_lazy()
-            else ""
-        )
+        note = f" {backend.single_device_reason}." if backend.single_device_reason else ""
         visible = os.environ.get(hpu.VISIBLE_MODULES_ENV)
         if visible is not None:
             note += (

@@ -1,29 +1,28 @@
 """Rules about how the package is put together, checked on its source.
 
-1. No module of ``lightning_gaudi`` is part of an import cycle, counting every import (function-level ones too; only
-   ``if TYPE_CHECKING:`` blocks are left out).
-2. ``habana_frameworks`` and ``torch._lazy`` are used only under ``lightning_gaudi/hpu/`` (the seam to the HPU).
+1. The import contracts of ``[tool.importlinter]`` in pyproject.toml hold (import-linter: the emulator reached only
+   through the seam, the app and the doctor imported by nobody else, patches/ the bottom layer, no cycles), and they
+   catch a planted violation.
+2. ``habana_frameworks`` and ``torch._lazy`` are used only under ``lightning_gaudi/hpu/`` (the seam to the HPU) and
+   ``lightning_gaudi/emulator/`` (lazy emulation runs on torch's Lazy Tensor Core).
 3. Lightning's and torch's private internals are touched only under ``lightning_gaudi/patches/``,
-   ``lightning_gaudi/emulation/`` and ``lightning_gaudi/callbacks/dynamo.py``.
+   ``lightning_gaudi/emulator/`` and ``lightning_gaudi/callbacks/dynamo.py``.
 4. ``import lightning_gaudi`` does not import Hydra, OmegaConf or torchmetrics.
-5. ``lightning_gaudi/patches/`` (the bottom layer) imports nothing of the package but ``lightning_gaudi.patches`` and
-   ``lightning_gaudi.hpu``.
 
-Rules 1-3 and 5 read the source with :mod:`ast` (nothing is imported); the helpers are tested on small made-up packages
-too, so a broken scanner cannot pass silently.
+Rules 2 and 3 read the source with :mod:`ast` (nothing is imported); the scanners are tested on made-up code too, so a
+broken scanner cannot pass silently.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import itertools
 import json
 import re
+import shutil
 import subprocess
 import sys
-import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,127 +59,6 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-_TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # TryStar: Python 3.11+
-
-
-def all_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import in ``body``, at any depth (functions and classes included), except under ``if TYPE_CHECKING:``.
-
-    A function-level import is an import cycle that waits for the first call: it counts.
-    """
-    for node in body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            yield from all_imports(node.orelse)
-        else:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.stmt):
-                    yield from all_imports([child])
-                else:
-                    yield from all_imports([n for n in ast.iter_child_nodes(child) if isinstance(n, ast.stmt)])
-
-
-def _resolve_from(module: str, is_package: bool, node: ast.ImportFrom) -> str:
-    if not node.level:
-        return node.module or ""
-    base = module.split(".") if is_package else module.split(".")[:-1]
-    base = base[: len(base) - (node.level - 1)]
-    return ".".join([*base, *([node.module] if node.module else [])])
-
-
-def _ancestors(name: str) -> list[str]:
-    parts = name.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts))]
-
-
-def import_graph(sources: Mapping[str, tuple[Path, ast.Module]], package: str = PACKAGE) -> dict[str, dict[str, int]]:
-    """Imports between the package's modules (:func:`all_imports`): ``{importer: {imported: line}}``.
-
-    ``from package.x import name`` goes to ``package.x.name`` when that is a module, else to ``package.x``.
-    Importing ``a.b.c`` also runs ``a.b``'s ``__init__``: an edge to each such package, except those the importer
-    is inside (they are already being imported when it runs).
-    """
-    graph: dict[str, dict[str, int]] = {name: {} for name in sources}
-    for importer, (path, tree) in sources.items():
-        is_package = path.name == "__init__.py"
-        for node in all_imports(tree.body):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                base = _resolve_from(importer, is_package, node)
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base for a in node.names]
-            for target in targets:
-                if target != package and not target.startswith(f"{package}."):
-                    continue
-                inside = {*_ancestors(importer), importer}
-                for name in [*_ancestors(target), target]:
-                    if name in sources and name not in inside and name != importer:
-                        graph[importer].setdefault(name, node.lineno)
-    return graph
-
-
-def find_cycles(graph: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
-    """One cycle (as a path that returns to its start) per strongly connected component with a cycle."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[list[str]] = []
-
-    def visit(node: str) -> None:  # Tarjan's algorithm; the package is small enough for recursion
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for successor in graph.get(node, {}):
-            if successor not in index:
-                visit(successor)
-                low[node] = min(low[node], low[successor])
-            elif successor in on_stack:
-                low[node] = min(low[node], index[successor])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1 or node in graph.get(node, {}):
-                components.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return [_cycle_path(graph, set(component)) for component in components]
-
-
-def _cycle_path(graph: Mapping[str, Mapping[str, int]], component: set[str]) -> list[str]:
-    start = min(component)
-    parents: dict[str, str] = {}
-    frontier = [start]
-    while frontier:  # breadth-first, inside the component, back to the start
-        following = []
-        for node in frontier:
-            for successor in sorted(graph.get(node, {})):
-                if successor == start:
-                    path = [start]
-                    while node != start:
-                        path.insert(1, node)
-                        node = parents[node]
-                    return [*path, start]
-                if successor in component and successor not in parents:
-                    parents[successor] = node
-                    following.append(successor)
-        frontier = following
-    raise AssertionError(f"no cycle through {start}")  # pragma: no cover - a component always has one
-
-
-def _describe(graph: Mapping[str, Mapping[str, int]], cycle: list[str]) -> str:
-    steps = [f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle)]
-    return " -> ".join([*steps, cycle[-1]])
-
-
 def _docstrings(tree: ast.Module) -> set[int]:
     found = set()
     for node in ast.walk(tree):
@@ -213,51 +91,69 @@ def _relative(path: Path) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 1. Import cycles
+# 1. The import contracts (import-linter)
 # ----------------------------------------------------------------------------------------------------------------------
 
-
-def _fake_package(tmp_path: Path, files: dict[str, str]) -> dict[str, tuple[Path, ast.Module]]:
-    root = tmp_path / "pkg"
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return package_sources(root, "pkg")
+REPOSITORY = PACKAGE_DIR.parent
+PYPROJECT = REPOSITORY / "pyproject.toml"
 
 
-def test_cycle_finder_sees_what_it_should(tmp_path: Path) -> None:
-    sources = _fake_package(
-        tmp_path,
-        {
-            "__init__.py": "from pkg.a import A\n",
-            "a.py": "from pkg import b\nA = 1\n",  # `b` is a submodule: an edge to pkg.b, not to pkg
-            "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n",
-            "c.py": "def f():\n    from pkg import d\n",  # function-level: an edge too
-            "d.py": "from pkg.sub.e import E\n",  # runs pkg/sub/__init__ first: an edge to pkg.sub
-            "sub/__init__.py": "try:\n    from pkg.d import x\nexcept ImportError:\n    pass\n",
-            "sub/e.py": "from . import f\nE = 1\n",
-            "sub/f.py": "from ..c import g\n",
-        },
-    )
-    graph = import_graph(sources, "pkg")
-    assert graph["pkg.a"] == {"pkg.b": 1}
-    assert graph["pkg.b"] == {}
-    assert graph["pkg.c"] == {"pkg.d": 2}
-    assert graph["pkg.d"] == {"pkg.sub": 1, "pkg.sub.e": 1}
-    assert graph["pkg.sub.e"] == {"pkg.sub.f": 1}
-    assert graph["pkg.sub.f"] == {"pkg.c": 1}
-    assert find_cycles(graph) == [["pkg.c", "pkg.d", "pkg.sub.e", "pkg.sub.f", "pkg.c"]]
-    assert find_cycles({"x": {"x": 1}}) == [["x", "x"]]
+def _lint_imports(root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """import-linter's verdict on the package under ``root`` (with ``root``'s pyproject.toml), in this process."""
+    from importlinter.cli import lint_imports
+
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(f"{PACKAGE}.")]:
+        monkeypatch.delitem(sys.modules, name)  # grimp finds the package through the import system
+    code = lint_imports(config_filename=str(root / "pyproject.toml"), no_cache=True, no_logo=True)
+    return code, capsys.readouterr().out
 
 
-def test_no_import_cycles() -> None:
-    graph = import_graph(package_sources())
-    assert graph[PACKAGE], "the scan found no imports in lightning_gaudi/__init__.py: the scanner is broken"
-    cycles = find_cycles(graph)
-    assert not cycles, "import cycles in lightning_gaudi (function-level imports count):\n" + "\n".join(
-        _describe(graph, cycle) for cycle in cycles
-    )
+def test_the_import_contracts_hold(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = _lint_imports(REPOSITORY, monkeypatch, capsys)
+    assert code == 0, report
+    assert "6 kept, 0 broken" in report, report
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken"),
+    [
+        ("accelerator.py", "import lightning_gaudi.emulator.eager", "only through the backend seam"),
+        ("strategies/core.py", "from lightning_gaudi.app import cli", "Nothing but the app imports the app"),
+        ("callbacks/throughput.py", "import lightning_gaudi.doctor.runner", "Nothing but the doctor"),
+        ("patches/signals.py", "import lightning_gaudi.strategies", "patches/ is the bottom layer"),
+        ("hpu/oom.py", "import lightning_gaudi.callbacks", "No import cycles"),
+    ],
+)
+def test_the_import_contracts_catch_a_planted_violation(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    module: str,
+    line: str,
+    broken: str,
+) -> None:
+    shutil.copytree(PACKAGE_DIR, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(PYPROJECT, tmp_path / "pyproject.toml")
+    target = tmp_path / PACKAGE / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
+    code, report = _lint_imports(tmp_path, monkeypatch, capsys)
+    assert code == 1, report
+    assert f"{broken}" in report.split("Broken contracts")[-1], report
+
+
+def test_the_bottom_layer_contract_names_every_other_module() -> None:
+    """patches/'s contract forbids every top-level module but patches and hpu: a new module cannot slip past it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    contracts = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    (bottom,) = [c for c in contracts if c.get("source_modules") == [f"{PACKAGE}.patches"]]
+    top_level = {
+        f"{PACKAGE}.{path.stem if path.is_file() else path.name}"
+        for path in PACKAGE_DIR.iterdir()
+        if (path.suffix == ".py" and not path.stem.startswith("__")) or (path / "__init__.py").is_file()
+    }
+    assert set(bottom["forbidden_modules"]) == top_level - {f"{PACKAGE}.patches", f"{PACKAGE}.hpu"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -308,15 +204,15 @@ def test_hpu_only_scanner_sees_every_form() -> None:
     assert sorted({line for line, _ in hpu_only_uses(tree)}) == [1, 2, 4, 5]
 
 
-def test_bridge_and_lazy_tensor_core_only_under_hpu() -> None:
+def test_bridge_and_lazy_tensor_core_only_under_the_seam_and_the_emulator() -> None:
     found = []
     for _, (path, tree) in package_sources().items():
-        if path.is_relative_to(PACKAGE_DIR / "hpu"):
+        if path.is_relative_to(PACKAGE_DIR / "hpu") or path.is_relative_to(PACKAGE_DIR / "emulator"):
             continue
         found += [f"{_relative(path)}:{line}: {what}" for line, what in hpu_only_uses(tree)]
     assert not found, (
-        "habana_frameworks / torch._lazy used outside lightning_gaudi/hpu/ (go through hpu.get_backend()):\n"
-        + "\n".join(found)
+        "habana_frameworks / torch._lazy used outside lightning_gaudi/hpu/ and emulator/ (go through"
+        " hpu.get_backend()):\n" + "\n".join(found)
     )
 
 
@@ -404,72 +300,18 @@ def test_private_scanner_sees_every_form() -> None:
 
 
 #: Where Lightning's and torch's private internals may be touched: the shims, the emulator, the dynamo readers.
-PRIVATE_ALLOWED = (PACKAGE_DIR / "patches", PACKAGE_DIR / "emulation", PACKAGE_DIR / "callbacks" / "dynamo.py")
+PRIVATE_ALLOWED = (PACKAGE_DIR / "patches", PACKAGE_DIR / "emulator", PACKAGE_DIR / "callbacks" / "dynamo.py")
 
 
-def test_private_internals_only_under_patches_emulation_and_dynamo() -> None:
+def test_private_internals_only_under_patches_emulator_and_dynamo() -> None:
     found = []
     for _, (path, tree) in package_sources().items():
         if any(path.is_relative_to(allowed) for allowed in PRIVATE_ALLOWED):
             continue
         found += [f"{_relative(path)}:{line}: {what}" for line, what in sorted(set(private_uses(tree)))]
     assert not found, (
-        "Lightning/torch private internals used outside lightning_gaudi/patches/, emulation/ and callbacks/dynamo.py"
+        "Lightning/torch private internals used outside lightning_gaudi/patches/, emulator/ and callbacks/dynamo.py"
         " (move the code into a patch module, version-guarded and with a canary test):\n" + "\n".join(found)
-    )
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 5. patches/ is the bottom layer
-# ----------------------------------------------------------------------------------------------------------------------
-
-#: What a module under lightning_gaudi/patches/ may import of the package.
-PATCHES_MAY_IMPORT = (f"{PACKAGE}.patches", f"{PACKAGE}.hpu")
-
-
-def package_imports(module: str, path: Path, tree: ast.Module) -> Iterator[tuple[int, str]]:
-    """``(line, module)`` for each import of ``lightning_gaudi`` (or one of its modules) in ``tree``."""
-    for node in all_imports(tree.body):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            base = _resolve_from(module, path.name == "__init__.py", node)
-            names = [f"{base}.{alias.name}" for alias in node.names]
-        yield from ((node.lineno, name) for name in names if name == PACKAGE or name.startswith(f"{PACKAGE}."))
-
-
-def _allowed_in_patches(name: str) -> bool:
-    return any(name == prefix or name.startswith(f"{prefix}.") for prefix in PATCHES_MAY_IMPORT)
-
-
-def test_patch_import_scanner_sees_every_form(tmp_path: Path) -> None:
-    text = (
-        "from lightning_gaudi import hpu, strategies\n"
-        "from lightning_gaudi.patches import registry\n"
-        "from . import connector\n"
-        "def f():\n    from lightning_gaudi.routing import common\n"
-        "import lightning_gaudi.precision\n"
-    )
-    found = package_imports(f"{PACKAGE}.patches.x", tmp_path / "x.py", ast.parse(text))
-    assert [(line, name) for line, name in found if not _allowed_in_patches(name)] == [
-        (1, f"{PACKAGE}.strategies"),
-        (5, f"{PACKAGE}.routing.common"),
-        (6, f"{PACKAGE}.precision"),
-    ]
-
-
-def test_patches_import_only_patches_and_the_hpu_seam() -> None:
-    found = []
-    for module, (path, tree) in package_sources().items():
-        if path.is_relative_to(PACKAGE_DIR / "patches"):
-            found += [
-                f"{_relative(path)}:{line}: {name}"
-                for line, name in package_imports(module, path, tree)
-                if not _allowed_in_patches(name)
-            ]
-    assert not found, (
-        "lightning_gaudi/patches/ is the bottom layer: it may import only lightning_gaudi.patches and"
-        " lightning_gaudi.hpu (take policy as hooks, e.g. from lightning_gaudi.routing):\n" + "\n".join(found)
     )
 
 

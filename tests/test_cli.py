@@ -17,8 +17,8 @@ from gpt_recipe.data import StdlibTextDataModule
 from gpt_recipe.model import GPTLanguageModel
 
 from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, SingleHPUStrategy, hpu
+from lightning_gaudi.app.cli import GaudiCLI, main
 from lightning_gaudi.callbacks import MarkStep, MemoryStats
-from lightning_gaudi.cli import GaudiCLI, main
 from lightning_gaudi.profilers import HPUProfiler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def _cli(args: list[str]) -> GaudiCLI:
 
 def test_console_script_is_declared() -> None:
     scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")}
-    assert scripts.get("lightning-gaudi") == "lightning_gaudi.cli:main"
+    assert scripts.get("lightning-gaudi") == "lightning_gaudi.app.cli:main"
 
 
 def test_example_config_trains_the_example_on_the_hpu(cli_env: Path) -> None:

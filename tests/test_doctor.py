@@ -219,9 +219,8 @@ def test_without_gaudi_software_the_rows_say_not_installed(no_hpu: None, monkeyp
 def test_tests_need_a_checkout(
     eager_hpu: hpu.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(options, "ROOT", tmp_path)  # as installed from a wheel: no tests/ beside the package
-    assert doctor.main(["--out", str(tmp_path / "r.md"), "--tests"]) == 2
-    assert "--tests needs a source checkout" in capsys.readouterr().err
+    assert doctor.main(["--out", str(tmp_path / "r.md"), "--tests", str(tmp_path)]) == 2
+    assert "is not a lightning_gaudi source checkout" in capsys.readouterr().err
 
 
 def test_a_failed_check_makes_the_exit_status_1(
@@ -522,7 +521,7 @@ def test_tests_from_a_checkout_run_the_bridge_tests_on_the_double(
         return subprocess.CompletedProcess(command, 0, "3 passed, 1 skipped in 0.1s", "")
 
     monkeypatch.setattr(runner.subprocess, "run", run)
-    code, section = runner.repository_tests(gaudi=True, timeout=60)
+    code, section = runner.repository_tests(ROOT, gaudi=True, timeout=60)
     assert code == 0
     ((*_, first, second, third),) = [recorded[0][-3:]]
     assert [first, second, third] == ["--real-bridge", "-m", "bridge"]

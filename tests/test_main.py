@@ -4,11 +4,13 @@ signal handling."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,43 @@ def test_signals_reach_the_programs_own_handlers() -> None:
         proc.kill()
     assert proc.returncode == 42
     assert "handled SIGTERM" in out
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_the_program_reaches_every_rank_and_sets_the_exit_status(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """The signal goes to the program's process only (``kill PID``): rank 1, which Lightning started, stops too."""
+    fit = Path(__file__).parent / "reliability_helpers" / "preempt_fit.py"
+    command = [sys.executable, "-m", "lightning_gaudi", str(fit), str(tmp_path), "--devices", "2", "--grace", "20"]
+    env = {**_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "job.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    steps = [tmp_path / f"rank{rank}.step" for rank in range(2)]
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not all(step.is_file() for step in steps) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = [int((tmp_path / f"rank{rank}.pid").read_text()) for rank in range(2)]
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        gone = time.monotonic() + 10
+        while _running(pids[1]) and time.monotonic() < gone:
+            time.sleep(0.1)
+        assert not _running(pids[1]), f"rank 1 still runs after the job ended\n{log.read_text()[-3000:]}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == code, log.read_text()[-3000:]
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")

@@ -14,7 +14,7 @@ from helpers.configs import compose_train
 from lightning.pytorch.strategies import StrategyRegistry
 
 import lightning_gaudi
-import lightning_gaudi.hydra
+import lightning_gaudi.app.hydra
 from lightning_gaudi import callbacks
 
 ROOT = Path(__file__).resolve().parents[1]

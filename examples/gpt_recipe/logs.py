@@ -6,7 +6,7 @@
 - Lightning's and lightning_gaudi's log lines go to the run folder's log (Hydra's ``<job>.log``) as well as to the
   console. Both libraries print through console handlers of their own and do not pass their lines on to the root
   logger, where Hydra's file handler listens, so without this the run's log stays empty. Rank processes that the app
-  starts itself (``lightning_gaudi.hydra.run``, one per card) run no Hydra logging: they find the file through
+  starts itself (``lightning_gaudi.app.hydra.run``, one per card) run no Hydra logging: they find the file through
   :data:`LOG_FILE_ENV` and write to it (rank zero) or beside it (``<job>_rank<label>.log``, the label of
   ``${lg.rank_suffix:}``).
 
@@ -20,7 +20,7 @@ import os
 import warnings
 from pathlib import Path
 
-from lightning_gaudi.hydra.resolvers import rank_suffix
+from lightning_gaudi.app.hydra.resolvers import rank_suffix
 
 #: The run's log file, exported by the app's process for the rank processes it starts.
 LOG_FILE_ENV = "GPT_RECIPE_LOG_FILE"

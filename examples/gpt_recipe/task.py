@@ -1,6 +1,6 @@
 """The example's training task: build everything from the composed config, fit, and report.
 
-``train(cfg)`` is what each process of a Hydra job runs (``lightning_gaudi.hydra.run`` calls it here or in one
+``train(cfg)`` is what each process of a Hydra job runs (``lightning_gaudi.app.hydra.run`` calls it here or in one
 process per card). Global rank zero writes ``results.json`` (metrics, throughput, peak memory, what ran) to
 ``cfg.paths.output_dir`` and prints a summary.
 """
@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from gpt_recipe import logs
 from lightning_gaudi import hpu, resume
 from lightning_gaudi.callbacks import HPUThroughputMonitor
-from lightning_gaudi.hydra import instantiate_group
+from lightning_gaudi.app.hydra import instantiate_group
 from lightning_gaudi.profilers import HPUProfiler
 
 RESULTS_FILE = "results.json"

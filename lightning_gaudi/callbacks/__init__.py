@@ -1,6 +1,7 @@
 """Training-loop callbacks for Gaudi."""
 
 from lightning_gaudi.callbacks.autocast import BF16Autocast
+from lightning_gaudi.callbacks.checkpoint_lock import CheckpointLock
 from lightning_gaudi.callbacks.diagnostics import GraphDiagnostics
 from lightning_gaudi.callbacks.fp8_inference import FP8Inference
 from lightning_gaudi.callbacks.fused_kernels import FusedKernels
@@ -12,6 +13,7 @@ from lightning_gaudi.callbacks.throughput import HPUThroughputMonitor
 
 __all__ = [
     "BF16Autocast",
+    "CheckpointLock",
     "FP8Inference",
     "FusedKernels",
     "GraphDiagnostics",

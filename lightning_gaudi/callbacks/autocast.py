@@ -62,7 +62,7 @@ class BF16Autocast(Callback):
                 f" precision={getattr(plugin, 'precision', type(plugin).__name__)!r}."
             )
         runtime = hpu.Runtime.from_env()
-        if not hpu.get_backend().emulated:
+        if hpu.get_backend().applies_autocast_lists:
             self._check_bridge_lists(runtime)
             return  # the bridge applies its lists itself
         bf16_ops = self.bf16_ops if self.bf16_ops is not None else runtime.autocast_bf16_ops

@@ -50,6 +50,7 @@ PADDING_ADVICE = (
 
 _NUMBERS = re.compile(r"\d+")
 TOP_SYNC_SOURCES = 5  # host-sync sources the end-of-fit text names
+_SYNCS = ("host_syncs", "host_syncs_per_step", "host_syncs_by_phase", "host_sync_sources", "host_sync_source_details")
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -186,6 +187,93 @@ class _Batch:
     fallbacks: Counter[str] = field(default_factory=Counter)
 
 
+class _LazyTracker:
+    """Lazy mode: the bridge's counters between flushes; host syncs by phase and their sources, CPU fallbacks."""
+
+    def __init__(self, backend: hpu.Backend, phase: Callable[[], str]) -> None:
+        self.backend = backend
+        self._last = backend.lazy_counters()
+        self.syncs: Counter[str] = Counter()
+        self.fallbacks: Counter[str] = Counter()
+        self.sources: SyncSourceMode | None = None
+        if self._last is not None and self._last.host_syncs is not None:
+            self.sources = SyncSourceMode(self._read_syncs, lambda: {"training": "training step"}.get(phase(), phase()))
+            self.sources.start()
+
+    def _read_syncs(self) -> int:
+        counters = self.backend.lazy_counters()
+        return 0 if counters is None else counters.host_syncs or 0
+
+    def flush(self, phase: str) -> tuple[int, Counter[str]]:
+        """The graphs compiled and the CPU fallbacks since the last flush; the host syncs since are ``phase``'s."""
+        now = self.backend.lazy_counters()
+        before, self._last = self._last, now
+        if now is None or before is None:
+            return 0, Counter()
+        fallbacks = Counter(now.cpu_fallbacks) - Counter(before.cpu_fallbacks)
+        self.fallbacks.update(fallbacks)
+        if now.host_syncs is not None and before.host_syncs is not None:
+            self.syncs[phase] += now.host_syncs - before.host_syncs
+        return now.graph_compilations - before.graph_compilations, fallbacks
+
+    def summary(self, steps: int) -> dict[str, Any]:
+        if self.sources is None:  # host syncs are not counted
+            return {}
+        by_phase = {phase: self.syncs[phase] for phase in ("training", "validation", "other")}
+        syncs = sum(by_phase.values())
+        found = self.sources.sources.most_common()
+        by_location = sum((Counter({where.location: count}) for where, count in found), Counter[str]())
+        return {
+            "host_syncs": syncs,
+            "host_syncs_per_step": syncs / max(steps, 1),
+            "host_syncs_by_phase": by_phase,
+            "host_sync_sources": dict(by_location.most_common()),
+            "host_sync_source_details": [
+                {"source": src.location, "code": src.code, "phase": src.phase, "user": src.user, "count": n}
+                for src, n in found
+            ],
+        }
+
+
+class _DynamoTracker:
+    """Compile mode: what dynamo compiled between flushes, its graph breaks (each kind warned about once)."""
+
+    def __init__(self, once: Callable[[str], bool]) -> None:
+        self._once = once
+        self._frames, self._graphs = dynamo.frames_started(), dynamo.graphs_compiled()
+        self._log = dynamo.CompilationLog()
+        self.recorder = dynamo.GraphBreakRecorder()
+        self.recorder.start()
+        self.frames_compiled = self.recompiles = 0
+        self.limit_hit = False
+        self.breaks: Counter[str] = Counter()
+
+    def flush(self) -> tuple[int, list[dynamo.Compilation]]:
+        """The graphs and the frames compiled since the last flush."""
+        frames = dynamo.frames_started()
+        if frames == self._frames:
+            return 0, []
+        self._frames = frames
+        found = self._log.read()
+        graphs, self._graphs = dynamo.graphs_compiled() - self._graphs, dynamo.graphs_compiled()
+        self.frames_compiled += len(found)
+        self.recompiles += sum(1 for compilation in found if compilation.recompile_reason)
+        self.limit_hit |= any(compilation.recompile_limit_hit for compilation in found)
+        return graphs, found
+
+    def flush_breaks(self) -> None:
+        breaks, self.recorder.breaks[:] = list(self.recorder.breaks), []
+        for found in breaks:
+            key = f"{found.reason} ({found.location})"
+            self.breaks[key] += 1
+            if self._once(f"break:{key}"):
+                rank_zero_warn(
+                    f"torch.compile split a graph at {found.location}: {found.reason}. The code around a graph break"
+                    " runs as separate graphs with Python (and a host round trip) between them; move what breaks out"
+                    " of the compiled module, or pass HPUCompile(fullgraph=True) to make graph breaks errors."
+                )
+
+
 class GraphDiagnostics(Callback):
     """Reports every graph compilation after warm-up with its cause, in lazy mode and in compile mode; host syncs and
     CPU fallbacks. The end-of-fit summary is printed, logged (``graph_diagnostics/<key>``) and kept in :attr:`summary`
@@ -201,97 +289,44 @@ class GraphDiagnostics(Callback):
     def __init__(self, warmup_steps: int = 3) -> None:
         check_interval("warmup_steps", warmup_steps, allow_zero=True)
         self.warmup_steps = warmup_steps
-        self.summary: dict[str, Any] = {}
         self._mode: str | None = None
         self._reset()
 
     def _reset(self) -> None:
-        self._backend: hpu.Backend | None = None
-        self._first_step = 0
-        self._phase = "other"
-        self._last: hpu.LazyCounters | None = None
-
-        self._frames = 0
-        self._log: dynamo.CompilationLog | None = None
-        self._recorder: dynamo.GraphBreakRecorder | None = None
+        self.summary: dict[str, Any] = {}
+        self._lazy: _LazyTracker | None = None
+        self._dynamo: _DynamoTracker | None = None
+        self._first_step = self._validation_runs = self._before_validation = 0
+        self._phase = self._resume_phase = "other"
         self._batch: _Batch | None = None
         self._validated = False
-        self._validation_runs = 0
-        self._resume_phase = "other"
-        self._before_validation = 0
         self._compilations: Counter[str] = Counter()  # by phase: training (warm-up / after), validation, other
-        self._syncs: Counter[str] = Counter()
-        self._fallbacks: Counter[str] = Counter()
-        self._shapes: Counter[Shapes] = Counter()
-        self._by_shape: Counter[Shapes] = Counter()
+        self._shapes, self._by_shape = Counter[Shapes](), Counter[Shapes]()  # every batch's, compiling batches'
         self._reasons: list[str] = []
-        self._breaks: Counter[str] = Counter()
         self._warned: set[str] = set()
-        self._limit_hit = False
         self._compile: HPUCompile | None = None
         self._module: nn.Module | None = None
-        self._sync_sources: SyncSourceMode | None = None
         self._buckets: list[int] | None = None  # BucketedPadCollate's, when the training loader pads with it
-        self._graphs = 0
-        self._frames_compiled = self._recompiles = 0
 
     def _flush(self, trainer: pl.Trainer) -> bool:
         """Counts what was compiled since the last flush; ``False`` outside a fit this callback follows."""
-        if self._mode == "lazy":
-            self._flush_lazy()
-        elif self._mode is not None:
-            self._flush_compile(trainer)
+        if self._lazy is not None:
+            compiled, fallbacks = self._lazy.flush(self._phase)
+            self._count(compiled)
+            if self._phase == "training" and self._batch is not None:
+                self._batch.fallbacks.update(fallbacks)
+        elif self._dynamo is not None:
+            graphs, found = self._dynamo.flush()
+            self._count(graphs)
+            for compilation in found:
+                if compilation.recompile_reason and compilation.recompile_reason not in self._reasons:
+                    self._reasons.append(compilation.recompile_reason)
+                if compilation.recompile_limit_hit:
+                    self._warn_limit(compilation, trainer)
+            if self._phase == "training" and self._batch is not None:
+                self._batch.compiled += found
+            self._dynamo.flush_breaks()
         return self._mode is not None
-
-    def _flush_lazy(self) -> None:
-        assert self._backend is not None
-        now = self._backend.lazy_counters()
-        before, self._last = self._last, now
-        if now is None or before is None:
-            return
-        compiled = now.graph_compilations - before.graph_compilations
-        fallbacks = Counter(now.cpu_fallbacks) - Counter(before.cpu_fallbacks)
-        self._fallbacks.update(fallbacks)
-        if now.host_syncs is not None and before.host_syncs is not None:
-            self._syncs[self._phase] += now.host_syncs - before.host_syncs
-        self._count(compiled)
-        if self._phase == "training" and self._batch is not None:
-            self._batch.fallbacks.update(fallbacks)
-
-    def _flush_compile(self, trainer: pl.Trainer) -> None:
-        frames = dynamo.frames_started()
-        if frames == self._frames or self._log is None:
-            self._flush_breaks()
-            return
-        self._frames = frames
-        found = self._log.read()
-        graphs, self._graphs = dynamo.graphs_compiled() - self._graphs, dynamo.graphs_compiled()
-        self._count(graphs)
-        self._frames_compiled += len(found)
-        self._recompiles += sum(1 for compilation in found if compilation.recompile_reason)
-        for compilation in found:
-            if compilation.recompile_reason and compilation.recompile_reason not in self._reasons:
-                self._reasons.append(compilation.recompile_reason)
-            if compilation.recompile_limit_hit:
-                self._limit_hit = True
-                self._warn_limit(compilation, trainer)
-        if self._phase == "training" and self._batch is not None:
-            self._batch.compiled += found
-        self._flush_breaks()
-
-    def _flush_breaks(self) -> None:
-        if self._recorder is None or not self._recorder.breaks:
-            return
-        breaks, self._recorder.breaks[:] = list(self._recorder.breaks), []
-        for found in breaks:
-            key = f"{found.reason} ({found.location})"
-            self._breaks[key] += 1
-            if self._once(f"break:{key}"):
-                rank_zero_warn(
-                    f"torch.compile split a graph at {found.location}: {found.reason}. The code around a graph break"
-                    " runs as separate graphs with Python (and a host round trip) between them; move what breaks out"
-                    " of the compiled module, or pass HPUCompile(fullgraph=True) to make graph breaks errors."
-                )
 
     def _count(self, compiled: int) -> None:
         if not compiled:
@@ -307,10 +342,9 @@ class GraphDiagnostics(Callback):
         return batch.step - self._first_step >= self.warmup_steps
 
     def _once(self, key: str) -> bool:
-        if key in self._warned:
-            return False
+        new = key not in self._warned
         self._warned.add(key)
-        return True
+        return new
 
     def _close_batch(self) -> None:
         batch, self._batch = self._batch, None
@@ -418,53 +452,34 @@ class GraphDiagnostics(Callback):
         )
 
     def _fallbacks_are_real(self) -> bool:
-        return self._backend is not None and not self._backend.emulated
+        return self._lazy is not None and self._lazy.backend.counts_device_fallbacks
 
     def _bridge_hint(self) -> str:
-        if self._mode != "lazy" or self._backend is None or self._backend.emulated:
-            return ""
-        return f" Run with {BRIDGE_LOG_HINT} to see the bridge's own log."
+        hint = self._lazy.backend.log_hint if self._lazy is not None else None
+        return f" Run with {hint} to see the bridge's own log." if hint else ""
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
-        self.summary = {}
-        backend = hpu.get_backend()
-        self._backend = backend
         self._first_step = trainer.global_step
-        compilers = [c for c in trainer.callbacks if isinstance(c, HPUCompile)]  # type: ignore[attr-defined]
-        self._compile = compilers[0] if compilers else None
+        self._compile = next((c for c in trainer.callbacks if isinstance(c, HPUCompile)), None)  # type: ignore[attr-defined]
         self._module = pl_module
-        if backend.is_lazy():
+        if hpu.get_backend().is_lazy():
             self._mode = "lazy"
-            self._last = backend.lazy_counters()
-            if self._last is not None and self._last.host_syncs is not None:
-                self._sync_sources = SyncSourceMode(self._read_syncs, self._coarse_phase)
-                self._sync_sources.start()
+            self._lazy = _LazyTracker(hpu.get_backend(), lambda: self._phase)
             return
         compile_mode = self._compile is not None or runtime.Runtime.from_env().execution_mode == "compile"
         self._mode = "compile" if compile_mode else "eager"
         if not dynamo.available():
             rank_zero_warn(f"GraphDiagnostics cannot read torch.compile's records: {dynamo.unavailable_reason()}.")
             return
-        self._frames, self._graphs = dynamo.frames_started(), dynamo.graphs_compiled()
-        self._log = dynamo.CompilationLog()
-        self._recorder = dynamo.GraphBreakRecorder()
-        self._recorder.start()
-
-    def _read_syncs(self) -> int:
-        assert self._backend is not None
-        counters = self._backend.lazy_counters()
-        return 0 if counters is None else counters.host_syncs or 0
-
-    def _coarse_phase(self) -> str:
-        return {"training": "training step"}.get(self._phase, self._phase)
+        self._dynamo = _DynamoTracker(self._once)
 
     def _stop(self) -> None:
-        if self._recorder is not None:  # give dynamo's logger back
-            self._recorder.stop()
-        if self._sync_sources is not None:
-            self._sync_sources.stop()
+        if self._dynamo is not None:  # give dynamo's logger back
+            self._dynamo.recorder.stop()
+        if self._lazy is not None and self._lazy.sources is not None:
+            self._lazy.sources.stop()
 
     @override
     def on_train_batch_start(
@@ -540,24 +555,10 @@ class GraphDiagnostics(Callback):
 
     def _summarize(self, trainer: pl.Trainer) -> dict[str, Any]:
         steps = trainer.global_step - self._first_step
-        syncs: int | None = None
-        by_phase: dict[str, int] | None = None
-        sources: dict[str, int] | None = None
-        details: list[dict[str, Any]] | None = None
-        if self._sync_sources is not None:  # lazy mode, where host syncs are counted
-            by_phase = {phase: self._syncs[phase] for phase in ("training", "validation", "other")}
-            syncs = sum(by_phase.values())
-            found = self._sync_sources.sources.most_common()
-            by_location: Counter[str] = Counter()
-            for where, count in found:
-                by_location[where.location] += count
-            sources = dict(by_location.most_common())
-            details = [
-                {"source": src.location, "code": src.code, "phase": src.phase, "user": src.user, "count": n}
-                for src, n in found
-            ]
+        lazy, compiles = self._lazy, self._dynamo
+        counted = compiles if self._mode == "compile" else None
         compiled_graphs = self._compile.graphs() if self._compile is not None and self._compile.compiled else None
-        source = ("device" if self._fallbacks_are_real() else "emulator") if self._fallbacks else None
+        source = ("device" if self._fallbacks_are_real() else "emulator") if lazy and lazy.fallbacks else None
         return {
             "mode": self._mode,
             "warmup_steps": self.warmup_steps,
@@ -566,20 +567,17 @@ class GraphDiagnostics(Callback):
             "graph_compilations_in_warmup": self._compilations["warmup"],
             "graph_compilations_after_warmup": self._compilations["after_warmup"],
             "validation_graph_compilations": self._compilations["validation"],
-            "frames_compiled": self._frames_compiled if self._mode == "compile" else None,
-            "recompiles": self._recompiles if self._mode == "compile" else None,
+            "frames_compiled": counted.frames_compiled if counted is not None else None,
+            "recompiles": counted.recompiles if counted is not None else None,
             "recompile_reasons": list(self._reasons),
-            "graph_breaks": dict(self._breaks),
+            "graph_breaks": dict(compiles.breaks) if compiles is not None else {},
             "distinct_input_shapes": len(self._shapes),
             "compilations_by_shape": {str(list(shape)): n for shape, n in self._by_shape.items()},
-            "host_syncs": syncs,
-            "host_syncs_per_step": None if syncs is None else syncs / max(steps, 1),
-            "host_syncs_by_phase": by_phase,
-            "host_sync_sources": sources,
-            "host_sync_source_details": details,
-            "cpu_fallbacks": dict(self._fallbacks),
+            **dict.fromkeys(_SYNCS),
+            **(lazy.summary(steps) if lazy is not None else {}),
+            "cpu_fallbacks": dict(lazy.fallbacks) if lazy is not None else {},
             "cpu_fallbacks_source": source,
-            "recompile_limit_hit": self._limit_hit,
+            "recompile_limit_hit": compiles is not None and compiles.limit_hit,
             "compiled_graphs": compiled_graphs,
         }
 

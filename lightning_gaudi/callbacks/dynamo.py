@@ -137,16 +137,6 @@ def module_compile_skips_torch_modules() -> bool:
     return getattr(kept, "__code__", None) in (None, torch.nn.Module._call_impl.__code__)
 
 
-def cpp_compiler() -> str | None:
-    """The C++ compiler inductor would build CPU kernels with, or ``None`` when it finds none."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-
-        return str(get_cpp_compiler())
-    except Exception:  # inductor raises its own InvalidCxxCompiler, or a subprocess/import error, when none is usable
-        return None
-
-
 @dataclass(frozen=True)
 class Compilation:
     """One frame dynamo compiled (or tried to): the function (``"forward (model.py:12)"``), the most relevant failed

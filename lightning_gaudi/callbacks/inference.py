@@ -226,28 +226,6 @@ class HPUCompile(Callback):
         """What is passed to ``torch.compile`` besides the backend."""
         return {"dynamic": self.dynamic, "fullgraph": self.fullgraph, "mode": self.mode, "options": self.options}
 
-    @staticmethod
-    def backend_name(backend: hpu.Backend) -> str:
-        """The ``torch.compile`` backend for ``backend``, checked where it is emulated."""
-        name = backend.compile_backend
-        if not backend.emulated:
-            return name
-        known = torch.compiler.list_backends(exclude_tags=())
-        if name not in known:
-            raise ValueError(
-                f"{runtime.COMPILE_BACKEND_ENV}={name!r} is not a torch.compile backend; use one of {known}"
-                " ('inductor', the default, compiles for real; 'aot_eager' traces the same graphs without generating"
-                " code)."
-            )
-        if name == "inductor" and dynamo.cpp_compiler() is None:
-            raise RuntimeError(
-                "torch.compile's inductor backend (the default under eager emulation) needs a C++ compiler, and none"
-                " was found. Install one (e.g. `apt-get install g++`, or point the CXX variable at one before"
-                f" starting Python), or set {runtime.COMPILE_BACKEND_ENV}=aot_eager to trace the same graphs without"
-                " generating code."
-            )
-        return name
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         backend = hpu.get_backend()
@@ -259,7 +237,7 @@ class HPUCompile(Callback):
                 " PT_HPU_LAZY_MODE=0 (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python."
                 " Or remove HPUCompile (lazy mode builds graphs itself; HPUGraphs helps evaluation)."
             )
-        name = self.backend_name(backend)
+        name = backend.check_compile_backend()
         _check_ddp_buckets(trainer)
         if self.compiled:
             return

@@ -33,5 +33,5 @@ class MemoryStats(DeviceStatsMonitor):
     def _skip(self, *args: Any, **kwargs: Any) -> None:
         """Reads nothing: the statistics are read at the end of training batches only."""
 
-    on_train_batch_start = on_validation_batch_start = on_validation_batch_end = _skip  # type: ignore[assignment]
-    on_test_batch_start = on_test_batch_end = _skip  # type: ignore[assignment]
+    on_train_batch_start = on_validation_batch_start = on_validation_batch_end = _skip
+    on_test_batch_start = on_test_batch_end = _skip

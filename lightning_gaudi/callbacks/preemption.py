@@ -9,7 +9,6 @@ import math
 import os
 import shutil
 import signal
-import sys
 import threading
 import uuid
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from typing_extensions import override
 
 from lightning_gaudi.distributed.agreement import StopVote
 from lightning_gaudi.distributed.rendezvous import DEFAULT_TIMEOUT
+from lightning_gaudi.distributed.shutdown import cleanup_on_abort, end_job
 from lightning_gaudi.patches import signals as signal_patch
 
 __all__ = [
@@ -198,17 +198,13 @@ class PreemptionCheckpoint(Callback):
 
     def _expire(self, signum: int) -> None:
         saving = self._saving
-        print(
+        self._kill_launched(signal.SIGKILL)  # a launcher that is not this package's (end_job stops the ranks it saw)
+        end_job(  # removes the temporaries of a save in progress (_stop)
+            preempted_exit_code(signum),
             f"lightning_gaudi: the preemption grace period of {self.grace_period:g}s ran out"
             f" {'while saving ' + saving if saving else 'before the ranks could stop together'}; exiting with code"
             f" {preempted_exit_code(signum)} without a checkpoint from this preemption.",
-            file=sys.stderr,
-            flush=True,
         )
-        if saving is not None:
-            _remove_own_temporaries(saving)
-        self._kill_launched(signal.SIGKILL)
-        os._exit(preempted_exit_code(signum))
 
     @override
     def on_train_batch_end(
@@ -233,7 +229,8 @@ class PreemptionCheckpoint(Callback):
                 )
         else:
             self._saving = path
-            trainer.save_checkpoint(path, weights_only=False)
+            with cleanup_on_abort(lambda: _remove_own_temporaries(path)):
+                trainer.save_checkpoint(path, weights_only=False)
             self._saving = None
             if trainer.is_global_zero:
                 log.warning(

@@ -8,8 +8,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 from typing_extensions import override
 
@@ -18,14 +20,14 @@ from lightning_gaudi.callbacks.memory_stats import check_interval
 
 
 def default_batch_size(batch: Any) -> int:
-    """The leading dimension of the first tensor in ``batch`` (read from its shape: no device access)."""
-    tensor = _first_tensor(batch)
-    if tensor is None or tensor.dim() == 0:
+    """The batch size Lightning's ``extract_batch_size`` reads from the batch's tensors' shapes (no device access)."""
+    try:
+        return extract_batch_size(batch)
+    except MisconfigurationException as error:
         raise ValueError(
             f"HPUThroughputMonitor cannot find a batch dimension in a {type(batch).__name__} batch; pass"
             " `batch_size_fn=lambda batch: ...` returning the number of samples."
-        )
-    return int(tensor.shape[0])
+        ) from error
 
 
 def default_tokens(batch: Any) -> int | None:
@@ -35,21 +37,12 @@ def default_tokens(batch: Any) -> int | None:
     return None
 
 
-def _first_tensor(batch: Any) -> Tensor | None:
-    if isinstance(batch, Tensor):
-        return batch
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        found = _first_tensor(value)
-        if found is not None:
-            return found
-    return None
+class HPUThroughputMonitor(ThroughputMonitor):
+    """Lightning's ``ThroughputMonitor``, with training throughput global over ranks and without warm-up.
 
-
-class HPUThroughputMonitor(Callback):
-    """Logs ``throughput/samples_per_sec``, ``steps_per_sec`` and ``tokens_per_sec`` per epoch; summarises the fit.
-
-    Host time around training batches after the first ``warmup_steps``; one ``synchronize`` and all-reduce per epoch.
+    Training: host time around the batches after the first ``warmup_steps``, without validation and checkpointing;
+    one ``synchronize`` and all-reduce per epoch logs ``throughput/samples_per_sec``, ``steps_per_sec`` and
+    ``tokens_per_sec``; ``summary`` holds the fit's. Validation, test and predict: as Lightning logs them.
     ``batch_size_fn``/``tokens_fn`` count a batch (default :func:`default_batch_size`, :func:`default_tokens`).
     """
 
@@ -60,36 +53,40 @@ class HPUThroughputMonitor(Callback):
         tokens_fn: Callable[[Any], int | None] | None = None,
     ) -> None:
         check_interval("warmup_steps", warmup_steps, allow_zero=True)
+        super().__init__(batch_size_fn or default_batch_size)
         self.warmup_steps = warmup_steps
-        self.batch_size_fn = batch_size_fn or default_batch_size
         self.tokens_fn = tokens_fn or default_tokens
+        self.on_fit_start()
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        # FLOPs are optional here: decided now, so Lightning does not warn at the first evaluation batch without them
+        self._module_has_flops = hasattr(pl_module, "flops_per_batch")
+
+    @override
+    def on_fit_start(self, *args: Any) -> None:
         self.summary: dict[str, float] = {}
-        self._reset_fit()
-
-    def _reset_fit(self) -> None:
-        self._batches_seen = 0
         self._fit_totals = [0.0, 0.0, 0.0, 0.0]  # seconds, samples, steps, tokens (global)
-        self._reset_epoch()
+        self._batches_seen = 0
+        self.on_train_epoch_start()
 
-    def _reset_epoch(self) -> None:
-        self._elapsed, self._samples, self._steps, self._tokens, self._step_before = 0.0, 0, 0, 0, 0
+    @override
+    def on_train_epoch_start(self, *args: Any) -> None:
+        self._epoch = [0.0, 0.0, 0.0, 0.0]  # seconds, samples, steps, tokens on this rank
         self._has_tokens = False
         self._batch_start: float | None = None
         self._last_end: float | None = None
+        self._step_before = 0
 
-    def _pause(self, *args: Any, **kwargs: Any) -> None:
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, *args: Any) -> None:
         self._last_end = None  # the gap until the next batch is not training time
-
-    on_validation_start = on_save_checkpoint = _pause
-
-    @override
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset_fit()
-        self.summary = {}
+        super().on_validation_start(trainer)
 
     @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset_epoch()
+    def on_save_checkpoint(self, *args: Any) -> None:
+        self._last_end = None
 
     @override
     def on_train_batch_start(
@@ -98,55 +95,51 @@ class HPUThroughputMonitor(Callback):
         now = time.perf_counter()
         if self._batches_seen >= self.warmup_steps:
             if self._last_end is not None:
-                self._elapsed += now - self._last_end  # data loading between two counted batches
+                self._epoch[0] += now - self._last_end  # data loading between two counted batches
             self._batch_start = now
             self._step_before = trainer.global_step
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, *args: Any
     ) -> None:
         self._batches_seen += 1
         if self._batch_start is None:
             return
-        now = time.perf_counter()
-        self._elapsed += now - self._batch_start
-        self._batch_start = None
-        self._last_end = now
-        self._samples += self.batch_size_fn(batch)
-        self._steps += trainer.global_step - self._step_before
+        self._last_end = time.perf_counter()
         tokens = self.tokens_fn(batch)
-        if tokens is not None:
-            self._tokens += tokens
-            self._has_tokens = True
+        self._has_tokens |= tokens is not None
+        steps = trainer.global_step - self._step_before
+        for index, value in enumerate((self._last_end - self._batch_start, self.batch_size_fn(batch), steps, tokens)):
+            self._epoch[index] += value or 0
+        self._batch_start = None
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._last_end is not None:
             hpu.get_backend().synchronize()
-            self._elapsed += time.perf_counter() - self._last_end
+            self._epoch[0] += time.perf_counter() - self._last_end
             self._last_end = None
-        if not self._samples:
+        if not self._epoch[1]:
             return  # the whole epoch was warm-up
-        seconds, samples, steps, tokens = self._global(trainer)
-        for index, value in enumerate((seconds, samples, steps, tokens)):
+        totals = self._global(trainer)
+        for index, value in enumerate(totals):
             self._fit_totals[index] += value
-        metrics = self._rates(seconds, samples, steps, tokens)
         pl_module.log_dict(
-            {f"throughput/{name}": value for name, value in metrics.items()},
+            {f"throughput/{name}": value for name, value in self._rates(*totals).items()},
             on_epoch=True,
             sync_dist=trainer.world_size > 1,  # already global: the mean of equal values, without a warning
         )
 
-    def _global(self, trainer: pl.Trainer) -> tuple[float, float, float, float]:
+    def _global(self, trainer: pl.Trainer) -> list[float]:
         if trainer.world_size == 1:
-            return self._elapsed, self._samples, self._steps, self._tokens
+            return self._epoch
         device = trainer.strategy.root_device
-        counts = torch.tensor([self._samples, self._steps, self._tokens], dtype=torch.float32, device=device)
-        elapsed = torch.tensor([self._elapsed], dtype=torch.float32, device=device)
-        summed = trainer.strategy.reduce(counts, reduce_op="sum").tolist()
-        slowest = trainer.strategy.reduce(elapsed, reduce_op="max").tolist()
-        return slowest[0], summed[0], summed[1] / trainer.world_size, summed[2]
+        counts = torch.tensor(self._epoch[1:], dtype=torch.float32, device=device)
+        elapsed = torch.tensor(self._epoch[:1], dtype=torch.float32, device=device)
+        samples, steps, tokens = trainer.strategy.reduce(counts, reduce_op="sum").tolist()
+        slowest = trainer.strategy.reduce(elapsed, reduce_op="max").item()
+        return [slowest, samples, steps / trainer.world_size, tokens]
 
     def _rates(self, seconds: float, samples: float, steps: float, tokens: float) -> dict[str, float]:
         seconds = max(seconds, 1e-9)

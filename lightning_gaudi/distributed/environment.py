@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import torch.distributed as dist
+
 if TYPE_CHECKING:
     from lightning.fabric.plugins.environments import ClusterEnvironment
 
@@ -28,6 +30,64 @@ _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 class InvalidLaunchError(ValueError):
     """The launcher's settings disagree with the Trainer's, or are malformed."""
+
+
+#: What Lightning's launcher and the process group's rendezvous set in the process that launches the ranks.
+_LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class _InProcessLaunch:
+    owner: str
+    world_size: int
+    before: tuple[tuple[str, str | None], ...]
+    left: tuple[tuple[str, str], ...]
+
+
+_before_launch: dict[str, str | None] | None = None  # the variables before this process launched ranks itself
+_earlier_launch: _InProcessLaunch | None = None
+
+
+def forget_stale_launch(owner: str, world: int) -> None:
+    """Puts back the launch variables an earlier launch in this process left, once its process group is gone, so they
+    are not taken for an external launcher's; they stay while that group serves a run of its size (``world``
+    processes). Then notes the variables before a launch from this process.
+
+    Raises:
+        InvalidLaunchError: the earlier launch's group is alive, and ``world`` is not its size.
+    """
+    global _before_launch, _earlier_launch
+    earlier = _earlier_launch
+    if earlier is not None and all(os.environ.get(name) == value for name, value in earlier.left):
+        alive = dist.is_available() and dist.is_initialized()
+        if alive and earlier.world_size != world:
+            left = ", ".join(f"{name}={value}" for name, value in earlier.left)
+            raise InvalidLaunchError(
+                f"{owner} needs {world} processes, but an earlier launch in this process ({earlier.owner},"
+                f" {earlier.world_size} process(es)) left its process group and {left}: no external launcher set"
+                " them. Run each in a process of its own, or end the earlier group first with"
+                " torch.distributed.destroy_process_group()."
+            )
+        if not alive:
+            for name, value in earlier.before:
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            _earlier_launch = None
+    if not LaunchEnvironment.from_env().externally_launched:
+        _before_launch = {name: os.environ.get(name) for name in _LAUNCH_VARIABLES}
+
+
+def note_launch(owner: str, world_size: int) -> None:
+    """Records the launch variables a launch in this process (one whose rank 0 is this process) set, once it formed
+    its process group: :func:`forget_stale_launch` puts them back for a later run."""
+    global _before_launch, _earlier_launch
+    before, _before_launch = _before_launch, None
+    if before is None:
+        return
+    left = tuple((n, v) for n in _LAUNCH_VARIABLES if (v := os.environ.get(n)) is not None and v != before[n])
+    _earlier_launch = _InProcessLaunch(owner, world_size, tuple(before.items()), left)
 
 
 def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:

@@ -14,8 +14,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-#: The repository root when run from a checkout (``--tests`` needs its ``tests/``).
-ROOT = Path(__file__).resolve().parents[2]
 #: The module that ``python -m`` runs for the doctor.
 MODULE = "lightning_gaudi.doctor"
 #: The in-process checks, in the report's order (:data:`lightning_gaudi.doctor.checks.CHECKS` has these keys).
@@ -45,7 +43,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("lightning_gaudi_doctor.md"), help="the report to write")
     parser.add_argument("--timeout", type=float, default=600, help="seconds each check may take (default 600)")
     parser.add_argument("--only", action="append", metavar="CHECK", help="run this check only (repeatable)")
-    parser.add_argument("--tests", action="store_true", help="also run the repository's tests (a source checkout)")
+    parser.add_argument(
+        "--tests", type=Path, metavar="CHECKOUT", help="also run the tests of this lightning_gaudi source checkout"
+    )
     return parser
 
 
@@ -69,10 +69,10 @@ def problems(args: argparse.Namespace) -> list[str]:
     found = [problem for problem in [check_out(args.out)] if problem]
     if args.timeout <= 0:
         found.append(f"--timeout {args.timeout:g} must be a positive number of seconds.")
-    if args.tests and not (ROOT / "tests" / "conftest.py").is_file():
+    if args.tests is not None and not (args.tests / "tests" / "conftest.py").is_file():
         found.append(
-            f"--tests needs a source checkout: lightning_gaudi is installed at {ROOT} without tests/. Clone the"
-            " project, `pip install -e '.[dev]'`, and run the doctor there."
+            f"--tests {str(args.tests)!r} is not a lightning_gaudi source checkout (no tests/conftest.py there). Give"
+            " the folder of a clone (`git clone` the project, `pip install -e '.[dev]'` there)."
         )
     known = [*CHECK_NAMES, *MULTI_PROCESS_CHECKS]
     unknown = [name for name in args.only or () if not name.startswith(tuple(known))]

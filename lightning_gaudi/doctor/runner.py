@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from lightning_gaudi.doctor.checks import CHECKS, FAIL, PASS, SKIPPED, Outcome
-from lightning_gaudi.doctor.options import ROOT
 from lightning_gaudi.doctor.worker import MARK, mode_environment
 from lightning_gaudi.hpu import runtime
 
@@ -56,7 +55,7 @@ def _text(value: object) -> str:
 def _cards() -> str:
     """The cards as Intel's management library reports them (``pyhlml``, from ``habana-pyhlml``), or why not."""
     try:
-        import pyhlml  # type: ignore[import-not-found]
+        import pyhlml
     except ModuleNotFoundError:
         return "not installed (habana-pyhlml; `pip install habana-pyhlml` on a Gaudi)"
     except Exception as error:  # installed, but its shared library is missing
@@ -296,15 +295,16 @@ def report(rows: list[tuple[str, str]], results: dict[str, Outcome], notes: list
     return "\n".join([*parts, "", *notes, ""])
 
 
-def repository_tests(gaudi: bool, timeout: float) -> tuple[int | str, str]:
-    """The repository's bridge tests (on a Gaudi) or the emulator's selection, with pytest, as a report section."""
+def repository_tests(checkout: Path, gaudi: bool, timeout: float) -> tuple[int | str, str]:
+    """The bridge tests (on a Gaudi) or the emulator's selection of the source checkout ``checkout``, with pytest, as
+    a report section."""
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rfEs", "--no-header"]
     command = (
         [*pytest, "--real-bridge", "-m", "bridge"] if gaudi else [*pytest, "-m", "not subprocess", *EMULATOR_TESTS]
     )
     print(f"lightning_gaudi.doctor: {' '.join(command[2:])}", file=sys.stderr)
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout:g} s", ""
     tail = "\n".join((done.stdout + done.stderr).rstrip().splitlines()[-120:])
@@ -397,9 +397,9 @@ def run(args: argparse.Namespace) -> int:
                 out.results = run_checks(os.environ, args.timeout, args.only, Path(work), out.add)
         results = out.results
         status = 1 if not results or any(r.status == FAIL for r in results.values()) else 0
-        if args.tests:
+        if args.tests is not None:
             code, section = repository_tests(
-                gaudi=not emulated and runtime.bridge_installed(), timeout=args.timeout * 6
+                args.tests, gaudi=not emulated and runtime.bridge_installed(), timeout=args.timeout * 6
             )
             out.notes.append(section)
             status = status or int(code != 0)

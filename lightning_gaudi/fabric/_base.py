@@ -16,7 +16,6 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_gaudi import compile_cache, hpu
-from lightning_gaudi.callbacks.inference import HPUCompile
 from lightning_gaudi.strategies._tied import move_keeping_ties
 from lightning_gaudi.strategies.core import HPUParallelCore, HPUStrategyCore
 
@@ -74,7 +73,7 @@ class FabricCore(HPUStrategyCore):
                 " PT_HPU_LAZY_MODE=0 (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python; or pass the"
                 " model uncompiled (lazy mode builds graphs itself)."
             )
-        return HPUCompile.backend_name(backend)
+        return backend.check_compile_backend()
 
     def setup_environment(self) -> None:
         super().setup_environment()  # type: ignore[misc]
@@ -85,7 +84,7 @@ class FabricCore(HPUStrategyCore):
         self._bind_mark_step()
         compile_cache.use(*compile_cache.strategy_key(self))
         backend = hpu.get_backend()
-        if backend.emulated and backend.is_lazy():
+        if backend.explains_forward_errors:
             module.register_forward_hook(_explain_forward_error, always_call=True)
         return super().setup_module(module)  # type: ignore[misc,no-any-return]
 

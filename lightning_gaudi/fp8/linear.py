@@ -173,7 +173,7 @@ class FP8Linear(nn.Linear):
     def forward(self, input: Tensor) -> Tensor:
         if not is_fp8_enabled():
             return super().forward(input)
-        return _FP8LinearFunction.apply(  # type: ignore[no-any-return]
+        return _FP8LinearFunction.apply(
             input,
             self.weight,
             self.bias,

@@ -120,11 +120,11 @@ def get_backend() -> Backend:
 
         backend = HabanaBackend()
     elif mode == "eager":
-        from lightning_gaudi.hpu.eager import EagerBackend
+        from lightning_gaudi.emulator.eager import EagerBackend
 
         backend = EagerBackend(key[1], key[2])
     else:
-        from lightning_gaudi.hpu.lazy import LazyBackend
+        from lightning_gaudi.emulator.lazy import LazyBackend
 
         backend = LazyBackend(key[2])
     _backends[key] = backend

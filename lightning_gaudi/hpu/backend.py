@@ -79,6 +79,24 @@ class Backend(abc.ABC):
     collective_backend: str
     compile_backend: str
 
+    #: Why this backend drives one device only (in its words, with the way out); ``None`` where collectives run.
+    single_device_reason: str | None = None
+    #: Whether evaluation may run under ``torch.inference_mode`` (else the loops use ``torch.no_grad``).
+    supports_inference_mode: bool = True
+    #: Whether the device applies the autocast op lists of ``PT_HPU_AUTOCAST_*_OPS_LIST`` by itself (as the bridge
+    #: does); where not, :class:`~lightning_gaudi.HPUPrecision` enters them with autocast.
+    applies_autocast_lists: bool = True
+    #: Whether :meth:`explain_error` has notes for errors raised inside a module's forward (Fabric then hooks it).
+    explains_forward_errors: bool = False
+    #: Whether the CPU fallbacks of :meth:`lazy_counters` are ops the device cannot run (else a stand-in's own).
+    counts_device_fallbacks: bool = True
+    #: What the start-up lines add after the collective backend's name (``""``: nothing to add).
+    collective_note: str = ""
+    #: How to see the device runtime's own log, for diagnostics (``""``: it has none).
+    log_hint: str = ""
+    #: Whether DeepSpeed should be Intel's Gaudi fork (public DeepSpeed runs the stand-in's CPU accelerator).
+    wants_intel_deepspeed: bool = True
+
     @abc.abstractmethod
     def is_available(self) -> bool:
         """Whether at least one device can be used."""
@@ -90,6 +108,15 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def device_name(self) -> str:
         """The device's name as the bridge reports it (``"GAUDI"``, ``"GAUDI2"``, ``"GAUDI3"``)."""
+
+    def device_description(self) -> str:
+        """The device as the start-up lines name it: :meth:`device_name`, and what runs it where that is not a
+        Gaudi."""
+        return self.device_name()
+
+    def check_compile_backend(self) -> str:
+        """The ``torch.compile`` backend (:attr:`compile_backend`), after checking that it can run here."""
+        return self.compile_backend
 
     def device(self, index: int | None = None) -> torch.device:
         """The ``torch.device`` of the card this process drives."""
@@ -225,13 +252,22 @@ class Backend(abc.ABC):
         kernel = self._rope_kernel()
         if kernel is not None:  # the kernel takes one dtype
             dtype = torch.promote_types(x.dtype, cos.dtype)
-            return kernel(x.to(dtype), cos.to(dtype), sin.to(dtype), 0)  # type: ignore[no-any-return]
+            return kernel(x.to(dtype), cos.to(dtype), sin.to(dtype), 0)
         half = x.shape[-1] // 2
         return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
     def _rope_kernel(self) -> Any:
         """A fused kernel ``(x, cos, sin, offset)``, or ``None`` for the reference math."""
         return None
+
+    def convert_sync_batchnorm(self, module: Module) -> Module:
+        """``module`` with every batch norm synchronized over the ranks (``torch.nn.SyncBatchNorm``)."""
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+    def revert_sync_batchnorm(self, module: Module) -> Module:
+        """Undoes what :meth:`convert_sync_batchnorm` built besides ``torch.nn.SyncBatchNorm`` (Lightning reverts
+        that)."""
+        return module
 
     def wrap_in_hpu_graph(self, module: Module) -> Module:
         """Wraps ``module`` so its forward is captured once and replayed (lazy mode, inference)."""

@@ -108,6 +108,7 @@ class HabanaBackend(Backend):
     autocast_device_type: str | None = "hpu"
     collective_backend = "hccl"
     compile_backend = "hpu_backend"
+    log_hint = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"
 
     def __init__(self) -> None:
         if runtime.bridge_loaded():  # loaded before lightning_gaudi could keep the launcher's rendezvous
@@ -161,10 +162,10 @@ class HabanaBackend(Backend):
         hccl.initialize_distributed_hpu(world_size=world_size, rank=rank, local_rank=local_rank)
 
     def fused_adamw(self, params: Any, **kwargs: Any) -> Optimizer:
-        return self._import(".hpex.optimizers").FusedAdamW(params, **kwargs)  # type: ignore[no-any-return]
+        return self._import(".hpex.optimizers").FusedAdamW(params, **kwargs)
 
     def fused_sgd(self, params: Any, **kwargs: Any) -> Optimizer:
-        return self._import(".hpex.optimizers").FusedSGD(params, **kwargs)  # type: ignore[no-any-return]
+        return self._import(".hpex.optimizers").FusedSGD(params, **kwargs)
 
     def fused_clip_norm(self, parameters: Iterable[Tensor], max_norm: float) -> ClipNorm:
         fused = self._import(".hpex.normalization").FusedClipNorm(parameters, max_norm)
@@ -180,7 +181,7 @@ class HabanaBackend(Backend):
         return self._import(".hpex.kernels").RotaryPosEmbeddingHelperV1.apply
 
     def wrap_in_hpu_graph(self, module: Module) -> Module:
-        return self._hpu.wrap_in_hpu_graph(module)  # type: ignore[no-any-return]
+        return self._hpu.wrap_in_hpu_graph(module)
 
     def transformer_engine(self) -> TransformerEngine:
         name = ".hpex.experimental.transformer_engine"

@@ -80,7 +80,7 @@ class TransformerEngine:
 
     def fp8_autocast(self, fp8_recipe: Any) -> AbstractContextManager[Any]:
         """``te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)``: the FP8 layers compute in FP8 inside it."""
-        return self._te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)  # type: ignore[no-any-return]
+        return self._te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
 
 
 class NeuralCompressor:
@@ -92,11 +92,11 @@ class NeuralCompressor:
 
     def prepare(self, module: nn.Module, config: Mapping[str, Any]) -> nn.Module:
         """Measure mode: observers on ``module``'s supported layers, in place (``prepare``)."""
-        return self._inc.prepare(module, self._inc.FP8Config(**config))  # type: ignore[no-any-return]
+        return self._inc.prepare(module, self._inc.FP8Config(**config))
 
     def convert(self, module: nn.Module, config: Mapping[str, Any]) -> nn.Module:
         """Quantize mode: ``module``'s supported layers in FP8 with the measured scales, in place (``convert``)."""
-        return self._inc.convert(module, self._inc.FP8Config(**config))  # type: ignore[no-any-return]
+        return self._inc.convert(module, self._inc.FP8Config(**config))
 
     def finalize_calibration(self, module: nn.Module) -> None:
         """Writes what a prepared ``module`` measured to its ``dump_stats_path`` (``finalize_calibration``)."""

@@ -1,5 +1,6 @@
-"""Shims of Lightning's and torch's private internals, one target each, policy coming in as hooks; each module's
-:class:`~lightning_gaudi.patches.registry.Patch` is in :data:`PATCHES`, its canary in ``tests/patches/``."""
+"""Shims of Lightning's and torch's private internals, one target each, policy coming in as hooks; each one installed
+at import has its :class:`~lightning_gaudi.patches.registry.Patch` in :data:`PATCHES`, the others check upstream where
+they are used; their canaries are in ``tests/patches/``."""
 
 from __future__ import annotations
 
@@ -8,15 +9,13 @@ from types import MappingProxyType
 
 from lightning_gaudi.patches import (
     connector,
-    deepspeed_strategy,
-    fabric_backward_sync,
     fabric_checkpoint_writer,
     fabric_compile,
     fabric_connector,
     fabric_launch_hint,
     fp8_precision_name,
     launcher,
-    module_forward,
+    no_grad_eval,
     sharded_tensor_device,
     signals,
     sync_free_logging,
@@ -38,13 +37,11 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             fabric_compile.PATCH,
             fp8_precision_name.PATCH,
             signals.PATCH,
-            deepspeed_strategy.PATCH,
             fabric_checkpoint_writer.PATCH,
-            fabric_backward_sync.PATCH,
             fabric_launch_hint.PATCH,
-            module_forward.PATCH,
             launcher.PATCH,
             sharded_tensor_device.PATCH,
+            no_grad_eval.PATCH,
         )
     }
 )

@@ -14,7 +14,6 @@ from typing import Any
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from lightning_gaudi.patches import registry
-from lightning_gaudi.patches._checked import Checked
 
 _CLASS = f"{DeepSpeedStrategy.__module__}.{DeepSpeedStrategy.__qualname__}"
 #: The methods relied on, with their parameters after ``self``.
@@ -41,22 +40,15 @@ def missing_targets() -> list[str]:
     return missing
 
 
-_State = Checked(missing_targets, "HPUDeepSpeedStrategy is unavailable; every other strategy works.")
-#: Whether Lightning's DeepSpeedStrategy was checked and the HPU strategy may replace its steps; :func:`install` checks.
-installed, install = _State.installed, _State.install
-
-
-def check_installed() -> None:
-    """Raises when the HPU strategy may not replace Lightning's steps on this Lightning (see :func:`install`)."""
-    if not installed():
+def check_supported() -> None:
+    """Raises unless this Lightning's ``DeepSpeedStrategy`` is as checked (the HPU strategy replaces some steps)."""
+    missing = missing_targets()
+    if missing or not registry.LIGHTNING_SUPPORTED:
         raise RuntimeError(
             f"HPUDeepSpeedStrategy was checked against {registry.SUPPORTED_LIGHTNING}'s DeepSpeedStrategy; this"
-            f" Lightning differs (missing or changed: {missing_targets() or 'nothing'};"
+            f" Lightning differs (missing or changed: {missing or 'nothing'};"
             f" {registry.LIGHTNING_SUPPORTED.message or 'version ok'})."
         )
-
-
-PATCH = _State.patch("deepspeed_strategy", tuple(f"{_CLASS}.{name}" for name in METHODS))
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """``fabric.no_backward_sync`` through a strategy's own control (``hpu_fast_ddp``): Fabric asks the strategy's private
-``_backward_sync_control``; :func:`set_control` sets it on one instance, :func:`install` checks Fabric still asks."""
+``_backward_sync_control``; :func:`set_control` sets it on one instance where Fabric still asks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import Strategy
 
-from lightning_gaudi.patches._checked import Checked
+from lightning_gaudi.patches import registry
 
 _ATTRIBUTE = "_backward_sync_control"
 TARGETS = (
@@ -26,14 +26,11 @@ def missing_targets() -> list[str]:
     return []
 
 
-_State = Checked(missing_targets, "hpu_fast_ddp's fabric.no_backward_sync all-reduces every backward; DDP works.")
-installed, install = _State.installed, _State.install
-PATCH = _State.patch("fabric_backward_sync", TARGETS)
-
-
 def set_control(strategy: Strategy, control: Any) -> bool:
     """Makes ``fabric.no_backward_sync`` call ``control.no_backward_sync(module, enabled)`` for ``strategy``; returns
-    whether it does (not where :func:`install`'s check failed)."""
-    if installed():
-        setattr(strategy, _ATTRIBUTE, control)
-    return installed()
+    whether it does: not where this Fabric stopped asking (:func:`missing_targets`), which warns."""
+    fallback = "hpu_fast_ddp's fabric.no_backward_sync all-reduces every backward; DDP works."
+    if not registry.supported(missing_targets(), fallback):
+        return False
+    setattr(strategy, _ATTRIBUTE, control)
+    return True

@@ -47,7 +47,7 @@ def sharded_tensor_device(types: Any, args: Any, kwargs: Any, process_group: Any
     tensor = args[0]
     shards = tensor.local_shards()
     if shards:
-        return shards[0].tensor.device  # type: ignore[no-any-return]
+        return shards[0].tensor.device
     name = process_group._get_backend_name() if process_group is not None else ""
     if name == "hccl":
         return hpu.get_backend().device()

@@ -101,7 +101,7 @@ def _hpu_progress_bar(original: Any) -> Any:
 
 
 def _module(name: str) -> ModuleType | None:
-    return registry.lookup(name)  # type: ignore[no-any-return]
+    return registry.lookup(name)
 
 
 def installed() -> bool:

@@ -20,7 +20,7 @@ _MARK = "__lightning_gaudi_hook__"
 
 
 def _module() -> ModuleType | None:
-    return registry.lookup(_MODULE)  # type: ignore[no-any-return]
+    return registry.lookup(_MODULE)
 
 
 def _readers() -> tuple[str, ...]:

@@ -97,7 +97,7 @@ def adopt(strategy: Any, hpu_cls: Any, lightning_cls: Any, **overrides: Any) -> 
     """A new strategy of ``strategy``'s class with ``hpu_cls`` under it, built from the arguments read back from
     ``strategy`` (``overrides`` replace some), and those arguments. ``ValueError``/``TypeError`` for an argument
     ``hpu_cls`` refuses, naming the object."""
-    adoption: Adoption = hpu_cls.adoption  # type: ignore[attr-defined]
+    adoption: Adoption = hpu_cls.adoption
     owner = f"`strategy={type(strategy).__name__}(...)`"
     try:
         read = read_arguments(strategy, lightning_cls, adoption)

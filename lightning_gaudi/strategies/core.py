@@ -25,6 +25,7 @@ from typing_extensions import override
 
 from lightning_gaudi import compile_cache, hpu
 from lightning_gaudi.accelerator import HPUAccelerator
+from lightning_gaudi.callbacks.checkpoint_lock import add_default_lock
 from lightning_gaudi.callbacks.inference import add_default_compile
 from lightning_gaudi.callbacks.mark_step import add_default_mark_step
 from lightning_gaudi.callbacks.preemption import add_default_preemption
@@ -38,8 +39,17 @@ from lightning_gaudi.distributed import (
     validate_launch,
     validate_ray_launch,
 )
-from lightning_gaudi.distributed.shutdown import close_process_group, mark_failed, run_started
-from lightning_gaudi.emulation.no_grad_eval import disable_inference_mode
+from lightning_gaudi.distributed.environment import forget_stale_launch, note_launch
+from lightning_gaudi.distributed.shutdown import (
+    close_process_group,
+    exit_timeout,
+    mark_failed,
+    run_started,
+    stop_ranks,
+    watch_ranks,
+)
+from lightning_gaudi.patches.launcher import hpu_launcher
+from lightning_gaudi.patches.no_grad_eval import disable_inference_mode
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.safe_load import check_weights_only
 from lightning_gaudi.strategies._tied import find_tied_parameters, move_keeping_ties, restore_ties
@@ -245,11 +255,10 @@ class HPUParallelCore(HPUStrategyCore):
     @override
     def _check_runnable(self) -> None:
         backend = hpu.get_backend()
-        if backend.is_lazy() and backend.emulated:
+        if backend.single_device_reason is not None:
             raise ValueError(
-                f"{self.strategy_name!r} cannot run under {hpu.EMULATE_ENV}=lazy: torch's Lazy Tensor Core"
-                " tensors cannot cross gloo collectives. Emulate data parallelism with"
-                f" {hpu.EMULATE_ENV}=eager, or use one device (strategy 'hpu_single') in lazy emulation."
+                f"{self.strategy_name!r} cannot run here: {backend.single_device_reason}, or use one device"
+                " (strategy 'hpu_single')."
             )
 
     @property
@@ -271,13 +280,14 @@ class HPUParallelCore(HPUStrategyCore):
 
         Raises:
             InvalidLaunchError: the launch is malformed or disagrees with the requested layout.
-            ValueError: a device that is no HPU.
+            ValueError: a device that is no HPU, or a malformed ``LIGHTNING_GAUDI_EXIT_TIMEOUT``.
         """
         strategy: Any = self
         environment = strategy.cluster_environment
         if strategy.parallel_devices and is_ray_environment(environment):
             validate_ray_launch(num_devices=strategy.num_processes, world_size=environment.world_size())
         elif strategy.parallel_devices and environment is not None:
+            forget_stale_launch(type(self).__name__, strategy.num_processes * strategy.num_nodes)
             validate_launch(
                 environment,
                 num_devices=strategy.num_processes,
@@ -286,6 +296,13 @@ class HPUParallelCore(HPUStrategyCore):
             )
         for device in strategy.parallel_devices or ():
             hpu_device(device, type(self).__name__)
+        exit_timeout(strategy.timeout)  # LIGHTNING_GAUDI_EXIT_TIMEOUT, checked before any process starts
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()  # type: ignore[misc]
+        strategy: Any = self
+        # Lightning's launcher with this package's watcher of the ranks it starts (patches/launcher.py)
+        strategy._launcher = hpu_launcher(strategy._launcher, watch_ranks, stop_ranks)
 
     def _get_process_group_backend(self) -> str:
         return self._process_group_backend or hpu.get_backend().collective_backend
@@ -306,13 +323,13 @@ class HPUParallelCore(HPUStrategyCore):
         # torch's env:// rendezvous reads these (as in Lightning's DDP strategies)
         os.environ["MASTER_ADDR"] = environment.main_address
         os.environ["MASTER_PORT"] = str(environment.main_port)
-        emulated = f" emulated on the CPU ({backend.name} mode)" if backend.emulated else ""
         self.log.info(
             f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size} on HPU {local_rank} of"
-            f" node {strategy.node_rank} ({backend.device_name()}{emulated}, device {self.root_device})"
+            f" node {strategy.node_rank} ({backend.device_description()}, device {self.root_device})"
         )
         atexit.unregister(close_process_group)  # one exit hook per process (several fits), with the latest timeout
-        atexit.register(close_process_group, self.timeout)  # before the interpreter's teardown (see its docstring)
+        # before the interpreter's teardown (see its docstring)
+        atexit.register(close_process_group, exit_timeout(self.timeout))
         rendezvous.init_process_group(  # the module attribute, which tests replace
             backend_name,
             rank=rank,
@@ -321,13 +338,13 @@ class HPUParallelCore(HPUStrategyCore):
             master_addr=environment.main_address,
             master_port=environment.main_port,
         )
+        note_launch(type(self).__name__, world_size)
         if rank == 0:
-            stand_in = ", HCCL emulated over gloo" if backend.emulated else ""
             self.log.info(
                 f"{'-' * 100}\ndistributed_backend={backend_name}\n"
                 f"All distributed processes registered. Starting with {world_size} processes\n"
-                f"HPUs: {strategy.num_processes} per node x {strategy.num_nodes} node(s), {backend.device_name()}"
-                f"{emulated}{stand_in}\n{'-' * 100}\n"
+                f"HPUs: {strategy.num_processes} per node x {strategy.num_nodes} node(s),"
+                f" {backend.device_description()}{backend.collective_note}\n{'-' * 100}\n"
             )
 
     def _set_ranks(self) -> None:
@@ -388,8 +405,9 @@ class TrainerCore(HPUStrategyCore):
             self._prepare_trainer(self.lightning_module.trainer)
 
     def _prepare_trainer(self, trainer: pl.Trainer) -> None:
-        """The start-up line (once per Trainer), the default callbacks (configured ones win), and under lazy emulation
-        evaluation under ``torch.no_grad`` (Lazy Tensor Core cannot trace ``torch.inference_mode``)."""
+        """The start-up line (once per Trainer), the default callbacks (configured ones win; the checkpoint folder lock
+        last), and under lazy emulation evaluation under ``torch.no_grad`` (Lazy Tensor Core cannot trace
+        ``torch.inference_mode``)."""
         if trainer not in _ANNOUNCED:
             _ANNOUNCED.add(trainer)
             strategy = type(self).__name__
@@ -399,8 +417,9 @@ class TrainerCore(HPUStrategyCore):
         add_default_mark_step(trainer)
         add_default_compile(trainer)
         add_default_preemption(trainer)
+        add_default_lock(trainer)
         backend = hpu.get_backend()
-        if backend.emulated and backend.is_lazy():
+        if not backend.supports_inference_mode:
             disable_inference_mode(trainer)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
@@ -447,7 +466,7 @@ class TrainerCore(HPUStrategyCore):
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)  # type: ignore[misc]
         hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
-        mark_failed()  # the exit skips its last barrier
+        mark_failed(130 if isinstance(exception, KeyboardInterrupt) else None)  # no last barrier; Ctrl-C: 130
         if getattr(self, "launcher", None) is not None and not isinstance(exception, SIGTERMException):
             # the job has failed: the ranks this process started would wait for it in a collective until the
             # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card.

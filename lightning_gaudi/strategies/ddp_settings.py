@@ -169,18 +169,18 @@ class DDPCore:
             self._fast_buckets = self._fast_ddp_buckets()
         world = dist.get_world_size()
         for bucket in self._fast_buckets:
-            grads = [parameter.grad for parameter in bucket]
-            if any(grad is None for grad in grads):
+            grads = [parameter.grad for parameter in bucket if parameter.grad is not None]
+            if len(grads) != len(bucket):
                 raise RuntimeError(
                     "fast_ddp: a parameter got no gradient on this rank in this step; every rank must give every"
                     " trainable parameter a gradient (as DDP without find_unused_parameters). Use fast_ddp=False"
                     " with find_unused_parameters=True for such a model."
                 )
-            flat = torch.cat([grad.reshape(-1) for grad in grads])  # type: ignore[union-attr]
+            flat = torch.cat([grad.reshape(-1) for grad in grads])
             dist.all_reduce(flat)  # a sum: HCCL has no average
             flat.div_(world)
-            for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):  # type: ignore[union-attr]
-                grad.copy_(reduced.view_as(grad))  # type: ignore[union-attr]
+            for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):
+                grad.copy_(reduced.view_as(grad))
 
     _fast_buckets: list[list[Tensor]] | None = None
 

@@ -84,7 +84,7 @@ def load_config(config: Mapping[str, Any] | str | Path | None) -> dict[str, Any]
         if config is None:
             return None
     if isinstance(config, Mapping):
-        return _plain(config)  # type: ignore[no-any-return]
+        return _plain(config)
     if not isinstance(config, (str, Path)):
         raise TypeError(
             f"`config` must be a DeepSpeed config dict or the path of a JSON file, got {type(config).__name__}."
@@ -231,7 +231,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         **kwargs: Any,
     ) -> None:
-        deepspeed_strategy.check_installed()
+        deepspeed_strategy.check_supported()
         _check_stage(stage, "`stage`")
         accepted = set(inspect.signature(DeepSpeedStrategy.__init__).parameters) - {"self"}
         own = set(inspect.signature(HPUDeepSpeedStrategy.__init__).parameters) - {"self", "kwargs"}
@@ -245,7 +245,7 @@ class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
         select_deepspeed_accelerator(backend, type(self).__name__)
         if loaded is not None:
             check_config(loaded)
-        if not backend.emulated:
+        if backend.wants_intel_deepspeed:
             import deepspeed
 
             if not is_intel_fork(deepspeed.__version__):

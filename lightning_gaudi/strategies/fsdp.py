@@ -130,16 +130,10 @@ class FSDPCore(HPUParallelCore):
         backend = hpu.get_backend()
         if not backend.is_lazy():
             return
-        if backend.emulated:
-            why = "torch's Lazy Tensor Core tensors cannot cross gloo collectives"
-            fix = f"Emulate with {hpu.EMULATE_ENV}=eager"
-        else:
-            why = "Intel supports FSDP on Gaudi in eager mode (with or without torch.compile) only"
-            fix = (
-                "Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or 'eager' (PT_HPU_LAZY_MODE=0)"
-            )
         raise ValueError(
-            f"{self.strategy_name!r} cannot run in lazy mode: {why}. {fix}, or use strategy 'hpu_parallel'."
+            f"{self.strategy_name!r} cannot run in lazy mode: Intel supports FSDP on Gaudi in eager mode (with or"
+            " without torch.compile) only. Run in eager mode: lightning_gaudi.configure(execution_mode='compile') or"
+            " 'eager' (PT_HPU_LAZY_MODE=0), or use strategy 'hpu_parallel'."
         )
 
     def _fsdp_arguments(self) -> dict[str, Any]:
@@ -371,6 +365,8 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
     @override
     def load_checkpoint_files(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(self.broadcast(os.fspath(checkpoint_path)))
+        if path.is_file():
+            return self._load_full_checkpoint(path, weights_only)
         if not (path.is_dir() and (path / METADATA_FILENAME).is_file()):
             return super().load_checkpoint_files(checkpoint_path, weights_only)
         # A sharded checkpoint, loaded as Lightning does but for a stateless optimizer (SGD without momentum): torch
@@ -398,6 +394,32 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
                         FullyShardedDataParallel.optim_state_dict_to_load(self.model, optimizer, state)
                     )
         return torch.load(path / METADATA_FILENAME, weights_only=weights_only is not False)  # type: ignore[no-any-return]
+
+    def _load_full_checkpoint(self, path: Path, weights_only: bool | None) -> dict[str, Any]:
+        # As Lightning loads a full checkpoint, but for an optimizer that keeps no state (SGD without momentum):
+        # Lightning 2.6 looks at the first key of its empty "state" (IndexError in FSDPStrategy.load_checkpoint)
+        assert self.model is not None
+        assert self.lightning_module is not None
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only is not False)
+        with self._full_state_dict_context(rank0_only=False):
+            self.model.load_state_dict(checkpoint.pop("state_dict"), strict=self.lightning_module.strict_loading)
+            states = checkpoint.get("optimizer_states")
+            if states is None or self.lightning_module.trainer.state.fn != TrainerFn.FITTING:
+                return checkpoint  # type: ignore[no-any-return]
+            if len(states) != len(self.optimizers):
+                raise RuntimeError(
+                    f"The checkpoint {str(path)!r} holds {len(states)} optimizer state(s), but the model configures"
+                    f" {len(self.optimizers)} optimizer(s). Resume with the same optimizers, or load only its weights."
+                )
+            for optimizer, state in zip(self.optimizers, states, strict=True):
+                if state["state"] and isinstance(next(iter(state["state"])), int):  # keyed by index, as saved here
+                    state = FullyShardedDataParallel.rekey_optim_state_dict(
+                        state, OptimStateKeyType.PARAM_NAME, self.model
+                    )
+                optimizer.load_state_dict(
+                    FullyShardedDataParallel.optim_state_dict_to_load(self.model, optimizer, state)
+                )
+        return checkpoint  # type: ignore[no-any-return]
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:

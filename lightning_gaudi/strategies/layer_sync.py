@@ -1,4 +1,4 @@
-"""Synchronized batch norm on HPUs, real or emulated: what ``Trainer(sync_batchnorm=True)`` gets under HPU."""
+"""Synchronized batch norm on HPUs: what ``Trainer(sync_batchnorm=True)`` gets under HPU."""
 
 from __future__ import annotations
 
@@ -7,20 +7,17 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_gaudi import hpu
-from lightning_gaudi.emulation import sync_batchnorm
 
 
 class HPUSyncBatchNorm(TorchSyncBatchNorm):
-    """Batch norm statistics over every rank's batch, what ``Trainer(sync_batchnorm=True)`` uses on HPUs:
-    ``torch.nn.SyncBatchNorm`` on a Gaudi, :class:`~lightning_gaudi.emulation.sync_batchnorm.EmulatedSyncBatchNorm`
-    (gloo all-reduces) in eager emulation."""
+    """Batch norm statistics over every rank's batch, what ``Trainer(sync_batchnorm=True)`` uses on HPUs: the
+    backend's (:meth:`~lightning_gaudi.hpu.Backend.convert_sync_batchnorm`: ``torch.nn.SyncBatchNorm`` on a
+    Gaudi)."""
 
     @override
     def apply(self, model: Module) -> Module:
-        if hpu.get_backend().emulated:
-            return sync_batchnorm.convert(model)
-        return super().apply(model)
+        return hpu.get_backend().convert_sync_batchnorm(model)
 
     @override
     def revert(self, model: Module) -> Module:
-        return super().revert(sync_batchnorm.revert(model))
+        return super().revert(hpu.get_backend().revert_sync_batchnorm(model))

@@ -20,7 +20,7 @@ from typing_extensions import override
 from lightning_gaudi import hpu
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT, coerce_timeout
-from lightning_gaudi.patches.launcher import checked_launcher
+from lightning_gaudi.patches.launcher import add_check
 from lightning_gaudi.precision import HPUPrecision
 from lightning_gaudi.strategies._staged import save_sharded_checkpoint
 from lightning_gaudi.strategies.core import HPUParallelCore, TrainerParallelCore
@@ -204,7 +204,7 @@ class HPUModelParallelStrategy(ModelParallelCore, TrainerParallelCore, LateArgum
         mesh_shape(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
         super()._configure_launcher()
         name = self.strategy_name
-        self._launcher = checked_launcher(
+        self._launcher = add_check(
             self._launcher, lambda trainer: require_configure_model(name, trainer.lightning_module)
         )
 

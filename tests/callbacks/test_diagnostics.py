@@ -170,7 +170,8 @@ def test_lazy_host_syncs_of_the_library_name_no_user_line(lazy_hpu: hpu.Backend,
 def test_host_sync_sources_are_only_traced_while_the_callback_runs(lazy_hpu: hpu.Backend) -> None:
     diagnostics, _ = _fit(ReadsLossInStep(), loader(2, batch_size=BATCH_SIZE))
     syncs = diagnostics.summary["host_syncs"]
-    tracer = diagnostics._sync_sources
+    assert diagnostics._lazy is not None
+    tracer = diagnostics._lazy.sources
     assert tracer is not None
     assert not tracer.entered
     assert sum(tracer.sources.values()) == syncs

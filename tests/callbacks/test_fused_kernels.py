@@ -315,7 +315,7 @@ def test_by_class_path_on_the_command_line(
 ) -> None:
     from test_cli import TINY
 
-    from lightning_gaudi.cli import GaudiCLI
+    from lightning_gaudi.app.cli import GaudiCLI
 
     monkeypatch.chdir(tmp_path)
     args = ["--trainer.callbacks+=lightning_gaudi.callbacks.FusedKernels", "--trainer.callbacks.sdpa_recompute=false"]

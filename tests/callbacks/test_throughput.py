@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import HPUThroughputMonitor
+from lightning_gaudi.callbacks.throughput import default_batch_size
 
 PAUSE = 0.75  # 17 steps took 0.27 s on a loaded 2-core machine: well under one pause, even so
 
@@ -42,9 +44,14 @@ def test_eager_counts_after_warmup_without_validation_or_checkpoint_time(
         enable_checkpointing=True,
         limit_val_batches=1,
         val_check_interval=5,
+        log_every_n_steps=1,
         logger=CSVLogger(tmp_path, name="", version=""),
     )
-    trainer.fit(SlowOutsideTraining(), loader(10), loader(1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(SlowOutsideTraining(), loader(10), loader(1))
+    if hasattr(monitor, "_module_has_flops"):  # Lightning 2.6 decides once; 2.5 warns at each batch without FLOPs
+        assert not [w for w in caught if "flops_per_batch" in str(w.message)], "FLOPs are optional"
     summary = monitor.summary
     assert summary["steps"] == 2 * 10 - 3
     assert summary["samples"] == 4 * (2 * 10 - 3)
@@ -52,8 +59,12 @@ def test_eager_counts_after_warmup_without_validation_or_checkpoint_time(
     assert summary["samples_per_sec"] == pytest.approx(summary["samples"] / summary["seconds"])
     assert "tokens_per_sec" not in summary
     with open(tmp_path / "metrics.csv") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("throughput/samples_per_sec")]
+        logged = list(csv.DictReader(f))
+    rows = [row for row in logged if row.get("throughput/samples_per_sec")]
     assert [int(row["epoch"]) for row in rows] == [0, 1]
+    assert [row["validate/samples"] for row in logged if row.get("validate/samples")] == ["4"] * 4, (
+        "validation as Lightning logs it"
+    )
     assert all(float(row["throughput/steps_per_sec"]) > 0 for row in rows)
 
 
@@ -129,3 +140,9 @@ def test_bridge_synchronizes_once_per_epoch_not_per_step(bridge_double: ModuleTy
     assert logged["throughput/samples_per_sec"] > 0
     monitor.on_fit_end(trainer, module)  # type: ignore[arg-type]
     assert monitor.summary["steps"] == 4
+
+
+def test_default_batch_size_reads_shapes_and_says_what_to_pass() -> None:
+    assert default_batch_size({"input_ids": torch.zeros(6, 8), "labels": [torch.zeros(6)]}) == 6
+    with pytest.raises(ValueError, match=r"find a batch dimension in a dict batch.*batch_size_fn=lambda batch"):
+        default_batch_size({"ids": None})

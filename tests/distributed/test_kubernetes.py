@@ -23,9 +23,9 @@ from helpers.loopback_nodes import FIT, free_port, loopback_env, run_nodes, two_
 from helpers.shared_job import run_once
 from torch.distributed import run as torchrun
 
-import lightning_gaudi.hydra  # noqa: F401  (the config schemas the recipes compose from)
+import lightning_gaudi.app.hydra  # noqa: F401  (the config schemas the recipes compose from)
 from lightning_gaudi import hpu
-from lightning_gaudi.cli import main as cli_main
+from lightning_gaudi.app.cli import main as cli_main
 
 sys.path.insert(0, str(FIT.parent))
 import elastic_fit

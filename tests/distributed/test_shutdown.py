@@ -86,7 +86,7 @@ def test_forming_the_group_registers_the_exit_and_a_failure_marks_the_run(
     monkeypatch.setattr(rendezvous, "init_process_group", lambda backend, **kwargs: formed.append(kwargs))
     strategy = Trainer(accelerator="hpu", strategy="hpu_parallel", devices=2, logger=False).strategy
     strategy.setup_distributed()
-    assert registered == [(shutdown.close_process_group, strategy.timeout)]
+    assert registered == [(shutdown.close_process_group, shutdown.exit_timeout(strategy.timeout))]
     strategy.on_exception(RuntimeError("a step failed"))
     assert shutdown._failed
     # the next run in this process (a notebook's next fit) ends with the barrier again if it succeeds

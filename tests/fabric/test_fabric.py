@@ -203,7 +203,7 @@ def test_an_hpu_strategy_on_another_accelerator_is_refused(eager_hpu: hpu.Backen
 
 
 def test_parallel_is_refused_in_lazy_emulation(lazy_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="cannot run under LIGHTNING_GAUDI_EMULATE=lazy"):
+    with pytest.raises(ValueError, match="cannot run here: Lazy emulation drives one HPU"):
         Fabric(accelerator="hpu", strategy="hpu_parallel", devices=1)
 
 

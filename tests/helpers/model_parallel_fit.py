@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from lightning_gaudi import HPUModelParallelStrategy
-from lightning_gaudi.hpu.hccl import EmulatedHCCLGroup
+from lightning_gaudi.emulator.hccl_group import EmulatedHCCLGroup
 from lightning_gaudi.resume import resolve_ckpt_path
 
 MOMENTUM = 0.9

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 from datetime import timedelta
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -15,7 +13,6 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 from lightning.pytorch import Trainer
 
-import lightning_gaudi
 from lightning_gaudi import HPUAccelerator, HPUParallelStrategy, HPUPrecision, SingleHPUStrategy, hpu
 from lightning_gaudi.distributed import rendezvous
 from lightning_gaudi.hpu.backend import MEMORY_BYTE_KEYS
@@ -303,36 +300,3 @@ def test_hccl_process_group_really_starts(bridge_double: ModuleType, monkeypatch
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _bridge_references(path: Path) -> list[str]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        modules: list[str] = []
-        if isinstance(node, ast.Import):
-            modules = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            modules = [node.module]
-        elif isinstance(node, ast.Call) and node.args:  # importlib.import_module("..."), also as an f-string
-            first = node.args[0]
-            if isinstance(first, ast.JoinedStr) and first.values:
-                first = first.values[0]
-            if isinstance(first, ast.Constant):
-                modules = [str(first.value)]
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            modules = [f"{node.value.id}.{node.attr}"]
-        found += [f"{path}:{node.lineno}: {m}" for m in modules if m.startswith(("habana_frameworks", "torch._lazy"))]
-    return found
-
-
-def test_only_the_seam_touches_the_bridge() -> None:
-    """``habana_frameworks`` and ``torch._lazy`` are used only under ``lightning_gaudi/hpu/``."""
-    package = Path(lightning_gaudi.__file__).parent
-    seam = package / "hpu"
-    offenders = [ref for path in package.rglob("*.py") if seam not in path.parents for ref in _bridge_references(path)]
-    assert not offenders, "use lightning_gaudi.hpu.get_backend() instead:\n" + "\n".join(offenders)
-    assert _bridge_references(seam / "bridge.py")  # the check does see the seam's own imports
-    assert _bridge_references(seam / "lazy.py")
-
-
-# The double's signatures, structures and names are held to Intel's sources in test_conformance.py.

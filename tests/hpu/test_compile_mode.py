@@ -12,6 +12,7 @@ from helpers.workload import quiet_trainer
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import HPUCompile, dynamo
+from lightning_gaudi.emulator import eager
 from lightning_gaudi.hpu.runtime import (
     COMPILE_BACKEND_ENV,
     COMPILE_ENV,
@@ -54,7 +55,7 @@ def test_compile_mode_on_a_gaudi_sets_eager_in_the_bridge(
     backend = hpu.get_backend()
     assert not backend.is_lazy(), "the bridge reads PT_HPU_LAZY_MODE=0 when it loads"
     assert backend.compile_backend == "hpu_backend"
-    assert HPUCompile.backend_name(backend) == "hpu_backend"
+    assert backend.check_compile_backend() == "hpu_backend"
 
 
 def test_unset_mode_follows_the_bridge(bridge_double: ModuleType, runtime_env: pytest.MonkeyPatch) -> None:
@@ -107,9 +108,9 @@ def test_trainer_in_compile_mode_compiles_without_a_callback(runtime_env: pytest
 def test_emulation_backend_is_checked(eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(COMPILE_BACKEND_ENV, "inductr")
     with pytest.raises(ValueError, match=r"LIGHTNING_GAUDI_COMPILE_BACKEND='inductr' is not a torch.compile backend"):
-        HPUCompile.backend_name(eager_hpu)
+        eager_hpu.check_compile_backend()
     monkeypatch.setenv(COMPILE_BACKEND_ENV, "inductor")
-    assert HPUCompile.backend_name(eager_hpu) == "inductor", "this machine has a C++ compiler"
-    monkeypatch.setattr(dynamo, "cpp_compiler", lambda: None)
+    assert eager_hpu.check_compile_backend() == "inductor", "this machine has a C++ compiler"
+    monkeypatch.setattr(eager, "cpp_compiler", lambda: None)
     with pytest.raises(RuntimeError, match=r"needs a C\+\+ compiler.*apt-get install g\+\+.*BACKEND=aot_eager"):
-        HPUCompile.backend_name(eager_hpu)
+        eager_hpu.check_compile_backend()

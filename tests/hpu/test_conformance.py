@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from lightning_gaudi import hpu
+from lightning_gaudi.emulator.eager import EagerBackend
 from lightning_gaudi.hpu import autocast_lists, deepspeed_accelerator, runtime
 from lightning_gaudi.hpu.backend import MEMORY_STAT_KEYS
-from lightning_gaudi.hpu.eager import EagerBackend
 
 TABLE = Path(__file__).parents[2] / "docs" / "conformance.md"
 SECTIONS = ("signatures", "structures", "environment", "constants", "errors")

@@ -19,8 +19,8 @@ from lightning.pytorch.utilities.memory import is_oom_error
 from torch import Tensor
 
 from lightning_gaudi import hpu
+from lightning_gaudi.emulator.eager import EagerBackend
 from lightning_gaudi.hpu import oom
-from lightning_gaudi.hpu.eager import EagerBackend
 
 DEVMEM = "[Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::25165824 (24)MB"
 

@@ -1,4 +1,4 @@
-"""``lightning_gaudi.hydra.run``: bad strategy arguments stop a multi-card job before any rank process starts."""
+"""``lightning_gaudi.app.hydra.run``: bad strategy arguments stop a multi-card job before any rank process starts."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from gpt_recipe import task
 from helpers.configs import compose_train
 
-import lightning_gaudi.hydra as lg_hydra
+import lightning_gaudi.app.hydra as lg_hydra
 from lightning_gaudi import hpu
-from lightning_gaudi.hydra import ranks
+from lightning_gaudi.app.hydra import ranks
 
 
 def test_a_strategy_typo_stops_the_job_before_any_rank_starts(isolated_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

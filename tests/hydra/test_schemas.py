@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lightning_gaudi import HPUParallelStrategy, Runtime, callbacks, hpu
-from lightning_gaudi.hydra import schemas
+from lightning_gaudi.app.hydra import schemas
 from lightning_gaudi.profilers import HPUProfiler
 
 SCHEMAS = schemas.schemas()

@@ -17,14 +17,10 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from lightning_utilities.core.imports import RequirementCache
 
 from lightning_gaudi import HPUDeepSpeedStrategy
-from lightning_gaudi.patches import deepspeed_strategy
-
-
-def test_installed_after_import() -> None:
-    assert deepspeed_strategy.installed()
-    assert deepspeed_strategy.PATCH.installed()
+from lightning_gaudi.patches import deepspeed_strategy, registry
 
 
 def test_lightnings_methods_are_as_checked() -> None:
@@ -77,10 +73,15 @@ def test_a_changed_lightning_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
 
 
-def test_refuses_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(deepspeed_strategy._State, "enabled", False)
-    with pytest.raises(RuntimeError, match=r"HPUDeepSpeedStrategy was checked against lightning>=2.5.6"):
-        deepspeed_strategy.check_installed()
+def test_refuses_a_changed_or_unsupported_lightning(monkeypatch: pytest.MonkeyPatch) -> None:
+    deepspeed_strategy.check_supported()
+    monkeypatch.setattr(registry, "LIGHTNING_SUPPORTED", RequirementCache("lightning<1.0"))
+    with pytest.raises(RuntimeError, match=r"HPUDeepSpeedStrategy was checked against lightning>=2.5.6.*nothing"):
+        deepspeed_strategy.check_supported()
+    monkeypatch.undo()
+    monkeypatch.delattr(DeepSpeedStrategy, "setup_distributed")
+    with pytest.raises(RuntimeError, match=r"changed: \[.*setup_distributed\(self, \)'\]; Requirement"):
+        HPUDeepSpeedStrategy()
 
 
 def test_torch_waits_for_a_build_lock_through_the_baton_replaced(tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ from lightning_gaudi.patches import fabric_backward_sync
 def test_fabric_asks_the_strategys_control(isolated_env: pytest.MonkeyPatch, monkeypatch: pytest.MonkeyPatch) -> None:
     isolated_env.setenv(hpu.EMULATE_ENV, "eager")  # the launch exports WORLD_SIZE and the rest: restored after
     assert fabric_backward_sync.missing_targets() == []
-    assert fabric_backward_sync.installed()
     entered: list[Any] = []
     plain = HPUParallelStrategy._fast_ddp_accumulating
 
@@ -48,3 +47,7 @@ def test_a_fabric_that_stopped_asking_is_caught(monkeypatch: pytest.MonkeyPatch)
     assert fabric_backward_sync.missing_targets() == [
         "lightning.fabric.fabric.Fabric.no_backward_sync reading the strategy's _backward_sync_control"
     ]
+    strategy, control = HPUParallelStrategy(fast_ddp=True), object()
+    with pytest.warns(UserWarning, match="all-reduces every backward; DDP works"):
+        assert not fabric_backward_sync.set_control(strategy, control)
+    assert strategy._backward_sync_control is not control

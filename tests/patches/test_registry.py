@@ -1,4 +1,4 @@
-"""The registry of patches (``lightning_gaudi.patches``, and the emulator's in ``lightning_gaudi.emulation``): what
+"""The registry of patches (``lightning_gaudi.patches``): what
 ``import lightning_gaudi`` installs, and where."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from lightning_utilities.core.imports import RequirementCache
 
 import lightning_gaudi
-from lightning_gaudi import emulation, patches
+from lightning_gaudi import patches
 from lightning_gaudi.patches import registry
 
 MODULES = (
@@ -24,13 +24,11 @@ MODULES = (
     "fabric_compile",
     "fp8_precision_name",
     "signals",
-    "deepspeed_strategy",
     "fabric_checkpoint_writer",
-    "fabric_backward_sync",
     "fabric_launch_hint",
-    "module_forward",
     "launcher",
     "sharded_tensor_device",
+    "no_grad_eval",
 )
 
 
@@ -77,12 +75,7 @@ def test_installed_versions_are_the_checked_ones() -> None:
     )
 
 
-EVERY_PATCH = {**patches.PATCHES, **emulation.PATCHES}
-
-
-def test_the_emulators_patches_are_installed_after_import() -> None:
-    assert tuple(emulation.PATCHES) == ("no_grad_eval", "sync_batchnorm")
-    assert emulation.install_all() == {"no_grad_eval": True, "sync_batchnorm": True}
+EVERY_PATCH = patches.PATCHES
 
 
 @pytest.mark.parametrize("name", sorted(EVERY_PATCH))

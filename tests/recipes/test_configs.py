@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
-import lightning_gaudi.hydra as lg_hydra
+import lightning_gaudi.app.hydra as lg_hydra
 from lightning_gaudi import (
     HPUDeepSpeedStrategy,
     HPUFSDPStrategy,
@@ -28,9 +28,9 @@ from lightning_gaudi import (
     callbacks,
     hpu,
 )
+from lightning_gaudi.app.hydra import ranks
+from lightning_gaudi.app.hydra.schemas import CALLBACK_CONFIG_NAMES, SlurmLauncherConf, check_slurm_launcher
 from lightning_gaudi.distributed import DEFAULT_TIMEOUT, InvalidLaunchError
-from lightning_gaudi.hydra import ranks
-from lightning_gaudi.hydra.schemas import CALLBACK_CONFIG_NAMES, SlurmLauncherConf, check_slurm_launcher
 from lightning_gaudi.profilers import HPUProfiler
 
 #: Small enough that building every model is quick.

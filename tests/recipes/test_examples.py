@@ -24,9 +24,9 @@ from gpt_recipe.model import GPTLanguageModel
 from helpers.configs import CONF_DIR, compose_train
 from omegaconf import DictConfig
 
-import lightning_gaudi.hydra as lg_hydra
+import lightning_gaudi.app.hydra as lg_hydra
 from lightning_gaudi import hpu
-from lightning_gaudi.hydra import ranks
+from lightning_gaudi.app.hydra import ranks
 
 ROOT = CONF_DIR.parent
 EXPERIMENTS = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))

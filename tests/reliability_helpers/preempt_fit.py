@@ -5,7 +5,8 @@
 ``--torchrun`` torchrun starts both). Each rank writes ``OUT_DIR/rank<r>.pid`` when training starts and
 ``OUT_DIR/rank<r>.step`` (its global step) after every batch (the callbacks' batch-end hooks run first, so a
 checkpoint saved there is one step later) and ``OUT_DIR/rank<r>.ended`` (the time) when ``fit`` returns or raises.
-Checkpoints go to ``OUT_DIR/ckpt`` (the ``ModelCheckpoint`` folder, which saves nothing by itself here).
+Checkpoints go to ``OUT_DIR/ckpt`` (the ``ModelCheckpoint`` folder, which saves nothing by itself here), or to
+``--ckpt-dir``.
 ``--strategy NAME`` trains with another strategy (``hpu_fsdp``, ``hpu_deepspeed_stage_2``). ``--slow-after N
 --slow-factor F`` makes every step from global step N on take F times ``--step-sleep``. ``--slow-save S`` makes
 pickling the checkpoint take S seconds (the temporary file is open by then), for a grace period that runs out during
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--strategy", default=None, help="a registered strategy name (default: hpu_parallel)")
     parser.add_argument("--disabled", action="store_true", help="PreemptionCheckpoint(enabled=False)")
     parser.add_argument("--restart-counts", default=None, help="TORCHELASTIC_RESTART_COUNT per rank, comma-separated")
+    parser.add_argument("--ckpt-dir", type=Path, default=None, help="the checkpoint folder (default: OUT_DIR/ckpt)")
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay after fit ends (the exit's work)")
     args = parser.parse_args()
     if args.restart_counts is not None:
@@ -90,7 +92,7 @@ def main() -> None:
     strategy: Any = HPUParallelStrategy(timeout=60) if args.devices > 1 or args.torchrun else SingleHPUStrategy()
     if args.strategy is not None:
         strategy = args.strategy
-    checkpoints = ModelCheckpoint(dirpath=args.out / "ckpt", save_top_k=0, save_last=False)
+    checkpoints = ModelCheckpoint(dirpath=args.ckpt_dir or args.out / "ckpt", save_top_k=0, save_last=False)
     kwargs = trainer_kwargs(max_steps=100_000, max_epochs=None, enable_checkpointing=True)
     trainer = Trainer(
         accelerator="hpu",

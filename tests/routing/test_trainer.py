@@ -60,7 +60,7 @@ def test_other_lightning_strategies_are_refused_naming_the_hpu_ones(eager_hpu: h
 
 
 def test_lightning_ddp_name_in_lazy_emulation_is_refused_as_hpu_parallel(lazy_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="'hpu_parallel' cannot run under LIGHTNING_GAUDI_EMULATE=lazy"):
+    with pytest.raises(ValueError, match="'hpu_parallel' cannot run here: Lazy emulation drives one HPU"):
         Trainer(accelerator="hpu", strategy="ddp", devices=1, logger=False)
 
 

@@ -195,6 +195,7 @@ CORE_OVERRIDES = {
         "all_gather",
         "backward",
         "distributed_sampler_kwargs",
+        "_configure_launcher",
     },
     "TrainerCore": {
         "setup_environment",

@@ -21,7 +21,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lightning_gaudi import HPUCheckpointIO, HPUModelParallelStrategy, HPUPrecision, hpu, resume
-from lightning_gaudi.hpu import hccl
+from lightning_gaudi.emulator import hccl_group
 from lightning_gaudi.strategies.model_parallel import clip_grad_norm_, reduce_with_sums
 
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
@@ -141,7 +141,7 @@ def sharded_net() -> Iterator[torch.nn.Module]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    hccl.register_emulated_hccl()
+    hccl_group.register_emulated_hccl()
     dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         net = make_net()

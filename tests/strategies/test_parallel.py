@@ -19,7 +19,7 @@ from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _Su
 
 from lightning_gaudi import HPUCheckpointIO, HPUParallelStrategy, SingleHPUStrategy, hpu
 from lightning_gaudi.distributed import rendezvous
-from lightning_gaudi.emulation.sync_batchnorm import EmulatedSyncBatchNorm
+from lightning_gaudi.emulator.sync_batchnorm import EmulatedSyncBatchNorm
 from lightning_gaudi.strategies import HPUSyncBatchNorm
 
 _needs_skip_all_reduce = pytest.mark.skipif(
@@ -113,6 +113,22 @@ def test_fast_ddp_refuses_what_only_the_ddp_wrapper_does(eager_hpu: hpu.Backend,
     HPUParallelStrategy(fast_ddp=True, broadcast_buffers=False)  # what fast_ddp does anyway
 
 
+def test_fast_ddp_refuses_a_parameter_without_a_gradient(
+    eager_hpu: hpu.Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    strategy = HPUParallelStrategy(fast_ddp=True)
+    used, unused = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    used.grad = torch.full((2,), 4.0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_reduce", lambda flat: flat.mul_(2))  # the other rank's gradients are the same
+    strategy._fast_buckets = [[used]]
+    strategy._after_backward()
+    torch.testing.assert_close(used.grad, torch.full((2,), 4.0))
+    strategy._fast_buckets = [[used, unused]]
+    with pytest.raises(RuntimeError, match="a parameter got no gradient on this rank"):
+        strategy._after_backward()
+
+
 def test_bad_start_method(eager_hpu: hpu.Backend) -> None:
     with pytest.raises(ValueError, match=r"start_method='fork'.*'popen' or 'spawn'"):
         HPUParallelStrategy(start_method="fork")  # type: ignore[arg-type]
@@ -135,7 +151,7 @@ def test_lazy_emulation_has_one_device(lazy_hpu: hpu.Backend) -> None:
 
 
 def test_parallel_refused_under_lazy_emulation(lazy_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match="cannot run under LIGHTNING_GAUDI_EMULATE=lazy"):
+    with pytest.raises(ValueError, match="cannot run here: Lazy emulation drives one HPU"):
         Trainer(accelerator="hpu", strategy="hpu_parallel", devices=1, logger=False)
 
 

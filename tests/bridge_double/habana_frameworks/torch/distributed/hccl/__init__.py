@@ -12,7 +12,7 @@ Importing it does what importing the bridge's module does, in the same order:
    ``MASTER_PORT=12345`` where unset, ``HLS_MODULE_ID`` (the card, through ``HABANA_VISIBLE_MODULES``) where a local
    rank and a world size above 1 are known, ``ID`` = the rank where known;
 4. ``hccl:120`` registers the ``"hccl"`` process-group backend. In the double that backend is the emulator's
-   (:class:`lightning_gaudi.hpu.hccl.EmulatedHCCLGroup`: gloo behind HCCL's reduce ops, dtypes and float32
+   (:class:`lightning_gaudi.emulator.hccl_group.EmulatedHCCLGroup`: gloo behind HCCL's reduce ops, dtypes and float32
    reductions), so ``init_process_group(backend="hccl")`` really runs on the CPU and refuses what HCCL refuses; it is
    registered for ``cpu`` too (tensors stay on the CPU in the double), where the bridge names ``hpu`` only.
 
@@ -31,7 +31,7 @@ from habana_frameworks.torch.utils.experimental.distributed_emulation import (
     distributed_emulation_apply_if_enabled,
     is_distributed_emulation_enabled,
 )
-from lightning_gaudi.hpu.hccl import EmulatedHCCLGroup
+from lightning_gaudi.emulator.hccl_group import EmulatedHCCLGroup
 
 _state.record("import hccl")
 

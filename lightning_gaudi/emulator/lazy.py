@@ -11,8 +11,9 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_gaudi.emulator.eager import EagerBackend, TorchClipNorm
 from lightning_gaudi.hpu.backend import ClipNorm, LazyCounters
-from lightning_gaudi.hpu.eager import EagerBackend, TorchClipNorm
+from lightning_gaudi.hpu.runtime import EMULATE_ENV
 
 _FALLBACK_PREFIX = "aten::"
 _HOST_SYNC_COUNTER = "aten::_local_scalar_dense"
@@ -37,6 +38,12 @@ class LazyBackend(EagerBackend):
     device_type = "lazy"
     autocast_device_type = None
     compile_backend = "aot_eager"
+    single_device_reason = (
+        "Lazy emulation drives one HPU: torch's Lazy Tensor Core tensors cannot cross gloo collectives. Emulate"
+        f" several HPUs with {EMULATE_ENV}=eager"
+    )
+    supports_inference_mode = False  # Lazy Tensor Core cannot trace inference_mode: evaluation runs under no_grad
+    explains_forward_errors = True
 
     def __init__(self, device_name: str) -> None:
         super().__init__(1, device_name)  # the honest capacity: gloo cannot carry lazy tensors to a second device

@@ -12,19 +12,31 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import Module
 from torch.optim import Optimizer
 
+from lightning_gaudi.emulator import sync_batchnorm
+from lightning_gaudi.emulator.hccl_group import register_emulated_hccl
 from lightning_gaudi.hpu.backend import GAUDI_MEMORY_GIB, MEMORY_STAT_KEYS, Backend, ClipNorm
 from lightning_gaudi.hpu.dtypes import held_values, int64_supported, range_check_enabled
-from lightning_gaudi.hpu.hccl import register_emulated_hccl
 from lightning_gaudi.hpu.oom import allocation_failed_message, is_bridge_out_of_memory
-from lightning_gaudi.hpu.runtime import emulated_compile_backend
+from lightning_gaudi.hpu.runtime import COMPILE_BACKEND_ENV, emulated_compile_backend
 
 #: torch threads per emulator process unless the user chose a count (a thread per core ran 2.8 to 3.9 times slower
 #: on 2 shared cores).
 EMULATED_THREADS = 1
 #: The variables by which a user sets torch's thread count before it starts.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would build CPU kernels with, or ``None`` when it finds none."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return str(get_cpp_compiler())
+    except Exception:  # inductor raises its own InvalidCxxCompiler, or a subprocess/import error, when none is usable
+        return None
 
 
 def physical_cores(cpuinfo: str) -> int | None:
@@ -89,7 +101,11 @@ class EagerBackend(Backend):
     emulated = True
     device_type = "cpu"
     autocast_device_type: str | None = "cpu"
-    collective_backend = "hccl"  # gloo behind HCCL's rules (:mod:`lightning_gaudi.hpu.hccl`)
+    collective_backend = "hccl"  # gloo behind HCCL's rules (:mod:`lightning_gaudi.emulator.hccl_group`)
+    applies_autocast_lists = False
+    counts_device_fallbacks = False
+    collective_note = ", HCCL emulated over gloo"
+    wants_intel_deepspeed = False
 
     def __init__(self, devices: int, device_name: str) -> None:
         self._devices = devices
@@ -101,6 +117,33 @@ class EagerBackend(Backend):
     def compile_backend(self) -> str:  # type: ignore[override]  # read from the environment at each use
         """:func:`~.runtime.emulated_compile_backend`, read at each use."""
         return emulated_compile_backend()
+
+    def device_description(self) -> str:
+        return f"{self.device_name()} emulated on the CPU ({self.name} mode)"
+
+    def check_compile_backend(self) -> str:
+        name = self.compile_backend
+        known = torch.compiler.list_backends(exclude_tags=())
+        if name not in known:
+            raise ValueError(
+                f"{COMPILE_BACKEND_ENV}={name!r} is not a torch.compile backend; use one of {known}"
+                " ('inductor', the default, compiles for real; 'aot_eager' traces the same graphs without generating"
+                " code)."
+            )
+        if name == "inductor" and cpp_compiler() is None:
+            raise RuntimeError(
+                "torch.compile's inductor backend (the default under eager emulation) needs a C++ compiler, and none"
+                " was found. Install one (e.g. `apt-get install g++`, or point the CXX variable at one before"
+                f" starting Python), or set {COMPILE_BACKEND_ENV}=aot_eager to trace the same graphs without"
+                " generating code."
+            )
+        return name
+
+    def convert_sync_batchnorm(self, module: Module) -> Module:
+        return sync_batchnorm.convert(module)  # torch refuses SyncBatchNorm on CPU tensors
+
+    def revert_sync_batchnorm(self, module: Module) -> Module:
+        return sync_batchnorm.revert(module)
 
     def is_available(self) -> bool:
         return self._devices > 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_gaudi import hpu
-from lightning_gaudi.hpu import eager
+from lightning_gaudi.emulator import eager
 
 
 @pytest.fixture

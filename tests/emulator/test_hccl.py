@@ -10,12 +10,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from lightning_gaudi.hpu import hccl
+from lightning_gaudi.emulator import hccl_group
 
 
 @pytest.fixture
 def group() -> Iterator[dist.ProcessGroup]:
-    hccl.register_emulated_hccl()
+    hccl_group.register_emulated_hccl()
     dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield dist.group.WORLD
@@ -25,7 +25,7 @@ def group() -> Iterator[dist.ProcessGroup]:
 
 def test_the_group_is_hccl_over_gloo(group: dist.ProcessGroup) -> None:
     assert dist.get_backend() == "hccl"
-    assert isinstance(group, hccl.EmulatedHCCLGroup)
+    assert isinstance(group, hccl_group.EmulatedHCCLGroup)
     assert isinstance(group._get_backend(torch.device("cpu")), dist.ProcessGroupGloo)
 
 
@@ -108,7 +108,7 @@ def test_the_reduce_op_error_names_the_way_out(group: dist.ProcessGroup) -> None
 def test_barrier_goes_to_gloo_letting_go_of_the_gil(group: dist.ProcessGroup) -> None:
     """torch's trampoline runs a collective the group does not define holding the GIL, which deadlocked a barrier with
     gloo's worker thread freeing an async all_gather's tensors (a Fabric job's torchmetrics sync, about 1 run in 3)."""
-    assert "barrier" in hccl.EmulatedHCCLGroup.__dict__
+    assert "barrier" in hccl_group.EmulatedHCCLGroup.__dict__
     for _ in range(20):
         gathered = [torch.zeros(3)]
         dist.all_gather(gathered, torch.ones(3), async_op=True)
@@ -135,9 +135,9 @@ def test_the_other_collectives_run_on_gloo(group: dist.ProcessGroup) -> None:
 def test_dynamo_never_traces_into_the_group() -> None:
     """A compiled module's collectives (DDP's buffer broadcast) are calls to it: dynamo cannot read its Python state."""
     helpers = {"__init__", "getBackendName", "_reduce_in_float32", "_reduce_scatter_single"}
-    collectives = {name for name, value in vars(hccl.EmulatedHCCLGroup).items() if callable(value)} - helpers
+    collectives = {name for name, value in vars(hccl_group.EmulatedHCCLGroup).items() if callable(value)} - helpers
     assert {"broadcast", "allreduce", "barrier", "_reduce_scatter_base"} <= collectives
     traced = {
-        name for name in collectives if not getattr(vars(hccl.EmulatedHCCLGroup)[name], "_torchdynamo_disable", 0)
+        name for name in collectives if not getattr(vars(hccl_group.EmulatedHCCLGroup)[name], "_torchdynamo_disable", 0)
     }
     assert traced == set()

@@ -69,6 +69,7 @@ CALLBACK_CONFIG_NAMES: dict[str, str] = {
     "hpu_graphs": "HPUGraphs",
     "compile": "HPUCompile",
     "preemption": "PreemptionCheckpoint",
+    "checkpoint_lock": "CheckpointLock",
     "fp8_inference": "FP8Inference",
 }
 

@@ -15,9 +15,9 @@ from hydra.utils import get_class
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_gaudi.app.hydra.prepare import local_world_size, prepare
 from lightning_gaudi.distributed.environment import LaunchEnvironment
 from lightning_gaudi.distributed.launcher import launch_local_ranks
-from lightning_gaudi.hydra.prepare import local_world_size, prepare
 
 RANK_CONFIG_FILE = "rank_config.yaml"
 RANK_RESULTS_FILE = "rank_results.json"
@@ -72,7 +72,7 @@ def launch_ranks(cfg: DictConfig, job_dir: Path, task: Task) -> dict[str, Any]:
     config_path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(import_root), env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "lightning_gaudi.hydra", str(config_path), reference]
+    command = [sys.executable, "-m", "lightning_gaudi.app.hydra", str(config_path), reference]
     codes = launch_local_ranks(command, nprocs, num_nodes=int(cfg.trainer.get("num_nodes", 1)), env=env)
     if any(codes):
         raise RuntimeError(
@@ -101,16 +101,16 @@ def load_rank_config(path: Path) -> DictConfig:
 
 
 def main(argv: list[str]) -> int:
-    """A rank process (``python -m lightning_gaudi.hydra CONFIG MODULE:FUNCTION``). Returns the exit code."""
+    """A rank process (``python -m lightning_gaudi.app.hydra CONFIG MODULE:FUNCTION``). Returns the exit code."""
     if len(argv) != 2:
-        print("usage: python -m lightning_gaudi.hydra RANK_CONFIG.yaml MODULE:FUNCTION", file=sys.stderr)
+        print("usage: python -m lightning_gaudi.app.hydra RANK_CONFIG.yaml MODULE:FUNCTION", file=sys.stderr)
         return 2
     config_path = Path(argv[0])
     try:
         cfg = load_rank_config(config_path)
         task = _import_task(argv[1])
     except (FileNotFoundError, ValueError, ImportError, AttributeError) as err:
-        print(f"lightning_gaudi.hydra: {err}", file=sys.stderr)
+        print(f"lightning_gaudi.app.hydra: {err}", file=sys.stderr)
         return 2
     prepare(cfg)
     results = task(cfg)

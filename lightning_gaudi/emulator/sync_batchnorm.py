@@ -3,7 +3,6 @@ variance from two differentiable all-reduces, with torch's semantics."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -13,13 +12,6 @@ from torch.autograd import Function
 from torch.nn import Module
 from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
-
-from lightning_gaudi.patches import registry
-from lightning_gaudi.patches._checked import Checked
-
-BASE = "torch.nn.modules.batchnorm._BatchNorm"
-BASE_ARGUMENTS = ("num_features", "eps", "momentum", "affine", "track_running_stats", "device", "dtype")
-BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 class _AllReduceSum(Function):
@@ -129,13 +121,7 @@ def _arguments(module: _BatchNorm) -> dict[str, Any]:
 
 
 def convert(module: Module, process_group: Any | None = None) -> Module:
-    """``module`` with every batch norm an :class:`EmulatedSyncBatchNorm` sharing its parameters and buffers;
-    ``RuntimeError`` where the patch is not in effect."""
-    if not installed():
-        raise RuntimeError(
-            f"Synchronized batch norm under emulation was checked against {registry.SUPPORTED_TORCH}"
-            f" ({registry.TORCH_SUPPORTED.message or 'not checked'}); train without `sync_batchnorm=True`."
-        )
+    """``module`` with every batch norm an :class:`EmulatedSyncBatchNorm` sharing its parameters and buffers."""
     converted = module
     if isinstance(module, _BatchNorm) and not isinstance(module, EmulatedSyncBatchNorm):
         synced = EmulatedSyncBatchNorm(**_arguments(module), process_group=process_group)
@@ -156,19 +142,3 @@ def revert(module: Module) -> Module:
     for name, child in module.named_children():
         reverted.add_module(name, revert(child))
     return reverted
-
-
-def missing_targets() -> list[str]:
-    """What this torch lacks of what the emulated module relies on; empty when all is there."""
-    parameters = inspect.signature(_BatchNorm.__init__).parameters
-    missing = [f"{BASE}({name}=...)" for name in BASE_ARGUMENTS if name not in parameters]
-    probe = dict(_BatchNorm(2).named_buffers())
-    return missing + [f"{BASE}.{name}" for name in BUFFERS if name not in probe]
-
-
-_State = Checked(
-    missing_targets, "`Trainer(sync_batchnorm=True)` still works on a Gaudi, but not under emulation.", torch=True
-)
-#: Whether :func:`convert` was checked against this torch; :func:`install` checks it (idempotent).
-installed, install = _State.installed, _State.install
-PATCH = _State.patch("sync_batchnorm", (BASE,))

@@ -2,7 +2,7 @@
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg):
-    return lightning_gaudi.hydra.run(cfg, my_recipe.train)  # train(cfg) -> results dict
+    return lightning_gaudi.app.hydra.run(cfg, my_recipe.train)  # train(cfg) -> results dict
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from lightning_gaudi.app.hydra.prepare import apply_runtime, check_launch, local_world_size, prepare
+from lightning_gaudi.app.hydra.ranks import Task, launch_ranks, needs_rank_launch
+from lightning_gaudi.app.hydra.resolvers import register_resolvers
+from lightning_gaudi.app.hydra.schemas import SCHEMA_GROUP, check_slurm_launcher, register_schemas
 from lightning_gaudi.fp8.inference import DEFAULT_STATS_PATH, check_fp8_inference
-from lightning_gaudi.hydra.prepare import apply_runtime, check_launch, local_world_size, prepare
-from lightning_gaudi.hydra.ranks import Task, launch_ranks, needs_rank_launch
-from lightning_gaudi.hydra.resolvers import register_resolvers
-from lightning_gaudi.hydra.schemas import SCHEMA_GROUP, check_slurm_launcher, register_schemas
 from lightning_gaudi.strategies.deepspeed import HPUDeepSpeedStrategy, gradient_clipping
 
 __all__ = [

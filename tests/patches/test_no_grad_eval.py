@@ -1,4 +1,4 @@
-"""No-grad evaluation (``lightning_gaudi/emulation/no_grad_eval.py``): ``torch.no_grad`` for one trainer.
+"""No-grad evaluation (``lightning_gaudi/patches/no_grad_eval.py``): ``torch.no_grad`` for one trainer.
 
 The canaries fail when Lightning's evaluation/prediction loops stop taking or reading their ``inference_mode`` flag.
 """
@@ -18,8 +18,7 @@ from lightning_utilities.core.imports import RequirementCache
 from torch import Tensor
 
 from lightning_gaudi import hpu
-from lightning_gaudi.emulation import no_grad_eval
-from lightning_gaudi.patches import registry
+from lightning_gaudi.patches import no_grad_eval, registry
 
 
 class GradModeProbe(Workload):
