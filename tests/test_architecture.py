@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -106,7 +107,13 @@ def _lint_imports(root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     monkeypatch.syspath_prepend(str(root))
     for name in [m for m in sys.modules if m == PACKAGE or m.startswith(f"{PACKAGE}.")]:
         monkeypatch.delitem(sys.modules, name)  # grimp finds the package through the import system
-    code = lint_imports(config_filename=str(root / "pyproject.toml"), no_cache=True, no_logo=True)
+    loggers = [logging.root, *(v for v in logging.root.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    disabled = {logger: logger.disabled for logger in loggers}
+    try:
+        code = lint_imports(config_filename=str(root / "pyproject.toml"), no_cache=True, no_logo=True)
+    finally:  # import-linter's logging set-up disables every existing logger (later tests' caplog saw nothing)
+        for logger, was in disabled.items():
+            logger.disabled = was
     return code, capsys.readouterr().out
 
 
