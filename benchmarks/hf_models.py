@@ -16,9 +16,10 @@ the same code differ on this machine, the noise floor of every ratio:
    ``hpu_parallel`` (preemption checkpointing on, the default), each a fresh pair of processes (Lightning's popen
    launcher, gloo), rotating order; rank 0's steps/s and ratios to ``stock`` per round.
 3. **Compile.** The model compiled whole against regionally (``HPUCompile(regional=True)``: the decoder blocks,
-   which share one graph), each variant in a fresh process with an empty inductor cache (``TORCHINDUCTOR_CACHE_DIR``
-   a new temporary directory: ``cold``), then in a second fresh process reusing that directory (``warm``): the first
-   training step (compilation of forward and backward) and the mean of the later steps, in seconds; the graphs
+   which share one graph), each variant in a fresh process with an empty compile cache folder
+   (``LIGHTNING_GAUDI_COMPILE_CACHE`` a new temporary directory: ``cold``), then in a second fresh process reusing
+   that directory (``warm``): the first training step (compilation of forward and backward) and the mean of the
+   later steps, in seconds; the graphs
    dynamo compiled (``unique_graphs``), the graphs the decoder block's ``forward`` holds
    (:func:`lightning_gaudi.callbacks.dynamo.cache_entries`) and inductor's FX-graph cache hits. ``whole_again``
    (whole, cold, its own empty cache) is the A/A control of the cold compile time. Backend ``inductor``
@@ -346,7 +347,7 @@ def compile_table(settings: Settings, backend: str, scratch: Path) -> dict[str, 
         for variant in rotation(settings.compile_variants, index):
             phases = ("cold",) if variant.endswith("_again") else ("cold", "warm")
             with tempfile.TemporaryDirectory(prefix="hf_inductor_") as cache:
-                env = child_env(LIGHTNING_GAUDI_EMULATE="eager", TORCHINDUCTOR_CACHE_DIR=cache)
+                env = child_env(LIGHTNING_GAUDI_EMULATE="eager", LIGHTNING_GAUDI_COMPILE_CACHE=cache)
                 env[COMPILE_BACKEND_ENV] = backend
                 for phase in phases:
                     result = scratch / f"compile-{variant}-{name}.json"

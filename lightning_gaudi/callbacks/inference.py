@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
 import types
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -14,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from typing_extensions import override
 
-from lightning_gaudi import hpu
+from lightning_gaudi import compile_cache, hpu
 from lightning_gaudi.callbacks import dynamo
 from lightning_gaudi.hpu import runtime
 from lightning_gaudi.patches import module_forward
@@ -217,6 +219,7 @@ class HPUCompile(Callback):
         self._saved: dict[str, tuple[nn.Module, Any]] = {}
         self._log: dynamo.CompilationLog | None = None
         self._check_pending = False
+        self._artifacts_saved: bytes | None = None
 
     @property
     def compile_kwargs(self) -> dict[str, Any]:
@@ -319,6 +322,30 @@ class HPUCompile(Callback):
         )
 
     on_train_batch_end = on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _batch_done
+
+    @staticmethod
+    def _artifacts(trainer: pl.Trainer, resumed: bool) -> Path | None:
+        """The portable compile artifacts beside the resumed checkpoint (or the checkpoint folder), if local."""
+        dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
+        if resumed and trainer.ckpt_path:
+            dirpath = os.path.dirname(trainer.ckpt_path)
+        if not dirpath or "://" in str(dirpath):
+            return None
+        return compile_cache.artifacts_path(dirpath, compile_cache.strategy_key(trainer.strategy)[0])
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        path = self._artifacts(trainer, resumed=True)
+        if path is not None and compile_cache.load_artifacts(path):
+            self._artifacts_saved = path.read_bytes()  # saved again only once this run compiled more
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        path = self._artifacts(trainer, resumed=False) if trainer.is_global_zero else None
+        if path is not None and self.compiled:
+            self._artifacts_saved = compile_cache.save_artifacts(path, unless=self._artifacts_saved)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

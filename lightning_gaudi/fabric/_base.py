@@ -15,7 +15,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_gaudi import hpu
+from lightning_gaudi import compile_cache, hpu
 from lightning_gaudi.strategies._tied import move_keeping_ties
 from lightning_gaudi.strategies.core import HPUParallelCore, HPUStrategyCore
 
@@ -82,6 +82,7 @@ class FabricCore(HPUStrategyCore):
     def setup_module(self, module: Module) -> Module:
         # Fabric sets up a single-device model without setup_environment unless launch() was called
         self._bind_mark_step()
+        compile_cache.use(*compile_cache.strategy_key(self))
         backend = hpu.get_backend()
         if backend.explains_forward_errors:
             module.register_forward_hook(_explain_forward_error, always_call=True)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from lightning_gaudi.hpu import hccl, runtime
@@ -112,6 +114,8 @@ def get_backend() -> Backend:
         # lazy mode on a build without it is refused before the bridge loads (it would stop on an assertion)
         if lazy and not runtime.bridge_loaded() and (why := runtime.lazy_mode_unavailable()):
             raise ValueError(f"{runtime.LAZY_MODE_ENV}=1 asks for lazy mode, but {why}. {runtime.NO_LAZY_FIX}.")
+        if not runtime.bridge_loaded() and (recipes := runtime.default_recipe_cache()) is not None:
+            os.environ[runtime.RECIPE_CACHE_ENV] = recipes.env_value()  # the compile cache policy's, read at load
         from lightning_gaudi.hpu.bridge import HabanaBackend
 
         backend = HabanaBackend()

@@ -30,6 +30,9 @@ COMPILE_ENV = "LIGHTNING_GAUDI_COMPILE"
 #: The ``torch.compile`` backend of eager emulation (a Gaudi always uses ``hpu_backend``).
 COMPILE_BACKEND_ENV = "LIGHTNING_GAUDI_COMPILE_BACKEND"
 DEFAULT_EMULATED_COMPILE_BACKEND = "inductor"
+#: The compile cache policy's folder (``lightning_gaudi.compile_cache``), or ``off``.
+COMPILE_CACHE_ENV = "LIGHTNING_GAUDI_COMPILE_CACHE"
+_OFF = ("0", "off", "false", "none")
 #: Variables the bridge reads once, when it loads.
 BRIDGE_ENV = (LAZY_MODE_ENV, INT64_ENV, RECIPE_CACHE_ENV, BF16_LIST_ENV, FP32_LIST_ENV)
 
@@ -383,6 +386,31 @@ def _atoi(raw: str) -> int:
     return sign * int(digits) if digits else 0
 
 
+def compile_cache_root(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where the compile cache policy keeps its folders: ``LIGHTNING_GAUDI_COMPILE_CACHE``, by default
+    ``<temp dir>/lightning_gaudi_compile_cache_<uid>`` (node-local, as Intel advises for the recipe cache); ``None``
+    when it is ``off``."""
+    raw = _environ(environ).get(COMPILE_CACHE_ENV, "").strip()
+    if raw.lower() in _OFF:
+        return None
+    default = Path(tempfile.gettempdir()) / f"lightning_gaudi_compile_cache_{getattr(os, 'getuid', lambda: 0)()}"
+    return Path(raw or default).absolute()
+
+
+def default_recipe_cache(environ: Mapping[str, str] | None = None) -> RecipeCache | None:
+    """The recipe cache the policy gives a Gaudi where ``PT_HPU_RECIPE_CACHE_CONFIG`` is unset: a folder per torch and
+    Gaudi software release under :func:`compile_cache_root`, kept across runs. The bridge checks its libraries and
+    settings against each recipe it reads (v1.19.0 ``habana_serialization/cache_version.cpp:133``)."""
+    env = _environ(environ)
+    root = compile_cache_root(env)
+    if root is None or env.get(RECIPE_CACHE_ENV):
+        return None
+    from importlib.metadata import version
+
+    release = ".".join(map(str, bridge_release() or ("unknown",)))
+    return RecipeCache(str(root / f"recipes-torch{version('torch')}-gaudi{release}"))
+
+
 def bridge_release() -> tuple[int, int] | None:
     """The installed bridge's (major, minor) release from its distribution's metadata, or ``None`` when it is not
     installed or says no version. Does not import the bridge."""
@@ -405,6 +433,8 @@ class Runtime:
         emulated_devices, emulated_device_name: the emulated node's cards and generation (``"GAUDI2"`` when unset).
         int64_support: keep int64 tensors instead of casting them to int32.
         recipe_cache: a :class:`RecipeCache`, a mapping of its fields, or its string.
+        compile_cache: the compile cache policy's folder (``lightning_gaudi.compile_cache``); ``True``: the default
+            folder, ``False``: no policy (torch's and Intel's defaults apply).
         autocast_bf16_ops, autocast_fp32_ops: op names autocast runs in bfloat16 / keeps in float32.
         autocast_list_dir: where the list files are written (a new temporary directory when ``None``).
     """
@@ -415,6 +445,7 @@ class Runtime:
     emulated_device_name: GaudiName | None = None
     int64_support: bool | None = None
     recipe_cache: RecipeCache | str | Mapping[str, Any] | None = None
+    compile_cache: bool | str | None = None
     autocast_bf16_ops: Sequence[str] | None = None
     autocast_fp32_ops: Sequence[str] | None = None
     autocast_list_dir: str | None = None
@@ -441,6 +472,14 @@ class Runtime:
             put("emulated_device_name", name.upper())
         if self.recipe_cache is not None:
             put("recipe_cache", RecipeCache.parse(self.recipe_cache))
+        cache = self.compile_cache
+        if (isinstance(cache, str) and cache.strip().lower() in _OFF) or cache == "":
+            raise ValueError(
+                f"`compile_cache={cache!r}` is not a folder; pass compile_cache=False to turn the compile cache"
+                " policy off, True for its default folder, or a folder path."
+            )
+        if cache is not None and not isinstance(cache, (bool, str)):
+            raise ValueError(f"`compile_cache={cache!r}` must be a folder path, True (the default folder) or False.")
         put("autocast_bf16_ops", check_op_names("autocast_bf16_ops", self.autocast_bf16_ops))
         put("autocast_fp32_ops", check_op_names("autocast_fp32_ops", self.autocast_fp32_ops))
         both = sorted(set(self.autocast_bf16_ops or ()) & set(self.autocast_fp32_ops or ()))
@@ -481,6 +520,7 @@ class Runtime:
             emulated_device_name=emulated_device_name(env) if DEVICE_NAME_ENV in env else None,  # type: ignore[arg-type]
             int64_support=_flag(INT64_ENV, int64) if int64 is not None else None,
             recipe_cache=recipe_cache,
+            compile_cache=_compile_cache_from_env(env),
             autocast_bf16_ops=lists[BF16_LIST_ENV],
             autocast_fp32_ops=lists[FP32_LIST_ENV],
             autocast_list_dir=str(Path(list_file).parent) if list_file and any(lists.values()) else None,
@@ -506,6 +546,11 @@ def _recipe_cache_from_env(env: Mapping[str, str], emulated: bool) -> RecipeCach
             " 4th field (its default is false: a local disk), or use Gaudi software that documents it."
         )
     return cache
+
+
+def _compile_cache_from_env(env: Mapping[str, str]) -> str | bool | None:
+    raw = env.get(COMPILE_CACHE_ENV, "").strip()
+    return False if raw.lower() in _OFF else raw or None
 
 
 def _compile_flag(env: Mapping[str, str]) -> bool:
@@ -573,6 +618,9 @@ def configure(runtime: Runtime | None = None, /, **settings: Any) -> Runtime:
         changes[INT64_ENV] = "1" if wanted.int64_support else "0"
     if isinstance(wanted.recipe_cache, RecipeCache):
         changes[RECIPE_CACHE_ENV] = wanted.recipe_cache.env_value()
+    if wanted.compile_cache is not None:
+        cache = wanted.compile_cache
+        changes[COMPILE_CACHE_ENV] = None if cache is True else "off" if cache is False else str(cache)
     changes.update(_autocast_changes(wanted, env))
 
     changed = {key: value for key, value in changes.items() if env.get(key) != value}

@@ -23,7 +23,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_gaudi import hpu
+from lightning_gaudi import compile_cache, hpu
 from lightning_gaudi.accelerator import HPUAccelerator
 from lightning_gaudi.callbacks.checkpoint_lock import add_default_lock
 from lightning_gaudi.callbacks.inference import add_default_compile
@@ -400,6 +400,7 @@ class TrainerCore(HPUStrategyCore):
 
     def setup_environment(self) -> None:
         super().setup_environment()  # type: ignore[misc]
+        compile_cache.use(*compile_cache.strategy_key(self))
         if self.lightning_module is not None:
             self._prepare_trainer(self.lightning_module.trainer)
 

@@ -1,0 +1,201 @@
+"""The compile cache policy: torch's caches in one folder per key (torch, Gaudi software, device, layout, precision),
+so a changed torch or layout never reads another's entries; portable artifacts that warm an empty folder."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from lightning_gaudi import compile_cache, hpu
+from lightning_gaudi.hpu import runtime
+
+
+@pytest.fixture
+def policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(compile_cache.TORCH_CACHE_ENV, str(tmp_path / "torch_default"))
+    torch._dynamo.reset()
+    yield tmp_path / "cache"
+    torch._dynamo.reset()
+
+
+def _compile_once(op: Callable[[torch.Tensor], torch.Tensor] = torch.sin) -> dict[str, int]:
+    """Compiles one small function of ``op`` with inductor in a fresh dynamo; the FX graph cache's hits and misses
+    (a new ``op`` in each test: a kernel built earlier in this process is not built again)."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.compile(lambda x: (op(x) * 2).sum(dim=0), backend="inductor")(torch.ones(8, 4))
+    return {"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}
+
+
+def test_key_is_stable_and_separates_each_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = ("GAUDI2", 2, "HPUParallelStrategy", "bf16-mixed")
+    key, parts = compile_cache.cache_key(*base)
+    assert compile_cache.cache_key(*base)[0] == key
+    assert parts["torch"] == torch.__version__
+    changed = {
+        compile_cache.cache_key("GAUDI3", 2, "HPUParallelStrategy", "bf16-mixed")[0],
+        compile_cache.cache_key("GAUDI2", 4, "HPUParallelStrategy", "bf16-mixed")[0],
+        compile_cache.cache_key("GAUDI2", 2, "HPUFSDPStrategy", "bf16-mixed")[0],
+        compile_cache.cache_key("GAUDI2", 2, "HPUParallelStrategy", "32-true")[0],
+    }
+    monkeypatch.setattr(runtime, "bridge_release", lambda: (1, 22))
+    changed.add(compile_cache.cache_key(*base)[0])
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    changed.add(compile_cache.cache_key(*base)[0])
+    assert key not in changed
+    assert len(changed) == 6
+
+
+def test_use_points_torch_at_the_keyed_folder_and_off_changes_nothing(
+    policy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, parts = compile_cache.cache_key("GAUDI2", 1, "SingleHPUStrategy", "32-true")
+    folder = compile_cache.use(key, parts)
+    assert folder == policy / key
+    assert os.environ[compile_cache.TORCH_CACHE_ENV] == str(folder)
+    assert json.loads((folder / "key.json").read_text()) == parts
+    monkeypatch.setenv(compile_cache.TORCH_CACHE_ENV, "/elsewhere")
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, "off")
+    assert compile_cache.use(key, parts) is None
+    assert os.environ[compile_cache.TORCH_CACHE_ENV] == "/elsewhere"
+
+
+def test_default_folder_is_node_local_and_runtime_moves_or_turns_it_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(runtime.COMPILE_CACHE_ENV, raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert runtime.compile_cache_root() == tmp_path / f"lightning_gaudi_compile_cache_{os.getuid()}"
+    assert runtime.configure(compile_cache=str(tmp_path / "moved")).compile_cache == str(tmp_path / "moved")
+    assert runtime.compile_cache_root() == tmp_path / "moved"
+    assert runtime.configure(compile_cache=False).compile_cache is False
+    assert runtime.compile_cache_root() is None
+    assert runtime.default_recipe_cache() is None
+    assert runtime.configure(compile_cache=True).compile_cache is None
+    assert runtime.COMPILE_CACHE_ENV not in os.environ
+    with pytest.raises(ValueError, match="compile_cache=False to turn"):
+        runtime.Runtime(compile_cache="off")
+
+
+def test_recipe_cache_default_only_where_unset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(runtime.RECIPE_CACHE_ENV, raising=False)
+    cache = runtime.default_recipe_cache()
+    assert cache is not None
+    assert not cache.delete_on_start
+    assert cache.path.startswith(f"{tmp_path}/recipes-torch{torch.__version__}-gaudi")
+    monkeypatch.setenv(runtime.RECIPE_CACHE_ENV, "/mine,false,1024")
+    assert runtime.default_recipe_cache() is None
+
+
+@pytest.mark.subprocess  # inductor builds its C++ kernels in a compiler process
+def test_changed_torch_or_layout_does_not_load_stale_entries(policy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def under(layout: str) -> Callable[[], dict[str, int]]:
+        compile_cache.use(*compile_cache.cache_key("GAUDI2", 1, layout, "32-true"))
+        return _compile_once
+
+    assert under("SingleHPUStrategy")() == {"hit": 0, "miss": 1}
+    assert under("SingleHPUStrategy")() == {"hit": 1, "miss": 0}  # the same key reads its entry
+    assert under("HPUParallelStrategy")() == {"hit": 0, "miss": 1}
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    assert under("SingleHPUStrategy")() == {"hit": 0, "miss": 1}
+    assert len([p for p in policy.iterdir() if (p / "key.json").exists()]) == 3
+
+
+@pytest.mark.subprocess
+def test_portable_artifacts_warm_an_empty_folder_and_only_their_key(policy: Path, tmp_path: Path) -> None:
+    key, parts = compile_cache.cache_key("GAUDI2", 1, "SingleHPUStrategy", "32-true")
+    compile_cache.use(key, parts)
+    _compile_once(torch.cos)
+    path = compile_cache.artifacts_path(tmp_path / "checkpoints", key)
+    saved = compile_cache.save_artifacts(path)
+    assert saved is not None
+    assert path.read_bytes() == saved
+    assert compile_cache.save_artifacts(path, unless=saved) == saved
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    assert compile_cache.save_artifacts(blocked / "x.bin") is None  # logged, never in the checkpoint's way
+    kernels = sorted(str(p.relative_to(policy / key)) for p in (policy / key).glob("*/*.so"))
+    assert kernels  # inductor built the CPU kernel, which the artifacts leave out
+    os.environ[runtime.COMPILE_CACHE_ENV] = str(tmp_path / "other_node")  # empty: a requeue elsewhere
+    folder = compile_cache.use(key, parts)
+    assert folder is not None
+    other = compile_cache.artifacts_path(tmp_path / "checkpoints", compile_cache.cache_key("GAUDI2", 2, "x", "y")[0])
+    assert not compile_cache.load_artifacts(other)
+    assert compile_cache.load_artifacts(path)
+    assert sorted(str(p.relative_to(folder)) for p in folder.glob("*/*.so")) == kernels
+    assert _compile_once(torch.cos) == {"hit": 1, "miss": 0}
+
+
+def test_damaged_artifacts_are_skipped_with_a_warning(
+    policy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "compile_cache-x.bin"
+    path.write_bytes(b"not torch's")
+    assert not compile_cache.load_artifacts(path)
+    assert "did not load" in caplog.text
+    assert str(path) in caplog.text
+
+
+def test_strategy_key_reads_layout_world_and_precision(eager_hpu: hpu.Backend) -> None:
+    from lightning.pytorch.plugins.precision import Precision
+
+    from lightning_gaudi.strategies import SingleHPUStrategy
+
+    strategy = SingleHPUStrategy(precision_plugin=Precision())
+    _, parts = compile_cache.strategy_key(strategy)
+    assert parts["layout"] == "SingleHPUStrategy"
+    assert parts["world_size"] == 1
+    assert parts["precision"] == "32-true"
+
+
+@pytest.mark.subprocess
+def test_a_requeue_on_another_node_reads_its_graphs_from_beside_the_checkpoint(
+    eager_hpu: hpu.Backend, policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers.workload import Workload, loader, quiet_trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_gaudi.callbacks import HPUCompile
+    from lightning_gaudi.strategies import SingleHPUStrategy
+
+    monkeypatch.setenv(runtime.COMPILE_BACKEND_ENV, "inductor")
+    checkpoints = tmp_path / "run" / "checkpoints"
+
+    def fit(steps: int, ckpt_path: Path | None) -> dict[str, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        saver = ModelCheckpoint(dirpath=checkpoints, save_last=True)
+        trainer = quiet_trainer(
+            max_steps=steps, max_epochs=-1, callbacks=[HPUCompile(), saver], enable_checkpointing=True
+        )
+        trainer.fit(Workload(), loader(8), ckpt_path=ckpt_path)
+        return {"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}
+
+    assert fit(2, None) == {"hit": 0, "miss": 2}
+    key = compile_cache.strategy_key(SingleHPUStrategy())[0]
+    assert sorted(p.name for p in checkpoints.glob("compile_cache-*")) == [
+        f"compile_cache-{key}.bin",
+        f"compile_cache-{key}.kernels.tar",
+    ]
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path / "other_node"))  # an empty node-local folder
+    assert fit(4, checkpoints / "last.ckpt") == {"hit": 2, "miss": 0}  # forward and backward: none compiled
+
+
+@pytest.mark.parametrize(("value", "expected"), [("false", False), ("/local/cc", "/local/cc"), ("true", True)])
+def test_the_cli_reads_runtime_compile_cache(value: str, expected: object) -> None:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(runtime.Runtime, "runtime", instantiate=False)
+    assert parser.parse_args(["--runtime.compile_cache", value]).runtime.compile_cache == expected
