@@ -14,7 +14,7 @@ work until the interpreter's own teardown, so the last reference to those works 
 on a worker. Then the process groups are destroyed. A process that fails (an uncaught exception, or a Trainer run
 that raised) skips the barrier: its peers may be inside another collective.
 
-The exit has its own bound (:func:`exit_timeout`: 30 s unless ``LIGHTNING_GAUDI_EXIT_TIMEOUT`` says otherwise), not the
+The exit has its own bound (:func:`exit_timeout`: 20 s unless ``LIGHTNING_GAUDI_EXIT_TIMEOUT`` says otherwise), not the
 collective timeout: a rank still working after ``fit`` must not hold the others for minutes. The process that started
 the other ranks of its node (Lightning's launcher: rank 0) watches them (:func:`watch_ranks`) and, at exit, waits
 for them within the same bound: a rank that failed or was killed ends the job with its exit code, named on stderr
@@ -53,7 +53,7 @@ __all__ = [
 
 #: Seconds a finished rank waits at exit for the others (the exit barrier, then the ranks it started).
 EXIT_TIMEOUT_ENV = "LIGHTNING_GAUDI_EXIT_TIMEOUT"
-DEFAULT_EXIT_TIMEOUT = timedelta(seconds=30)
+DEFAULT_EXIT_TIMEOUT = timedelta(seconds=20)
 _POLL_S = 0.5
 _SETTLE_S = 2.0
 
@@ -85,7 +85,8 @@ def run_started() -> None:
 
 def exit_timeout(collective: timedelta) -> timedelta:
     """How long a finished rank waits at exit for the others: ``LIGHTNING_GAUDI_EXIT_TIMEOUT`` seconds if set, else
-    30 s, or ``collective`` (the collective timeout) if that is shorter.
+    20 s (so that rank 0 is gone within 30 s of its fit, teardown included), or ``collective`` (the collective
+    timeout) if that is shorter.
 
     Raises:
         ValueError: the variable is not a number of seconds of at least 0.
@@ -100,7 +101,7 @@ def exit_timeout(collective: timedelta) -> timedelta:
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(
             f"{EXIT_TIMEOUT_ENV}={text!r} must be a number of seconds (at least 0): how long a rank that finished"
-            f" waits at exit for the others, e.g. {EXIT_TIMEOUT_ENV}=60. Unset, it is 30."
+            f" waits at exit for the others, e.g. {EXIT_TIMEOUT_ENV}=60. Unset, it is 20."
         )
     return timedelta(seconds=seconds)
 

@@ -53,9 +53,9 @@ def _job(out: Path, how: str, *flags: str, exit_timeout: float = 60) -> subproce
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(None, timedelta(seconds=30)), ("", timedelta(seconds=30)), ("5.5", timedelta(seconds=5.5)), ("0", timedelta())],
+    [(None, timedelta(seconds=20)), ("", timedelta(seconds=20)), ("5.5", timedelta(seconds=5.5)), ("0", timedelta())],
 )
-def test_the_exit_timeout_is_30s_or_the_variable(
+def test_the_exit_timeout_is_20s_or_the_variable(
     monkeypatch: pytest.MonkeyPatch, value: str | None, expected: timedelta
 ) -> None:
     if value is None:
