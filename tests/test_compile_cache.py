@@ -3,6 +3,7 @@ so a changed torch or layout never reads another's entries; portable artifacts t
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -93,7 +94,7 @@ def test_recipe_cache_default_only_where_unset(tmp_path: Path, monkeypatch: pyte
     cache = runtime.default_recipe_cache()
     assert cache is not None
     assert not cache.delete_on_start
-    assert cache.path.startswith(f"{tmp_path}/recipes-torch{torch.__version__}-gaudi")
+    assert cache.path.startswith(f"{tmp_path}/recipes-torch{importlib.metadata.version('torch')}-gaudi")
     monkeypatch.setenv(runtime.RECIPE_CACHE_ENV, "/mine,false,1024")
     assert runtime.default_recipe_cache() is None
 
