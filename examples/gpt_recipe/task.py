@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 
 from gpt_recipe import logs
 from lightning_gaudi import hpu, resume
-from lightning_gaudi.callbacks import HPUThroughputMonitor
 from lightning_gaudi.app.hydra import instantiate_group
+from lightning_gaudi.callbacks import HPUThroughputMonitor
 from lightning_gaudi.profilers import HPUProfiler
 
 RESULTS_FILE = "results.json"
