@@ -22,7 +22,7 @@ import torch
 from lightning_gaudi import doctor, hpu
 from lightning_gaudi.doctor import checks, options, runner
 from lightning_gaudi.doctor.checks import CHECKS, FAIL, PASS, SKIPPED, Outcome
-from lightning_gaudi.hpu import LazyCounters
+from lightning_gaudi.hpu import LazyCounters, runtime
 from lightning_gaudi.hpu.bridge import HabanaBackend
 
 ROOT = Path(__file__).parent.parent
@@ -526,3 +526,21 @@ def test_tests_from_a_checkout_run_the_bridge_tests_on_the_double(
     ((*_, first, second, third),) = [recorded[0][-3:]]
     assert [first, second, third] == ["--real-bridge", "-m", "bridge"]
     assert "3 passed, 1 skipped" in section
+
+
+def test_the_stack_names_the_compile_and_recipe_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a requeue's warmth lives (issue 43): the policy's folder, and the recipe cache a Gaudi gets."""
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(runtime.RECIPE_CACHE_ENV, raising=False)
+    rows = dict(runner.stack(os.environ))
+    assert rows["compile cache (torch)"] == f"{tmp_path}, a folder per key"
+    assert rows[f"recipe cache on a Gaudi ({runtime.RECIPE_CACHE_ENV})"].startswith(f"{tmp_path}/recipes-torch")
+    monkeypatch.setenv(runtime.RECIPE_CACHE_ENV, "/mine,false,1024")
+    assert dict(runner.stack(os.environ))[f"recipe cache on a Gaudi ({runtime.RECIPE_CACHE_ENV})"] == (
+        "/mine,false,1024 (yours)"
+    )
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, "off")
+    monkeypatch.delenv(runtime.RECIPE_CACHE_ENV)
+    rows = dict(runner.stack(os.environ))
+    assert rows["compile cache (torch)"].startswith("off")
+    assert rows[f"recipe cache on a Gaudi ({runtime.RECIPE_CACHE_ENV})"] == "none"

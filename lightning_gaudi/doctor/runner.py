@@ -98,6 +98,17 @@ def stack(environ: Mapping[str, str]) -> list[tuple[str, str]]:
         why = runtime.lazy_mode_unavailable()
         lazy = "no: " + why if why else "yes, or cannot tell"
     rows.append(("lazy mode in this build", lazy))
+    root = runtime.compile_cache_root(environ)
+    off = f"off ({runtime.COMPILE_CACHE_ENV}): torch's own folders"
+    rows.append(("compile cache (torch)", f"{root}, a folder per key" if root else off))
+    recipes = environ.get(runtime.RECIPE_CACHE_ENV) or None
+    default = runtime.default_recipe_cache(environ)
+    rows.append(
+        (
+            f"recipe cache on a Gaudi ({runtime.RECIPE_CACHE_ENV})",
+            f"{recipes} (yours)" if recipes else f"{default.path} (the default)" if default else "none",
+        )
+    )
     mode = runtime.emulation_mode(environ)
     if mode is not None:
         rows.append((runtime.EMULATE_ENV, f"{mode}: the checks ran on the CPU emulator (unset it on a Gaudi)"))
