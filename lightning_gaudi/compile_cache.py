@@ -99,16 +99,17 @@ def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
     return saved[0]
 
 
-def load_artifacts(path: Path) -> bool:
+def load_artifacts(path: Path) -> bytes | None:
     """Loads the portable artifacts at ``path`` into torch's caches (``torch.compiler.load_cache_artifacts``) and the
-    kernels beside them into the policy's folder; ``False`` when there are none, the policy is off, or they do not
-    load (logged: the job then compiles what they lack)."""
+    kernels beside them into the policy's folder; returns the artifacts, ``None`` when there are none, the policy is
+    off, or they do not load (logged: the job then compiles what they lack)."""
     load = getattr(torch.compiler, "load_cache_artifacts", None)
     if load is None or runtime.compile_cache_root() is None or not path.is_file():
-        return False
+        return None
     folder = os.environ.get(TORCH_CACHE_ENV, "")
     try:
-        if load(path.read_bytes()) is None:
+        artifacts = path.read_bytes()
+        if load(artifacts) is None:
             raise ValueError("torch could not read them")
         if folder and _kernels(path).is_file():
             with tarfile.open(_kernels(path)) as tar:
@@ -119,8 +120,8 @@ def load_artifacts(path: Path) -> bool:
                         _write(kernel, data.read())  # whole or not at all: a node's ranks load at once
     except Exception as error:  # and whatever its deserializer or tarfile meets in a damaged or foreign file
         log.warning("lightning_gaudi: the compile cache artifacts %s did not load (%s); compiling cold.", path, error)
-        return False
-    return True
+        return None
+    return artifacts
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -200,3 +200,16 @@ def test_the_cli_reads_runtime_compile_cache(value: str, expected: object) -> No
     parser = ArgumentParser()
     parser.add_class_arguments(runtime.Runtime, "runtime", instantiate=False)
     assert parser.parse_args(["--runtime.compile_cache", value]).runtime.compile_cache == expected
+
+
+def test_the_bridge_loads_with_the_policys_recipe_cache(
+    bridge_double: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the real-bridge path the policy's recipe cache is in the environment before the bridge loads (it reads the
+    variable once, then); a value the user set is left alone."""
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(runtime.RECIPE_CACHE_ENV, raising=False)
+    assert type(hpu.get_backend()).__name__ == "HabanaBackend"
+    value = os.environ[runtime.RECIPE_CACHE_ENV]
+    assert value.startswith(f"{tmp_path}/recipes-torch")
+    assert runtime.RecipeCache.parse(value).delete_on_start is False

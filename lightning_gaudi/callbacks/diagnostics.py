@@ -30,9 +30,6 @@ from lightning_gaudi.callbacks.memory_stats import check_interval
 from lightning_gaudi.data import BucketedPadCollate
 from lightning_gaudi.hpu import runtime
 
-BRIDGE_LOG_HINT = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"
-#: Ops torch's Lazy Tensor Core runs on the CPU that Gaudi runs on the device.
-EMULATOR_FALLBACKS = ("lerp", "mse_loss", "linalg_vector_norm")
 #: The keys of :attr:`GraphDiagnostics.summary` that are logged, as ``graph_diagnostics/<key>``.
 LOGGED_KEYS = (
     "optimizer_steps",
@@ -452,7 +449,7 @@ class GraphDiagnostics(Callback):
         )
 
     def _fallbacks_are_real(self) -> bool:
-        return self._lazy is not None and self._lazy.backend.counts_device_fallbacks
+        return self._lazy is not None and not self._lazy.backend.fallbacks_note
 
     def _bridge_hint(self) -> str:
         hint = self._lazy.backend.log_hint if self._lazy is not None else None
@@ -594,11 +591,8 @@ class GraphDiagnostics(Callback):
             else f"{s['host_syncs']} ({s['host_syncs_per_step']:.3f} per optimizer step; {s['host_syncs_by_phase']})"
         )
         fallbacks = ", ".join(f"{op} x{n}" for op, n in Counter(s["cpu_fallbacks"]).most_common()) or "none"
-        if s["cpu_fallbacks_source"] == "emulator":
-            fallbacks += (
-                " (emulator artefacts: torch's Lazy Tensor Core runs these on the CPU; Gaudi runs"
-                f" {', '.join(EMULATOR_FALLBACKS)} on the device)"
-            )
+        if s["cpu_fallbacks_source"] == "emulator" and self._lazy is not None:
+            fallbacks += f" ({self._lazy.backend.fallbacks_note})"
         frames, recompiles = s["frames_compiled"], s["recompiles"]
         frames = f", from {frames} compiled frames ({recompiles} recompiles)" if frames is not None else ""
         lines = [

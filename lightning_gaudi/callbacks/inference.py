@@ -336,8 +336,8 @@ class HPUCompile(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         path = self._artifacts(trainer, resumed=True)
-        if path is not None and compile_cache.load_artifacts(path):
-            self._artifacts_saved = path.read_bytes()  # saved again only once this run compiled more
+        if path is not None and (loaded := compile_cache.load_artifacts(path)) is not None:
+            self._artifacts_saved = loaded  # saved again only once this run compiled more
 
     @override
     def on_save_checkpoint(

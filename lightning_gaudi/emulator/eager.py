@@ -103,7 +103,6 @@ class EagerBackend(Backend):
     autocast_device_type: str | None = "cpu"
     collective_backend = "hccl"  # gloo behind HCCL's rules (:mod:`lightning_gaudi.emulator.hccl_group`)
     applies_autocast_lists = False
-    counts_device_fallbacks = False
     collective_note = ", HCCL emulated over gloo"
     wants_intel_deepspeed = False
 

@@ -44,6 +44,10 @@ class LazyBackend(EagerBackend):
     )
     supports_inference_mode = False  # Lazy Tensor Core cannot trace inference_mode: evaluation runs under no_grad
     explains_forward_errors = True
+    fallbacks_note = (
+        "emulator artefacts: torch's Lazy Tensor Core runs these on the CPU; Gaudi runs lerp, mse_loss,"
+        " linalg_vector_norm on the device"
+    )
 
     def __init__(self, device_name: str) -> None:
         super().__init__(1, device_name)  # the honest capacity: gloo cannot carry lazy tensors to a second device

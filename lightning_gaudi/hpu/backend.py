@@ -88,8 +88,9 @@ class Backend(abc.ABC):
     applies_autocast_lists: bool = True
     #: Whether :meth:`explain_error` has notes for errors raised inside a module's forward (Fabric then hooks it).
     explains_forward_errors: bool = False
-    #: Whether the CPU fallbacks of :meth:`lazy_counters` are ops the device cannot run (else a stand-in's own).
-    counts_device_fallbacks: bool = True
+    #: What the CPU fallbacks of :meth:`lazy_counters` are where they are not ops the device cannot run (a stand-in's
+    #: own), in the backend's words; ``""``: they are the device's.
+    fallbacks_note: str = ""
     #: What the start-up lines add after the collective backend's name (``""``: nothing to add).
     collective_note: str = ""
     #: How to see the device runtime's own log, for diagnostics (``""``: it has none).

@@ -20,6 +20,9 @@ from lightning_gaudi.hpu.backend import Backend, ClipNorm, LazyCounters
 from lightning_gaudi.hpu.dtypes import int64_supported
 from lightning_gaudi.hpu.fp8 import NeuralCompressor, TransformerEngine
 
+#: The bridge's variables that print its own log, CPU fallbacks included.
+BRIDGE_LOG_HINT = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"
+
 
 class _BridgeClipNorm(ClipNorm):
     def __init__(self, fused: Any) -> None:
@@ -108,7 +111,7 @@ class HabanaBackend(Backend):
     autocast_device_type: str | None = "hpu"
     collective_backend = "hccl"
     compile_backend = "hpu_backend"
-    log_hint = "ENABLE_CONSOLE=true LOG_LEVEL_PT_FALLBACK=1"
+    log_hint = BRIDGE_LOG_HINT
 
     def __init__(self) -> None:
         if runtime.bridge_loaded():  # loaded before lightning_gaudi could keep the launcher's rendezvous

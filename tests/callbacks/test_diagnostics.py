@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from lightning_gaudi import hpu
 from lightning_gaudi.callbacks import GraphDiagnostics, HPUCompile, dynamo
-from lightning_gaudi.callbacks.diagnostics import BRIDGE_LOG_HINT
 from lightning_gaudi.data import BucketedPadCollate
+from lightning_gaudi.hpu.bridge import BRIDGE_LOG_HINT
 
 # A batch size no other test uses: Lazy Tensor Core keeps compiled graphs for the life of the process, so shapes
 # another test already ran would compile nothing here.
