@@ -3,21 +3,27 @@ inductor's others) in one folder per :func:`cache_key` under :func:`~lightning_g
 shared by a node's ranks and kept across restarts, so a changed torch, Gaudi software, generation, layout or precision
 never reads another's entries; and torch's portable cache artifacts saved beside the checkpoints
 (:func:`save_artifacts`) and loaded before anything compiles (:func:`load_artifacts`), so a job restarted on another
-node starts warm. Intel's recipe cache gets its folder where the bridge loads
-(:func:`~lightning_gaudi.hpu.runtime.default_recipe_cache`)."""
+node starts warm; and :class:`NodeCompile`, which makes a node's ranks compile each graph once. Intel's recipe cache
+gets its folder where the bridge loads (:func:`~lightning_gaudi.hpu.runtime.default_recipe_cache`)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import logging
 import os
+import socket
 import tarfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.constants import default_pg_timeout
 
 from lightning_gaudi import hpu
 from lightning_gaudi.hpu import runtime
@@ -136,3 +142,77 @@ def strategy_key(strategy: Any) -> tuple[str, dict[str, Any]]:
     precision = str(getattr(plugin, "precision", type(plugin).__name__))
     world_size = int(getattr(strategy, "world_size", 1))
     return cache_key(hpu.get_backend().device_name(), world_size, type(strategy).__name__, precision)
+
+
+class NodeCompile:
+    """A ``torch.compile`` backend that compiles each graph once per node: the ranks that share the policy's folder take
+    a lock per graph in it, so one compiles while the others wait and then read its work from torch's caches. The
+    backward graph is compiled with the forward (``force_non_lazy_backward_lowering``), inside the lock, and the lock
+    is never held across a collective. ``mode`` and ``options`` reach the wrapped backend as ``torch.compile`` passes
+    them.
+
+    Args:
+        backend: the ``torch.compile`` backend doing the work (``"hpu_backend"``, ``"inductor"``, ...).
+        folder: the policy's folder of this job (:func:`use`).
+        timeout: seconds a rank waits for another's compile before it raises; the default is torch's collective one.
+    """
+
+    def __init__(self, backend: str, folder: Path, timeout: float = default_pg_timeout.total_seconds()) -> None:
+        self.backend, self.locks, self.timeout = backend, folder / "locks", timeout
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+        mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
+        if self.backend == "inductor":
+            inner: Any = torch._TorchCompileInductorWrapper(mode, options, None)
+        else:
+            inner = torch._TorchCompileWrapper(self.backend, mode, options, None)
+        shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in example_inputs]
+        digest = hashlib.sha256(f"{self.backend} {mode} {options} {shapes}\n{graph.code}".encode()).hexdigest()[:20]
+        with _exclusive(self.locks / f"{digest}.lock", self.timeout), _eager_backward():
+            return inner(graph, example_inputs)
+
+
+def node_backend(backend: str) -> str | NodeCompile:
+    """``backend`` compiled once per node (:class:`NodeCompile`) when the policy has given this process its folder
+    (:func:`use`), else ``backend`` itself."""
+    folder = os.environ.get(TORCH_CACHE_ENV)
+    if runtime.compile_cache_root() is None or not folder:
+        return backend
+    return NodeCompile(backend, Path(folder))
+
+
+def _eager_backward() -> contextlib.AbstractContextManager[Any]:
+    config = torch._functorch.config
+    if not hasattr(config, "force_non_lazy_backward_lowering"):
+        return contextlib.nullcontext()  # an older torch compiles the backward at its first run, outside the lock
+    return config.patch(force_non_lazy_backward_lowering=True)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path, timeout: float) -> Iterator[None]:
+    """Holds an exclusive lock on ``path`` (released by the OS when the holder dies); raises ``TimeoutError`` naming
+    the holder after ``timeout`` seconds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    handle.seek(0)
+                    raise TimeoutError(
+                        f"lightning_gaudi: waited {timeout:g} s for another process on this node ({handle.read()!r})"
+                        f" to compile a graph (lock {path}). If it hangs, end it; to compile in every process instead,"
+                        " turn the compile cache policy off (LIGHTNING_GAUDI_COMPILE_CACHE=off)."
+                    ) from None
+                time.sleep(0.1)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{socket.gethostname()} pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

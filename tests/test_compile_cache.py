@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -213,3 +214,116 @@ def test_the_bridge_loads_with_the_policys_recipe_cache(
     value = os.environ[runtime.RECIPE_CACHE_ENV]
     assert value.startswith(f"{tmp_path}/recipes-torch")
     assert runtime.RecipeCache.parse(value).delete_on_start is False
+
+
+_NODE_RANK = """
+import json, os, sys, time
+from pathlib import Path
+from typing import Any
+import torch
+from torch._dynamo.utils import counters
+from lightning_gaudi import compile_cache
+compile_cache.use(*compile_cache.cache_key("GAUDI2", 2, "HPUParallelStrategy", "32-true"))
+backend = compile_cache.node_backend("inductor") if sys.argv[2] == "node" else "inductor"
+go = Path(sys.argv[1]) / "go"
+Path(sys.argv[1], f"ready{os.getpid()}").touch()
+while not go.exists():
+    time.sleep(0.05)
+x = torch.ones(8, 4, requires_grad=True)
+torch.compile(lambda t: (torch.tanh(t) * 3).sum(), backend=backend)(x).backward()
+print(json.dumps({k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}))
+"""
+
+
+def _two_ranks(tmp_path: Path, how: str) -> list[dict[str, int]]:
+    """Two processes of one node that compile the same forward and backward at the same moment; their FX graph cache
+    hits and misses."""
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, runtime.COMPILE_CACHE_ENV: str(tmp_path / f"cache_{how}")}
+    env.pop(compile_cache.TORCH_CACHE_ENV, None)
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", _NODE_RANK, str(tmp_path), how], env=env, stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    while len(list(tmp_path.glob("ready*"))) < 2:
+        time.sleep(0.05)
+    (tmp_path / "go").touch()
+    out = [rank.communicate(timeout=300)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0]
+    for stale in [*tmp_path.glob("ready*"), tmp_path / "go"]:
+        stale.unlink()
+    return sorted((json.loads(line) for line in out), key=lambda c: -c.get("fxgraph_cache_miss", 0))
+
+
+@pytest.mark.subprocess
+def test_a_nodes_ranks_compile_each_graph_once(tmp_path: Path) -> None:
+    # started together, each rank compiles the forward and the backward itself; with NodeCompile one does
+    assert _two_ranks(tmp_path, "torch") == [{"fxgraph_cache_miss": 2}] * 2
+    assert _two_ranks(tmp_path, "node") == [{"fxgraph_cache_miss": 2}, {"fxgraph_cache_hit": 2}]
+
+
+def test_node_backend_only_under_the_policy(policy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = compile_cache.use(*compile_cache.cache_key("GAUDI2", 1, "SingleHPUStrategy", "32-true"))
+    node = compile_cache.node_backend("hpu_backend")
+    assert isinstance(node, compile_cache.NodeCompile)
+    assert node.backend == "hpu_backend"
+    assert node.locks == folder / "locks"  # type: ignore[operator]
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, "off")
+    assert compile_cache.node_backend("hpu_backend") == "hpu_backend"
+
+
+def test_a_rank_waits_for_the_compiling_one_and_gives_up_naming_it(tmp_path: Path) -> None:
+    import threading
+
+    lock = tmp_path / "locks" / "graph.lock"
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with compile_cache._exclusive(lock, timeout=5):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(5)
+    with (
+        pytest.raises(TimeoutError, match=rf"waited 0.3 s for another process on this node \(.*pid {os.getpid()}"),
+        compile_cache._exclusive(lock, timeout=0.3),
+    ):
+        pass
+    release.set()
+    thread.join()
+    with compile_cache._exclusive(lock, timeout=0.3):  # the holder is done: taken at once
+        pass
+
+
+def test_node_compile_passes_options_and_compiles_the_backward_with_the_forward(policy: Path) -> None:
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    compiled: list[str] = []
+
+    def count(kind: str) -> Callable[..., Any]:
+        def compiler(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+            compiled.append(kind)
+            return make_boxed_func(graph.forward)
+
+        return compiler
+
+    torch._dynamo.reset()
+    torch._dynamo.register_backend(aot_autograd(fw_compiler=count("fw"), bw_compiler=count("bw")), "lg_count")
+    compile_cache.use(*compile_cache.cache_key("GAUDI2", 1, "SingleHPUStrategy", "32-true"))
+    x = torch.ones(3, requires_grad=True)
+    for backend in ("lg_count", compile_cache.node_backend("lg_count")):
+        torch._dynamo.reset()
+        compiled.clear()
+        out = torch.compile(lambda t: (t * 2).sum(), backend=backend)(x)
+        before_backward = list(compiled)
+        out.backward()
+        assert compiled == ["fw", "bw"]
+        assert before_backward == (["fw"] if backend == "lg_count" else ["fw", "bw"])
+    with pytest.raises(Exception, match="Unexpected optimization option not_an_option"):
+        torch.compile(lambda t: t + 1, backend=compile_cache.node_backend("inductor"), options={"not_an_option": 1})(x)

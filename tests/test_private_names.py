@@ -55,6 +55,11 @@ REGISTRY = {
     "torch._dynamo.eval_frame:_debug_get_cache_entry_list": "torch._dynamo.eval_frame:_debug_get_cache_entry_list",
     "torch._dynamo.config:recompile_limit": "torch._dynamo.config:recompile_limit",
     "torch._dynamo.config:optimize_ddp": "torch._dynamo.config:optimize_ddp",
+    # the compile cache policy: torch.compile's own backend wrappers (NodeCompile builds what torch.compile would), the
+    # eager backward lowering
+    "_TorchCompileInductorWrapper": "torch:_TorchCompileInductorWrapper",
+    "_TorchCompileWrapper": "torch:_TorchCompileWrapper",
+    "_functorch": "torch._functorch.config:force_non_lazy_backward_lowering",
     # the emulator: batch norm's base class, a Python process group's backends, inductor's compiler, Lazy Tensor Core
     "_BatchNorm": "torch.nn.modules.batchnorm:_BatchNorm",
     "_register_backend": "torch.distributed:ProcessGroup._register_backend",

@@ -261,7 +261,7 @@ class HPUCompile(Callback):
                 "HPUCompile(regional=True) found no repeated blocks (an nn.ModuleList of layers) under"
                 f" {[path for path, _ in targets]}; compiling them whole."
             )
-        compile_fn = functools.partial(torch.compile, backend=name, **self.compile_kwargs)
+        compile_fn = functools.partial(torch.compile, backend=compile_cache.node_backend(name), **self.compile_kwargs)
         for path, module in targets:
             compiled = CompiledForward(module, compile_fn)
             self._saved[path] = (module, module_forward.set_forward(module, compiled))

@@ -38,7 +38,7 @@ __all__ = [
 RUN_COMMAND = "python -m lightning_gaudi fabric run"
 
 
-def compile_backend_for(strategy: Any) -> str | None:
+def compile_backend_for(strategy: Any) -> Any:
     """The ``torch.compile`` backend ``fabric.setup`` recompiles a model with: the execution mode's on an HPU
     strategy (:meth:`FabricCore.compile_backend`), ``None`` (torch's default) on any other."""
     return strategy.compile_backend() if isinstance(strategy, FabricCore) else None

@@ -62,8 +62,9 @@ class FabricCore(HPUStrategyCore):
         backend = hpu.get_backend()
         self._mark = backend.mark_step if self._mark_step and backend.is_lazy() else None
 
-    def compile_backend(self) -> str:
-        """The ``torch.compile`` backend of the execution mode; ``ValueError`` in lazy mode, where it does not run."""
+    def compile_backend(self) -> str | compile_cache.NodeCompile:
+        """The ``torch.compile`` backend of the execution mode, compiling once per node
+        (:func:`~lightning_gaudi.compile_cache.node_backend`); ``ValueError`` in lazy mode, where it does not run."""
         backend = hpu.get_backend()
         if backend.is_lazy():
             raise ValueError(
@@ -73,7 +74,9 @@ class FabricCore(HPUStrategyCore):
                 " PT_HPU_LAZY_MODE=0 (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python; or pass the"
                 " model uncompiled (lazy mode builds graphs itself)."
             )
-        return backend.check_compile_backend()
+        name = backend.check_compile_backend()
+        compile_cache.use(*compile_cache.strategy_key(self))
+        return compile_cache.node_backend(name)
 
     def setup_environment(self) -> None:
         super().setup_environment()  # type: ignore[misc]

@@ -26,7 +26,7 @@ class Hooks:
     """The policy the wrappers ask: ``backend(strategy)``, the backend for modules set up on ``strategy`` (``None``:
     leave the record)."""
 
-    backend: Callable[[Any], str | None] | None = None
+    backend: Callable[[Any], Any] | None = None
 
 
 HOOKS = Hooks()

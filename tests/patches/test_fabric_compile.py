@@ -67,7 +67,8 @@ def test_hpu_recompiles_with_the_execution_modes_backend(
     fabric = Fabric(accelerator="hpu", devices=1)
     model = _compiled()
     set_up = getattr(fabric, method)(model)
-    assert set_up._forward_module._compile_kwargs == {"backend": BACKEND}
+    backend = set_up._forward_module._compile_kwargs["backend"]
+    assert backend.backend == BACKEND  # compiled once per node (compile_cache.NodeCompile)
     set_up(torch.ones(2, 4))
     assert calls == [BACKEND], "Fabric no longer compiles with the arguments read from `_compile_kwargs`"
 
