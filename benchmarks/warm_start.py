@@ -93,7 +93,7 @@ def run(cards: int, steps: int, run_dir: Path, tmp: Path, clock: Path, policy: b
         "steady_step_s": statistics.median(durations[2:]),
         "total_s": time.time() - start,
         "frames_per_rank": [rank["frames"] for rank in ranks],
-        "fxgraph": ranks[0]["fxgraph"],
+        "fxgraph": [rank["fxgraph"] for rank in ranks],
         "aot": ranks[0]["aot"],
     }
 
@@ -105,7 +105,7 @@ def table(results: dict[str, Any]) -> str:
         machine_line(results["machine"]),
         "",
         "| cards | run | start -> first step done | first step | steady step | first / steady | graphs compiled"
-        " (dynamo frames, per rank) | FX graph cache (rank 0) | AOTAutograd cache (rank 0) |",
+        " (dynamo frames, per rank) | FX graph cache (per rank) | AOTAutograd cache (rank 0) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for cards, runs in results["runs"].items():
@@ -113,7 +113,7 @@ def table(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {cards} | {name} | {r['start_to_first_step_s']:.1f} s | {r['first_step_s']:.2f} s |"
                 f" {r['steady_step_s']:.2f} s | {r['first_step_s'] / r['steady_step_s']:.1f}x |"
-                f" {r['frames_per_rank']} | {_counts(r['fxgraph'])} | {_counts(r['aot'])} |"
+                f" {r['frames_per_rank']} | {'; '.join(map(_counts, r['fxgraph']))} | {_counts(r['aot'])} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -327,3 +327,37 @@ def test_node_compile_passes_options_and_compiles_the_backward_with_the_forward(
         assert before_backward == (["fw"] if backend == "lg_count" else ["fw", "bw"])
     with pytest.raises(Exception, match="Unexpected optimization option not_an_option"):
         torch.compile(lambda t: t + 1, backend=compile_cache.node_backend("inductor"), options={"not_an_option": 1})(x)
+
+
+@pytest.mark.subprocess  # inductor builds its C++ kernels in a compiler process
+def test_fabric_saves_the_artifacts_beside_its_checkpoint_and_loads_them_first(
+    eager_hpu: hpu.Backend, policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning.fabric import Fabric
+
+    monkeypatch.setenv(runtime.COMPILE_BACKEND_ENV, "inductor")
+    path = tmp_path / "run" / "state.ckpt"
+
+    def step(load: bool) -> dict[str, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        fabric = Fabric(accelerator="hpu", devices=1)
+        torch.manual_seed(0)
+        model = fabric.setup(torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())))
+        state = {"model": model}
+        if load:
+            fabric.load(path, state)
+        fabric.backward(model(torch.ones(2, 4)).sum())
+        fabric.save(path, state)
+        return {"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}
+
+    assert step(load=False) == {"hit": 0, "miss": 2}
+    assert len(list(path.parent.glob("compile_cache-*.bin"))) == 1
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path / "other_node"))  # an empty node-local folder
+    assert step(load=True) == {"hit": 2, "miss": 0}  # forward and backward: none compiled
+    monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path / "third_node"))
+    (path.parent / "state.ckpt").rename(path.parent / "moved.ckpt")
+    path = path.parent / "moved.ckpt"
+    for artifacts in path.parent.glob("compile_cache-*"):
+        artifacts.unlink()
+    assert step(load=True) == {"hit": 0, "miss": 2}  # the control: without the artifacts it compiles
