@@ -135,7 +135,7 @@ def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
     removed = []
     now = time.time()
     for path, mtime in _temporaries(fs, directory):
-        if not _is_stale(os.path.basename(path) if fs is None else posixpath.basename(path), mtime, now):
+        if not _is_stale(posixpath.basename(path), mtime, now):
             continue
         try:
             if fs is None:
@@ -154,30 +154,20 @@ def _remove_stale(fs: AbstractFileSystem | None, directory: str) -> list[str]:
 
 def _temporaries(fs: AbstractFileSystem | None, directory: str) -> list[tuple[str, float]]:
     """``(path, modification time)`` of the entries in ``directory`` named like our temporaries."""
-    found = []
-    if fs is None:
-        try:
-            entries = list(os.scandir(directory or "."))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        for entry in entries:
-            if _TEMPORARY.match(entry.name):
-                try:
-                    found.append((entry.path, entry.stat(follow_symlinks=False).st_mtime))
-                except FileNotFoundError:
-                    continue
-        return found
     try:
-        names = fs.ls(directory, detail=False)
-    except FileNotFoundError:
+        paths = [e.path for e in os.scandir(directory or ".")] if fs is None else fs.ls(directory, detail=False)
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    for name in names:
-        if _TEMPORARY.match(posixpath.basename(name)):
-            try:
-                mtime = fs.modified(name).timestamp()
-            except (NotImplementedError, OSError):
-                mtime = time.time()  # its age is unknown: treated as being written now
-            found.append((name, mtime))
+    found = []
+    for path in paths:
+        if not _TEMPORARY.match(posixpath.basename(path)):
+            continue
+        try:
+            found.append((path, os.lstat(path).st_mtime if fs is None else fs.modified(path).timestamp()))
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        except (NotImplementedError, OSError):
+            found.append((path, time.time()))  # its age is unknown: treated as being written now
     return found
 
 
@@ -297,7 +287,6 @@ def _disk_full_error(error: BaseException, path: str, tmp: str) -> CheckpointDis
     return CheckpointDiskFullError(
         code,
         f"Could not save the checkpoint {path!r}: the file system holding {directory!r} {what} ({cause}; {free},"
-        f" {written / 2**20:.0f} MiB of the checkpoint had been written). The partial file was removed and any"
-        " earlier checkpoint under this name is untouched. Free some space (old checkpoints, save_top_k) or save"
-        " to another file system.",
+        f" {written / 2**20:.0f} MiB written, removed; an earlier checkpoint under this name is untouched). Free some"
+        " space (old checkpoints, save_top_k) or save to another file system.",
     )

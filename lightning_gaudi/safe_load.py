@@ -1,24 +1,17 @@
 """Checkpoints read under torch's weights-only rules, so that loading one never runs code from it (docs/recipes.md,
-"What resume trusts").
-
-:func:`check_weights_only` reads what a checkpoint holds besides tensor data before the strategy loads it: a
-``torch.save`` file (its pickle, under ``torch.load(weights_only=True)``, tensors on the meta device), a torch
-distributed checkpoint folder (``.metadata`` through :class:`MetadataUnpickler`, which admits only the classes torch's
-checkpoint metadata is made of; every non-tensor entry of the shards and ``meta.pt`` under weights-only rules) and a
-DeepSpeed folder (every ``*.pt`` of its ``latest`` tag, admitting DeepSpeed's own plain data classes besides). torch
-itself reads ``.metadata`` with ``pickle.load`` (2.7 to 2.13) and DeepSpeed loads with ``weights_only=False``;
-:class:`WeightsOnlyReader` is a ``FileSystemReader`` that does neither.
+"What resume trusts"). torch reads a distributed checkpoint's ``.metadata`` with ``pickle.load`` and DeepSpeed loads
+with ``weights_only=False``: :func:`check_weights_only` reads what they would first, :class:`WeightsOnlyReader` instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import os
 import pickle
 import re
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
 from typing import IO, Any
 
 import torch
@@ -55,8 +48,8 @@ _MAX_NAMED = 3
 
 
 def check_weights_only(path: str, safe: Sequence[Any] = ()) -> None:
-    """Reads what the checkpoint ``path`` (a file, an fsspec URL, a torch distributed or DeepSpeed folder) holds
-    besides tensor data under torch's weights-only rules (``safe``: classes admitted besides), running none of it.
+    """Reads what the checkpoint ``path`` (a file, a URL, a torch distributed or DeepSpeed folder) holds besides tensor
+    data under torch's weights-only rules (``safe``: classes admitted besides), running none of it.
 
     Raises:
         UntrustedCheckpointError: it holds an object those rules refuse (unpickling it could run code).
@@ -75,8 +68,7 @@ def check_weights_only(path: str, safe: Sequence[Any] = ()) -> None:
 
 
 def load_dcp_metadata(stream: Any, path: str) -> Metadata:
-    """The torch distributed checkpoint metadata in ``stream`` (of the folder ``path``), read by
-    :class:`MetadataUnpickler`."""
+    """The distributed checkpoint metadata in ``stream`` (of the folder ``path``), read safely."""
     try:
         metadata = MetadataUnpickler(stream, path).load()
     except UntrustedCheckpointError:
@@ -91,9 +83,8 @@ def load_dcp_metadata(stream: Any, path: str) -> Metadata:
 
 
 class MetadataUnpickler(pickle.Unpickler):
-    """Unpickles torch distributed checkpoint metadata, admitting only the classes it is made of (those of
-    ``torch.distributed.checkpoint.metadata``, the file system reader's ``_StorageInfo``, torch's sizes, dtypes,
-    layouts and memory formats, paths); any other is refused (:class:`UntrustedCheckpointError`)."""
+    """Unpickles distributed checkpoint metadata admitting only the classes it is made of; any other is refused
+    (:class:`UntrustedCheckpointError`)."""
 
     def __init__(self, stream: Any, path: str) -> None:
         super().__init__(stream)
@@ -111,8 +102,7 @@ class MetadataUnpickler(pickle.Unpickler):
 
 class WeightsOnlyReader(FileSystemReader):
     """torch's ``FileSystemReader`` reading ``.metadata`` with :class:`MetadataUnpickler` and every non-tensor entry
-    under weights-only rules (torch's reads the one with ``pickle.load``, its planner the other with
-    ``weights_only=False``)."""
+    under weights-only rules."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
@@ -146,7 +136,7 @@ class _WeightsOnlyBytes:
 
 
 def _check_file(path: str, stream: IO[bytes], safe: Sequence[Any] = ()) -> None:
-    with _admitting(safe):
+    with torch.serialization.safe_globals(list(safe)):
         try:
             torch.load(stream, map_location="meta", weights_only=True)
         except pickle.UnpicklingError as error:
@@ -194,26 +184,15 @@ def _check_deepspeed_folder(path: str) -> None:
     folder = os.path.join(path, tag)
     if not tag or os.path.basename(tag) != tag or not os.path.isdir(folder):
         return  # DeepSpeed's loader refuses it (the resume policy's verification names it)
-    safe = _deepspeed_classes()
+    safe = []
+    for module, name in _DEEPSPEED_CLASSES:
+        with contextlib.suppress(ImportError, AttributeError):
+            safe.append(getattr(importlib.import_module(module), name))
     for name in sorted(os.listdir(folder)):
         if name.endswith(".pt"):
             file = os.path.join(folder, name)
             with open(file, "rb") as stream:
                 _check_file(file, stream, safe)
-
-
-def _deepspeed_classes() -> list[Any]:
-    found = []
-    for module, name in _DEEPSPEED_CLASSES:
-        try:
-            found.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            continue
-    return found
-
-
-def _admitting(safe: Iterable[Any]) -> AbstractContextManager[Any]:
-    return torch.serialization.safe_globals(list(safe))
 
 
 def _objects(names: Iterable[str]) -> str:

@@ -166,11 +166,11 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(
 
     monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(
-        CheckpointDiskFullError, match=r"'.*model.ckpt'.* is full .*MiB free, 1 MiB of the checkpoint"
+        CheckpointDiskFullError, match=r"'.*model.ckpt'.* is full .*MiB free, 1 MiB written, removed"
     ) as raised:
         HPUCheckpointIO().save_checkpoint({"w": torch.zeros(2)}, path)
     assert raised.value.errno == errno.ENOSPC
-    assert "any earlier checkpoint under this name is untouched" in str(raised.value)
+    assert "an earlier checkpoint under this name is untouched" in str(raised.value)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]
 

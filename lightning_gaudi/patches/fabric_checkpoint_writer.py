@@ -29,15 +29,13 @@ class _Writers:
 
 def missing_targets() -> list[str]:
     """What the patch relies on and this Lightning lacks or changed (empty when everything is as checked)."""
-    missing = []
-    for module in _MODULES:
-        function = registry.lookup(module, _NAME)
-        if not inspect.isfunction(function) or tuple(inspect.signature(function).parameters) != (
-            "converted_state",
-            "path",
-        ):
-            missing.append(f"{module}.{_NAME}(converted_state, path)")
-    return missing
+    functions = {module: registry.lookup(module, _NAME) for module in _MODULES}
+    expected = ("converted_state", "path")
+    return [
+        f"{module}.{_NAME}(converted_state, path)"
+        for module, function in functions.items()
+        if not inspect.isfunction(function) or tuple(inspect.signature(function).parameters) != expected
+    ]
 
 
 def installed() -> bool:
@@ -51,11 +49,9 @@ def install() -> bool:
         return True
     if not registry.supported(missing_targets(), _FALLBACK):
         return False
-    for name in _MODULES:
-        module = importlib.import_module(name)
-        original = getattr(module, _NAME)
-        if not getattr(original, _MARK, False):
-            setattr(module, _NAME, _wrap(original))
+    for module in map(importlib.import_module, _MODULES):
+        if not getattr(getattr(module, _NAME), _MARK, False):
+            setattr(module, _NAME, _wrap(getattr(module, _NAME)))
     return True
 
 
@@ -75,15 +71,12 @@ def storage_writer(factory: Callable[[Path], Any]) -> Iterator[list[Any]]:
 def _wrap(original: Callable[[dict[str, Any], Path], None]) -> Callable[[dict[str, Any], Path], None]:
     @functools.wraps(original)
     def save(converted_state: dict[str, Any], path: Path) -> None:
-        factory = _Writers.factory
-        if factory is None:
-            original(converted_state, path)
-            return
+        if _Writers.factory is None:
+            return original(converted_state, path)
         import torch.distributed.checkpoint as dcp
 
-        writer = factory(path)
-        _Writers.made.append(writer)
-        dcp.save(converted_state, storage_writer=writer)
+        _Writers.made.append(_Writers.factory(path))
+        dcp.save(converted_state, storage_writer=_Writers.made[-1])
 
     setattr(save, _MARK, True)
     return save

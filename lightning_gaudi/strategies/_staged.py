@@ -32,15 +32,13 @@ _CHECKSUM_PART = ".checksums-rank"  # each rank's part of the index, merged by r
 
 
 def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -> None:
-    """Has every rank ``write(staging)`` its shards into a staging folder beside ``filepath``, then renames the complete
-    folder to ``filepath`` (a collective); a failed write leaves a previous checkpoint as it was. ``ValueError`` for a
-    URL (each rank writes with torch's file-system writer)."""
+    """Has every rank ``write(staging)`` its shards into a staging folder beside ``filepath``, then renames it to
+    ``filepath`` (a collective); a failed write leaves a previous checkpoint as it was. ``ValueError`` for a URL."""
     location = os.fspath(filepath)
     if "://" in location and not location.startswith("file://"):
         raise ValueError(
-            f"{type(strategy).__name__} writes sharded checkpoints to local paths only (every rank writes its shard"
-            f" through torch's file-system writer); got {location!r}. Save to a shared local or mounted path, or save"
-            " a full checkpoint (one file, written through the checkpoint IO, which takes URLs)."
+            f"{type(strategy).__name__} writes sharded checkpoints to local paths only, got {location!r}. Save to a"
+            " shared local or mounted path, or save a full checkpoint (one file, which may go to a URL)."
         )
     path = Path(strategy.broadcast(location.removeprefix("file://")))
     # named like the checkpoint IO's temporaries (writer and process), so later saves remove it if this one is killed
@@ -99,18 +97,16 @@ def _replace(staging: Path, path: Path) -> None:
 
 
 class ChecksummedWriter(FileSystemWriter):
-    """torch's file-system writer of distributed checkpoints, recording the CRC-32 and size of every file it writes
-    as the bytes go to disk (no second read); :meth:`write_checksums` writes this rank's part of the index."""
+    """torch's file-system writer, recording the CRC-32 and size of every file as it writes it (no second read)."""
 
     def __init__(self, path: _PATH) -> None:
         super().__init__(path)
         self.fs = _ChecksummedFileSystem()
 
     def write_checksums(self, rank: int) -> None:
-        """Writes what this rank wrote into ``<checkpoint>/.checksums-rank<rank>`` (merged by :func:`save_staged`)."""
+        """Writes this rank's part of the index (merged by :func:`save_staged`)."""
         assert isinstance(self.fs, _ChecksummedFileSystem)
-        part = Path(self.path) / f"{_CHECKSUM_PART}{rank}"
-        part.write_text(json.dumps(self.fs.written))
+        (Path(self.path) / f"{_CHECKSUM_PART}{rank}").write_text(json.dumps(self.fs.written))
 
 
 class _ChecksummedFileSystem(FileSystem):
@@ -174,11 +170,8 @@ class _CRC32Stream(io.IOBase):
 def _merge_checksums(staging: Path) -> None:
     """Merges the ranks' parts of the checksum index into :data:`CHECKSUMS_FILENAME` (nothing when none was written)."""
     parts = sorted(staging.glob(f"{_CHECKSUM_PART}*"))
-    if not parts:
-        return
-    files: dict[str, Any] = {}
-    for part in parts:
-        files.update(json.loads(part.read_text()))
-    (staging / CHECKSUMS_FILENAME).write_text(json.dumps({"algorithm": "crc32", "files": files}, sort_keys=True))
+    if parts:
+        files = {name: entry for part in parts for name, entry in json.loads(part.read_text()).items()}
+        (staging / CHECKSUMS_FILENAME).write_text(json.dumps({"algorithm": "crc32", "files": files}, sort_keys=True))
     for part in parts:
         part.unlink()

@@ -59,7 +59,7 @@ DEEPSPEED_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = tuple(
 
 
 def _plain(value: Any) -> Any:
-    """``value`` with every mapping a ``dict`` and every list-like a ``list`` (a Hydra ``DictConfig`` included)."""
+    """``value`` with every mapping a ``dict`` and every list-like a ``list`` (Hydra's containers included)."""
     if isinstance(value, Mapping):
         return {str(key): _plain(item) for key, item in value.items()}
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
@@ -170,22 +170,20 @@ def _drop_empty_groups(optimizer: Optimizer, scheduler: Any) -> None:
 
 
 class HPUDeepSpeedStrategy(TrainerParallelCore, DeepSpeedStrategy):
-    """DeepSpeed ZeRO on HPUs, one process per card (``docs/strategies.md``): Intel's fork and DeepSpeed's ``"hpu"``
-    accelerator on Gaudi, public DeepSpeed's ``"cpu"`` accelerator over gloo in eager emulation. Gradient clipping is
-    the Trainer's ``gradient_clip_val``; a checkpoint is a directory of every rank's shards, staged and renamed into
-    place. With ``accelerator="hpu"``, Lightning's names (``"deepspeed"``, ``"deepspeed_stage_3"``...) run it.
+    """DeepSpeed ZeRO on HPUs, one process per card (``docs/strategies.md``); Lightning's names (``"deepspeed"``,
+    ``"deepspeed_stage_3"``...) run it with ``accelerator="hpu"``. Gradient clipping is the Trainer's; a checkpoint
+    is a folder of every rank's shards, staged and renamed into place.
 
     Args:
         zero_optimization: enable ZeRO (``False``: DeepSpeed's data parallelism alone).
-        stage: the ZeRO stage, 0 to 3 (ignored when ``config`` is given: its ``zero_optimization.stage`` decides).
-        config: a DeepSpeed config (https://www.deepspeed.ai/docs/config-json/): a dict, a Hydra node, or the path
-            of a JSON file; replaces every other ZeRO argument. ``gradient_clipping`` and
-            ``gradient_accumulation_steps`` come from the Trainer; a config that sets them otherwise is refused.
+        stage: the ZeRO stage, 0 to 3 (a ``config``'s ``zero_optimization.stage`` decides instead).
+        config: a DeepSpeed config (a dict, a Hydra node, or a JSON file's path), replacing every other ZeRO argument;
+            ``gradient_clipping`` and ``gradient_accumulation_steps`` come from the Trainer.
         offload_optimizer, offload_parameters, ..., exclude_frozen_parameters: as Lightning's ``DeepSpeedStrategy``.
-        accelerator, parallel_devices, cluster_environment, process_group_backend, timeout: the
-            arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
+        accelerator, parallel_devices, cluster_environment, process_group_backend, timeout: as every HPU strategy
+            (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: a ``DeepSpeedPrecision``; normally chosen from ``Trainer(precision=...)``.
-        **kwargs: any other argument of Lightning's ``DeepSpeedStrategy`` (NVMe offload, loss scaling...).
+        **kwargs: any other argument of Lightning's ``DeepSpeedStrategy``.
 
     Raises:
         ImportError: DeepSpeed is not installed (or, on Gaudi, cannot drive the HPU), with the command to install it.

@@ -166,27 +166,23 @@ class FSDPCore(HPUParallelCore):
 
 
 class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
-    """Sharded data-parallel training on several HPUs with torch's ``FullyShardedDataParallel``, one process per card
-    (``docs/sharding.md``): eager or compile mode over HCCL, gloo in emulation; lazy mode is refused. With
-    ``accelerator="hpu"``, Lightning's ``"fsdp"`` runs this strategy.
+    """Sharded data-parallel training with torch's ``FullyShardedDataParallel``, one process per card
+    (``docs/sharding.md``); lazy mode is refused. With ``accelerator="hpu"``, Lightning's ``"fsdp"`` runs it.
 
     Args:
-        accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
-            arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: as every
+            HPU strategy (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: an :class:`~lightning_gaudi.HPUFSDPPrecision`; normally ``Trainer(precision=...)``.
-        cpu_offload: must stay ``None``/``False``: not offered on HPUs (Intel documents FSDP on Gaudi without it).
+        cpu_offload: must stay ``None``/``False`` (Intel documents FSDP on Gaudi without it).
         mixed_precision: torch's ``MixedPrecision`` config; by default it follows the precision plugin.
-        auto_wrap_policy: which submodules become their own FSDP unit: a set or list of module classes or their dotted
-            paths (e.g. the transformer block), or a torch wrap policy; without one the model is one unit.
-        activation_checkpointing_policy: which submodules recompute their activations in the backward, in the same
-            forms.
-        sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (gradients and optimizer states),
-            ``"NO_SHARD"`` (like DDP), ``"HYBRID_SHARD"`` (full sharding within a node, replication across nodes;
-            needs ``device_mesh``), or a ``torch.distributed.fsdp.ShardingStrategy``.
-        state_dict_type: ``"full"`` (one file, gathered on rank 0) or ``"sharded"`` (a directory of every rank's
-            shards, staged and renamed into place; resumed on the same world size).
-        device_mesh: for ``HYBRID_SHARD``, ``(replicas, shards)`` (product: the world size) or a ``DeviceMesh``.
-        **kwargs: any other ``FullyShardedDataParallel`` argument, checked against its signature here.
+        auto_wrap_policy: the submodules that become their own FSDP unit: module classes, their dotted paths, or a
+            torch wrap policy; without one the model is one unit.
+        activation_checkpointing_policy: the submodules that recompute their activations, in the same forms.
+        sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"``, ``"NO_SHARD"``, ``"HYBRID_SHARD"`` (needs
+            ``device_mesh``) or a ``ShardingStrategy``.
+        state_dict_type: ``"full"`` (one file from rank 0) or ``"sharded"`` (a folder of every rank's shards).
+        device_mesh: for ``HYBRID_SHARD``, ``(replicas, shards)`` or a ``DeviceMesh``.
+        **kwargs: any other ``FullyShardedDataParallel`` argument, checked against its signature.
 
     Raises:
         ValueError: an unknown sharding strategy or ``state_dict_type``, CPU offload, a wrap policy that names no
@@ -229,8 +225,8 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
         if cpu_offload is True or (isinstance(cpu_offload, CPUOffload) and cpu_offload.offload_params):
             raise ValueError(
                 f"HPUFSDPStrategy got `cpu_offload={cpu_offload!r}`: CPU offload is not offered on HPUs (Intel"
-                " documents FSDP on Gaudi without it; in emulation the parameters are in host memory already). Remove"
-                " it ('fsdp_cpu_offload' maps to it), shard over more cards, or use activation_checkpointing_policy."
+                " documents FSDP on Gaudi without it). Remove it, shard over more cards, or use"
+                " activation_checkpointing_policy."
             )
         _check_state_dict_type(state_dict_type)
         accepted = set(inspect.signature(FullyShardedDataParallel.__init__).parameters) - {"self", *_SET_BY_STRATEGY}
@@ -381,14 +377,13 @@ class HPUFSDPStrategy(FSDPCore, TrainerParallelCore, FSDPStrategy):
         ):
             module_state = {"model": self.model.state_dict()}
             # torch's reader unpickles .metadata without restriction: this one admits only what metadata is made of
-            trusted = weights_only is False
-            dcp.load(module_state, storage_reader=FileSystemReader(path) if trusted else WeightsOnlyReader(path))
+            reader_type = FileSystemReader if weights_only is False else WeightsOnlyReader
+            dcp.load(module_state, storage_reader=reader_type(path))
             self.model.load_state_dict(module_state["model"], strict=self.lightning_module.strict_loading)
             if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
-                reader = FileSystemReader(path) if trusted else WeightsOnlyReader(path)
                 for index, optimizer in enumerate(self.optimizers):
                     key = f"optimizer_{index}"
-                    state = load_sharded_optimizer_state_dict(module_state["model"], key, reader)[key]
+                    state = load_sharded_optimizer_state_dict(module_state["model"], key, reader_type(path))[key]
                     state.setdefault("state", {})
                     optimizer.load_state_dict(
                         FullyShardedDataParallel.optim_state_dict_to_load(self.model, optimizer, state)

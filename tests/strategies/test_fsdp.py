@@ -56,7 +56,7 @@ def test_lightnings_fsdp_name_runs_the_hpu_strategy(eager_hpu: hpu.Backend, capl
 
 
 def test_lightnings_cpu_offload_name_is_refused(eager_hpu: hpu.Backend) -> None:
-    with pytest.raises(ValueError, match=r"cpu_offload=True.*not offered on HPUs.*host memory"):
+    with pytest.raises(ValueError, match=r"cpu_offload=True.*not offered on HPUs.*Remove it"):
         _trainer(strategy="fsdp_cpu_offload")
 
 
