@@ -34,8 +34,8 @@ _HOST_SYNC_OP = "aten::_local_scalar_dense"
 
 @dataclass
 class ProfileReport:
-    """What the profiled training steps spent their time on: mean step time, the share in the model (forward and
-    backward) and outside it by category, the top ``(op, self ms)``, and the reads of device tensors on the host."""
+    """The profiled training steps' mean time, its share in the model and outside it by category, the top ``(op, self
+    ms)`` and the host syncs."""
 
     steps: int = 0
     step_ms: float = 0.0
@@ -71,7 +71,6 @@ def _intervals(events: Iterable[Any], pattern: re.Pattern[str]) -> list[tuple[fl
 
 
 def _union_length(intervals: list[tuple[float, float]], within: tuple[float, float]) -> float:
-    """The length of the union of ``intervals`` clipped to ``within``."""
     clipped = sorted((max(a, within[0]), min(b, within[1])) for a, b in intervals if b > within[0] and a < within[1])
     total, end = 0.0, within[0]
     for start, stop in clipped:
