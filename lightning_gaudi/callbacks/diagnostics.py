@@ -608,7 +608,8 @@ def _warn_module_compile_of_torch_modules(pl_module: nn.Module) -> None:
 
 def _reads_logged(trainer: pl.Trainer, batch_idx: int) -> str | None:
     """Who reads the values logged with ``self.log`` at the end of this batch: the logger, the progress bar or none."""
-    if trainer.loggers and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+    every = getattr(trainer, "log_every_n_steps", 0)  # set by Lightning's logger connector
+    if trainer.loggers and every and (trainer.global_step + 1) % every == 0:
         return "the logger"
     bar = trainer.progress_bar_callback
     rate = getattr(bar, "refresh_rate", 0) if getattr(bar, "is_enabled", False) else 0

@@ -194,9 +194,9 @@ class HPUCompile(Callback):
                 f"{compile_kwargs['backend']!r}. Leave it out (in emulation, set {runtime.COMPILE_BACKEND_ENV})."
             )
         if compile_kwargs:
-            options = ", ".join(f"`{name}`" for name in COMPILE_OPTIONS)
+            known = ", ".join(f"`{name}`" for name in COMPILE_OPTIONS)
             raise ValueError(
-                f"HPUCompile got unknown argument(s) {sorted(compile_kwargs)}; torch.compile's are {options}."
+                f"HPUCompile got unknown argument(s) {sorted(compile_kwargs)}; torch.compile's are {known}."
             )
         for name, value in (("regional", regional), ("fullgraph", fullgraph)):
             if not isinstance(value, bool):
