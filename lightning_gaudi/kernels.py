@@ -1,6 +1,5 @@
-"""Gaudi's fused attention, RMSNorm and rotary embeddings as a model transformation: :func:`fuse_kernels` replaces
-modules by type with ones that call the seam (:class:`~lightning_gaudi.hpu.Backend`'s ``sdpa``/``rms_norm``/``rope``:
-FusedSDPA, FusedRMSNorm, FusedRoPE on a Gaudi, the reference math in emulation)."""
+"""Gaudi's fused attention, RMSNorm and rotary embeddings (FusedSDPA, FusedRMSNorm, FusedRoPE; the reference math in
+emulation) as a model transformation: :func:`fuse_kernels` replaces modules by type."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Kernels:
-    """The seam's fused kernels (the current ``backend``'s when ``None``; the flags as
-    :class:`~lightning_gaudi.callbacks.FusedKernels`'), sending a call they cannot take to torch's op (warned once per
-    reason). The replacement modules call it; a mapping's own factories get it too."""
+    """The backend's fused kernels with :class:`~lightning_gaudi.callbacks.FusedKernels`' flags; a call they cannot
+    take runs torch's op (warned once per reason)."""
 
     def __init__(
         self,
@@ -83,14 +81,13 @@ class Kernels:
         is_causal: bool = False,
         scale: float | None = None,
     ) -> Tensor:
-        """``F.scaled_dot_product_attention`` on FusedSDPA; ``k`` and ``v`` may have fewer heads than ``q`` (repeated:
-        FusedSDPA has no grouped-query flag)."""
+        """``F.scaled_dot_product_attention`` on FusedSDPA; ``k`` and ``v`` may have fewer heads than ``q``."""
         if k.size(-3) != q.size(-3):
             if q.size(-3) % k.size(-3) or v.size(-3) != k.size(-3):  # torch's error says what is wrong
                 return F.scaled_dot_product_attention(
                     q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True
                 )
-            k, v = (t.repeat_interleave(q.size(-3) // t.size(-3), dim=-3) for t in (k, v))
+            k, v = (t.repeat_interleave(q.size(-3) // t.size(-3), dim=-3) for t in (k, v))  # FusedSDPA has no GQA
         if torch.is_autocast_enabled(q.device.type):  # torch's autocast runs attention in the lower precision
             dtype = torch.get_autocast_dtype(q.device.type)
             q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
@@ -135,8 +132,7 @@ def _sdpa_refusal(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, recomput
 
 
 class FusedRMSNorm(nn.Module):
-    """RMSNorm over the last dimension on FusedRMSNorm, with the replaced module's ``weight`` (its state-dict key);
-    ``hf_style``: Hugging Face LLaMA's math, else ``torch.nn.RMSNorm``'s (``eps=None``: the input dtype's epsilon)."""
+    """RMSNorm on FusedRMSNorm with the replaced module's ``weight``; ``hf_style``: LLaMA's math, else torch's."""
 
     def __init__(self, weight: nn.Parameter, eps: float | None, kernels: Kernels, hf_style: bool) -> None:
         super().__init__()
@@ -170,9 +166,8 @@ class FusedRMSNorm(nn.Module):
 
 
 class FusedLlamaAttention(nn.Module):
-    """Hugging Face's LLaMA attention with its rotary embeddings on FusedRoPE and its attention on FusedSDPA; holds the
-    replaced module's projections (the same state-dict keys) and takes its call (``transformers`` 5: the
-    attention mask the model built for ``attn_implementation="sdpa"`` or ``"eager"``, the cache)."""
+    """Hugging Face's LLaMA attention on FusedRoPE and FusedSDPA, holding the replaced module's projections (the same
+    state-dict keys) and taking its call."""
 
     def __init__(self, attention: nn.Module, kernels: Kernels) -> None:
         super().__init__()
@@ -235,7 +230,7 @@ def default_mapping() -> dict[type[nn.Module], Factory]:
 
 @dataclass
 class KernelReport:
-    """What :func:`fuse_kernels` replaced: ``"LlamaRMSNorm -> FusedRMSNorm"`` and how many, and the ``Kernels``."""
+    """What :func:`fuse_kernels` replaced (``"LlamaRMSNorm -> FusedRMSNorm"``: how many) and the ``Kernels``."""
 
     kernels: Kernels
     replaced: Counter[str] = field(default_factory=Counter)
@@ -256,15 +251,13 @@ def fuse_kernels(
     rms_norm: bool = True,
     rope: bool = True,
 ) -> KernelReport:
-    """Replaces, in place, each submodule of ``model`` whose type (exactly) is a key of ``mapping`` with what its
-    factory returns, and logs one line saying what was replaced. Run it before ``fabric.setup(model)`` (Fabric) or
-    through :class:`~lightning_gaudi.callbacks.FusedKernels` (Trainer); the state dict keeps its keys.
+    """Replaces, in place, each submodule of ``model`` whose exact type is a key of ``mapping`` with what its factory
+    returns (the state dict keeps its keys). Run it before ``fabric.setup(model)``; the Trainer's is ``FusedKernels``.
 
     Args:
         model: the model; its own type is not replaced.
         mapping: module type -> ``factory(module, kernels)``; :func:`default_mapping` when ``None``.
-        sdpa, sdpa_recompute, rms_norm, rope: see :class:`Kernels`; ``rms_norm=False`` keeps RMSNorm modules,
-            ``sdpa=False`` with ``rope=False`` keeps attention modules.
+        sdpa, sdpa_recompute, rms_norm, rope: as :class:`~lightning_gaudi.callbacks.FusedKernels`'.
 
     Raises:
         TypeError: a flag that is not a bool, or a mapping key that is not a module type.

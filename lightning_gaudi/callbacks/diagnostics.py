@@ -8,7 +8,8 @@ import os
 import re
 import sysconfig
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -17,7 +18,7 @@ import lightning
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import CombinedLoader, rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from typing_extensions import override
@@ -141,7 +142,6 @@ class SyncSourceMode(TorchFunctionMode):
         self._read = read_syncs
         self._phase = phase
         self.sources: Counter[SyncSource] = Counter()
-        self.entered = False
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -156,16 +156,6 @@ class SyncSourceMode(TorchFunctionMode):
             if source is not None:
                 self.sources[source] += synced
         return result
-
-    def start(self) -> None:
-        if not self.entered:
-            self.__enter__()
-            self.entered = True
-
-    def stop(self) -> None:
-        if self.entered:
-            self.entered = False
-            self.__exit__(None, None, None)
 
 
 @dataclass
@@ -195,7 +185,6 @@ class _LazyTracker:
         self.sources: SyncSourceMode | None = None
         if self._last is not None and self._last.host_syncs is not None:
             self.sources = SyncSourceMode(self._read_syncs, lambda: {"training": "training step"}.get(phase(), phase()))
-            self.sources.start()
 
     def _read_syncs(self) -> int:
         counters = self.backend.lazy_counters()
@@ -240,7 +229,6 @@ class _DynamoTracker:
         self._frames, self._graphs = dynamo.frames_started(), dynamo.graphs_compiled()
         self._log = dynamo.CompilationLog()
         self.recorder = dynamo.GraphBreakRecorder()
-        self.recorder.start()
         self.frames_compiled = self.recompiles = 0
         self.limit_hit = False
         self.breaks: Counter[str] = Counter()
@@ -265,9 +253,9 @@ class _DynamoTracker:
             self.breaks[key] += 1
             if self._once(f"break:{key}"):
                 rank_zero_warn(
-                    f"torch.compile split a graph at {found.location}: {found.reason}. The code around a graph break"
-                    " runs as separate graphs with Python (and a host round trip) between them; move what breaks out"
-                    " of the compiled module, or pass HPUCompile(fullgraph=True) to make graph breaks errors."
+                    f"torch.compile split a graph at {found.location}: {found.reason}. The pieces run as separate"
+                    " graphs with Python between them; move what breaks out of the compiled module, or pass"
+                    " HPUCompile(fullgraph=True) to make graph breaks errors."
                 )
 
 
@@ -304,6 +292,7 @@ class GraphDiagnostics(Callback):
         self._compile: HPUCompile | None = None
         self._module: nn.Module | None = None
         self._buckets: list[int] | None = None  # BucketedPadCollate's, when the training loader pads with it
+        self._exits = ExitStack()  # the sync tracer and dynamo's logger, given back at the end of the fit
 
     def _flush(self, trainer: pl.Trainer) -> bool:
         """Counts what was compiled since the last flush; ``False`` outside a fit this callback follows."""
@@ -371,32 +360,24 @@ class GraphDiagnostics(Callback):
             return
         if batch.new_shapes:
             kind, cause = "shapes", f"new input shapes {list(batch.shapes)}"
-            message = f"Cause: this batch has {cause}. Every new shape compiles new graphs. {self._padding_advice()}."
+            message = f"Cause: this batch has {cause}; each new shape compiles new graphs. {self._padding_advice()}."
         elif batch.after_validation:
             kind, cause = "after_validation", "the first training step after validation"
             message = (
-                "Cause: it is the first training step after validation, which ran other graphs (eval mode, no"
-                " gradients); this happens once, when the training graphs are rebuilt around the evaluation state."
-                " If it repeats after every validation, something the step reads changed during validation."
+                f"Cause: it is {cause} (eval mode, no gradients ran other graphs): once. If it repeats after every"
+                " validation, something the step reads changed during validation."
             )
         elif batch.epoch_start:
             kind, cause = "epoch_start", "the first training step of an epoch"
-            message = (
-                f"Cause: it is {cause}: Lightning's end-of-epoch bookkeeping of the values logged with `self.log`"
-                " adds its ops to this step's graph, compiled once (its input shapes were seen before)."
-            )
+            message = f"Cause: it is {cause}: Lightning's end-of-epoch bookkeeping of `self.log` values, compiled once."
         elif batch.reads_logged is not None:
             kind, cause = "logging", f"the first step on which {batch.reads_logged} reads the logged values"
-            message = (
-                f"Cause: it is {cause} (`self.log`): turning them into numbers runs ops of their own, a graph"
-                " compiled once and reused by the later steps that read them (its input shapes were seen before)."
-            )
+            message = f"Cause: it is {cause} (`self.log`): reading them is a graph of its own, compiled once."
         else:
             kind, cause = "unexplained", "no new shapes: a Python number baked into the graph, or data-dependent shapes"
             message = (
-                "Likely causes: a Python number that changes every step (a loop index, a step counter, a schedule"
-                " value) used in a tensor op, which bakes it into the graph as a constant (pass it as a tensor"
-                " instead); or dynamic shapes (boolean masks, `nonzero`, data-dependent sizes)."
+                "Likely causes: a Python number that changes every step (a step counter, a schedule value) used in a"
+                " tensor op (pass it as a tensor instead), or data-dependent shapes (boolean masks, `nonzero`)."
             )
         if cause not in self._reasons:
             self._reasons.append(cause)
@@ -408,9 +389,8 @@ class GraphDiagnostics(Callback):
         if self._buckets is None:
             return PADDING_ADVICE
         return (
-            f"BucketedPadCollate already pads to {self._buckets}: each bucket compiles its graphs on its first batch,"
-            " which warm-up may not have seen. Raise `warmup_steps` to cover every bucket, use fewer buckets, and drop"
-            " the ragged last batch (`DataLoader(..., drop_last=True)`)"
+            f"BucketedPadCollate already pads to {self._buckets}: each bucket compiles on its first batch. Raise"
+            " `warmup_steps` to cover every bucket or use fewer, and drop the ragged last batch (`drop_last=True`)"
         )
 
     def _explain_compile(self, batch: _Batch) -> None:
@@ -420,9 +400,9 @@ class GraphDiagnostics(Callback):
             function = compilation.function or "a function"
             if compilation.failure is not None:
                 if self._once(f"failure:{function}"):
+                    what = f"tried to compile {function}"
                     rank_zero_warn(
-                        f"{self._head(batch, f'tried to compile {function}')} Dynamo failed"
-                        f" ({compilation.failure}), so it runs uncompiled."
+                        f"{self._head(batch, what)} Dynamo failed ({compilation.failure}): it runs uncompiled."
                     )
                 continue
             reason, others = compilation.recompile_reason, compilation.other_reasons
@@ -464,6 +444,8 @@ class GraphDiagnostics(Callback):
         if hpu.get_backend().is_lazy():
             self._mode = "lazy"
             self._lazy = _LazyTracker(hpu.get_backend(), lambda: self._phase)
+            if self._lazy.sources is not None:
+                self._exits.enter_context(self._lazy.sources)
             return
         compile_mode = self._compile is not None or runtime.Runtime.from_env().execution_mode == "compile"
         self._mode = "compile" if compile_mode else "eager"
@@ -471,12 +453,7 @@ class GraphDiagnostics(Callback):
             rank_zero_warn(f"GraphDiagnostics cannot read torch.compile's records: {dynamo.unavailable_reason()}.")
             return
         self._dynamo = _DynamoTracker(self._once)
-
-    def _stop(self) -> None:
-        if self._dynamo is not None:  # give dynamo's logger back
-            self._dynamo.recorder.stop()
-        if self._lazy is not None and self._lazy.sources is not None:
-            self._lazy.sources.stop()
+        self._exits.enter_context(self._dynamo.recorder)
 
     @override
     def on_train_batch_start(
@@ -497,9 +474,7 @@ class GraphDiagnostics(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loaders = trainer.train_dataloader
-        loaders = list(loaders.values()) if isinstance(loaders, Mapping) else loaders
-        for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+        for loader in CombinedLoader(trainer.train_dataloader).flattened:
             if isinstance(collate := getattr(loader, "collate_fn", None), BucketedPadCollate):
                 self._buckets = collate.buckets
 
@@ -522,9 +497,9 @@ class GraphDiagnostics(Callback):
             self._validation_runs += 1
             if compiled and self._validation_runs > 1 and self._once("validation"):
                 rank_zero_warn(
-                    f"Validation run {self._validation_runs} compiled {compiled} new graph(s), although the first"
-                    " validation run compiled its graphs already: likely a validation batch of a new shape (a ragged"
-                    f" last batch). {self._padding_advice()}." + self._bridge_hint()
+                    f"Validation run {self._validation_runs} compiled {compiled} new graph(s) after the first: likely"
+                    f" a validation batch of a new shape (a ragged last batch). {self._padding_advice()}."
+                    + self._bridge_hint()
                 )
 
     @override
@@ -538,17 +513,17 @@ class GraphDiagnostics(Callback):
         if not self._flush(trainer):
             return
         self._close_batch()
-        self._stop()
+        self._exits.close()
         self.summary = self._summarize(trainer)
         self._report(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._stop()
+        self._exits.close()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._stop()  # a failed fit skips teardown
+        self._exits.close()  # a failed fit skips teardown
 
     def _summarize(self, trainer: pl.Trainer) -> dict[str, Any]:
         steps = trainer.global_step - self._first_step
@@ -626,15 +601,14 @@ def _warn_module_compile_of_torch_modules(pl_module: nn.Module) -> None:
     if found and dynamo.module_compile_skips_torch_modules():
         rank_zero_warn(
             f"{', '.join(found)} went through `nn.Module.compile()`, which compiles nothing for modules made only of"
-            " torch's own (nn.Sequential, nn.Linear...): dynamo skips code in torch's files, so they run uncompiled."
-            " Use lightning_gaudi.callbacks.HPUCompile (it calls them through a frame of its own), or compile a"
-            " module of your own class."
+            " torch's own (dynamo skips torch's files). Use lightning_gaudi.callbacks.HPUCompile, or compile a module"
+            " of your own class."
         )
 
 
 def _reads_logged(trainer: pl.Trainer, batch_idx: int) -> str | None:
     """Who reads the values logged with ``self.log`` at the end of this batch: the logger, the progress bar or none."""
-    every = getattr(trainer, "log_every_n_steps", 0)
+    every = getattr(trainer, "log_every_n_steps", 0)  # set by Lightning's logger connector
     if trainer.loggers and every and (trainer.global_step + 1) % every == 0:
         return "the logger"
     bar = trainer.progress_bar_callback
@@ -645,14 +619,9 @@ def _reads_logged(trainer: pl.Trainer, batch_idx: int) -> str | None:
 def _advice(reason: str, padding_advice: str = PADDING_ADVICE) -> str:
     if "size mismatch" in reason:
         return (
-            "A dimension changed size, and this function compiles a graph per size (up to"
-            f" torch._dynamo.config.recompile_limit, then runs uncompiled). {padding_advice}; or compile with dynamic"
-            " shapes (HPUCompile(dynamic=None), torch's default, makes a dimension dynamic after its first change;"
-            " dynamic=True from the start)."
+            f"A dimension changed size: one graph per size (up to its recompile_limit). {padding_advice}; or compile"
+            " with dynamic shapes (HPUCompile(dynamic=True); torch's default makes a dimension dynamic on its change)."
         )
     if "training" in reason or "grad_mode" in reason or "is_inference" in reason:
-        return (
-            "The module switched between training and evaluation (or gradients on and off): each has its own graph,"
-            " compiled once."
-        )
+        return "The module switched between training and evaluation (or gradients on and off): one graph each, once."
     return "Something the graph's guards check changed (a Python value, a dtype, a device, a module attribute)."

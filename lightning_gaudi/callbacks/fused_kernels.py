@@ -14,15 +14,14 @@ from lightning_gaudi.kernels import Factory, Kernels, fuse_kernels
 
 
 class FusedKernels(Callback):
-    """Runs the model's attention, RMSNorm and RoPE on Gaudi's FusedSDPA, FusedRMSNorm and FusedRoPE: at setup,
-    :func:`~lightning_gaudi.kernels.fuse_kernels` replaces the LightningModule's modules (not those built in
-    ``configure_model``: call it there) of the mapped types; checkpoints keep their keys.
+    """Runs the model's attention, RMSNorm and RoPE on FusedSDPA, FusedRMSNorm and FusedRoPE: at setup,
+    :func:`~lightning_gaudi.kernels.fuse_kernels` replaces the modules of the mapped types (call it yourself in
+    ``configure_model`` for the modules built there); checkpoints keep their keys.
 
     Args:
         sdpa: attention on FusedSDPA.
-        sdpa_recompute: FusedSDPA's recompute mode (less memory); ``False`` keeps the forward's intermediates.
-        rms_norm: RMSNorm on FusedRMSNorm.
-        rope: rotary embeddings on FusedRoPE.
+        sdpa_recompute: FusedSDPA's recompute mode (less memory).
+        rms_norm, rope: RMSNorm on FusedRMSNorm, rotary embeddings on FusedRoPE.
         mapping: module type -> ``factory(module, kernels)``; the default mapping when ``None``.
     """
 
@@ -41,8 +40,8 @@ class FusedKernels(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        flags = {"sdpa": self.sdpa, "sdpa_recompute": self.sdpa_recompute, "rms_norm": self.rms_norm}
-        self._kernels = fuse_kernels(pl_module, self.mapping, rope=self.rope, **flags).kernels
+        flags = {"sdpa": self.sdpa, "sdpa_recompute": self.sdpa_recompute, "rms_norm": self.rms_norm, "rope": self.rope}
+        self._kernels = fuse_kernels(pl_module, self.mapping, **flags).kernels
 
     def _warn_fallbacks(self, *args: Any, **kwargs: Any) -> None:  # compiled steps could not warn
         if self._kernels is not None:

@@ -190,14 +190,13 @@ class HPUCompile(Callback):
     ) -> None:
         if "backend" in compile_kwargs:
             raise ValueError(
-                f"HPUCompile picks the backend itself ('hpu_backend' on a Gaudi; in emulation"
-                f" {runtime.COMPILE_BACKEND_ENV}, 'inductor' when unset); got backend={compile_kwargs['backend']!r}."
-                f" Leave it out (in emulation, set {runtime.COMPILE_BACKEND_ENV} instead)."
+                f"HPUCompile picks the backend itself ('hpu_backend' on a Gaudi); got backend="
+                f"{compile_kwargs['backend']!r}. Leave it out (in emulation, set {runtime.COMPILE_BACKEND_ENV})."
             )
         if compile_kwargs:
+            known = ", ".join(f"`{name}`" for name in COMPILE_OPTIONS)
             raise ValueError(
-                f"HPUCompile got unknown argument(s) {sorted(compile_kwargs)}; it takes `regional` and torch.compile's"
-                f" {', '.join(f'`{name}`' for name in COMPILE_OPTIONS)}."
+                f"HPUCompile got unknown argument(s) {sorted(compile_kwargs)}; torch.compile's are {known}."
             )
         for name, value in (("regional", regional), ("fullgraph", fullgraph)):
             if not isinstance(value, bool):
@@ -205,10 +204,7 @@ class HPUCompile(Callback):
         if dynamic is not None and not isinstance(dynamic, bool):
             raise ValueError(f"HPUCompile `dynamic={dynamic!r}` must be true, false or None (torch's automatic).")
         if mode is not None and options is not None:
-            raise ValueError(
-                f"HPUCompile got both `mode={mode!r}` and `options`; torch.compile takes one of them. Put the mode's"
-                " settings into `options`, or drop `options`."
-            )
+            raise ValueError(f"HPUCompile got both `mode={mode!r}` and `options`; torch.compile takes one of them.")
         if recompile_limit is not None and (isinstance(recompile_limit, bool) or not int(recompile_limit) >= 1):
             raise ValueError(f"HPUCompile `recompile_limit={recompile_limit!r}` must be a positive number or None.")
         self.regional, self.dynamic, self.fullgraph, self.mode = regional, dynamic, fullgraph, mode
@@ -231,11 +227,9 @@ class HPUCompile(Callback):
         backend = hpu.get_backend()
         if backend.is_lazy():
             raise ValueError(
-                "HPUCompile needs eager mode, but the HPU runs in lazy mode. Call"
-                " lightning_gaudi.configure(execution_mode='compile') before building the Trainer (Hydra:"
-                " runtime.execution_mode=compile; CLI: --runtime.execution_mode compile), or export"
-                " PT_HPU_LAZY_MODE=0 (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python."
-                " Or remove HPUCompile (lazy mode builds graphs itself; HPUGraphs helps evaluation)."
+                "HPUCompile needs eager mode, but the HPU runs in lazy mode. Call lightning_gaudi.configure("
+                "execution_mode='compile') before building the Trainer (Hydra, CLI: runtime.execution_mode=compile),"
+                " or remove HPUCompile (lazy mode builds graphs itself; HPUGraphs helps evaluation)."
             )
         name = backend.check_compile_backend()
         _check_ddp_buckets(trainer)
@@ -251,10 +245,8 @@ class HPUCompile(Callback):
             setattr(target, key, value)
         targets = compile_targets(pl_module, self.regional)
         if not targets:
-            rank_zero_warn(
-                f"HPUCompile found nothing to compile: {type(pl_module).__name__} has no child module with parameters."
-                " It compiles the modules the steps call (e.g. `self.model = ...`); hold the network in one."
-            )
+            name = type(pl_module).__name__
+            rank_zero_warn(f"HPUCompile found nothing to compile: {name} has no child module with parameters.")
             return
         if self.regional and all("." not in path for path, _ in targets):
             rank_zero_warn(
@@ -286,18 +278,15 @@ class HPUCompile(Callback):
         codes = {path: c.code for path, c in self.compiled.items()}
         shared = [p for p, c in codes.items() if f"{c.co_name} ({c.co_filename}:{c.co_firstlineno})" == hit.function]
         head = (
-            f"HPUCompile: torch.compile hit its recompile limit ({dynamo.recompile_limit()} graphs,"
-            f" HPUCompile(recompile_limit=...)) for {hit.function}; inputs that match none of its graphs now run it"
-            f" UNCOMPILED. Last reason: {hit.recompile_reason}."
+            f"HPUCompile: torch.compile hit its recompile limit ({dynamo.recompile_limit()} graphs) for {hit.function};"
+            f" inputs that match none of its graphs now run it UNCOMPILED. Last reason: {hit.recompile_reason}."
         )
         if len(shared) < 2:
             return f"{head} Keep what changes between calls out of its guards (fixed shapes, dynamic=True)."
         return (
-            f"{head} Its {len(shared)} blocks ({shared[0]} to {shared[-1]}) share that code and its graphs, but"
-            " something that differs per block is in the guards, so each block compiles a graph of its own and those"
-            " past the limit run uncompiled. In a Hugging Face decoder it is the KV cache (use_cache=True: each"
-            " layer's cache entry). Fix: HPUCompile(use_cache=False), the default, or use_cache=False in the model"
-            f" call; or recompile_limit of at least {len(shared)} graphs per train/eval variant."
+            f"{head} Its {len(shared)} blocks ({shared[0]} to {shared[-1]}) share that code, but something per block"
+            " is in the guards: in a Hugging Face decoder the KV cache (use_cache=True). Use HPUCompile(use_cache="
+            f"False), the default, or a recompile_limit of at least {len(shared)} per train/eval variant."
         )
 
     def graphs(self) -> int:
@@ -310,15 +299,12 @@ class HPUCompile(Callback):
         head = f"HPUCompile compiled no graph in the first step: it compiled {sorted(self.compiled)}, and"
         if not called:
             return (
-                f"{head} the step called none of their forwards. Compiled code runs only through the module call"
-                " (`self.model(...)`, `self.net(x)`); a step that calls another method (`self.model.generate(...)`)"
-                " or uses the parameters directly runs uncompiled. Call the module, or compile that method yourself."
+                f"{head} the step called none of their forwards (only the module call, `self.model(x)`, runs compiled;"
+                " not `self.model.generate(...)`). Call the module, or compile that method yourself."
             )
         return (
-            f"{head} their forwards ran ({sorted(called)}) but dynamo compiled no frame. Is torch.compile disabled"
-            " (TORCHDYNAMO_DISABLE=1, torch._dynamo.config.disable)? Did every frame fail to compile (see the log)?"
-            " Note that `nn.Module.compile()` on torch's own modules (nn.Sequential, nn.Linear) compiles nothing,"
-            " because dynamo skips code in torch's own files; HPUCompile calls them through a frame of its own."
+            f"{head} their forwards ran ({sorted(called)}) but dynamo compiled no frame: is torch.compile disabled"
+            " (TORCHDYNAMO_DISABLE=1), or did every frame fail to compile (see the log)?"
         )
 
     on_train_batch_end = on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _batch_done
@@ -374,11 +360,9 @@ def _check_ddp_buckets(trainer: pl.Trainer) -> None:
     if first is None or int(cap_mb * 1024 * 1024) >= first:
         return
     raise ValueError(
-        f"HPUCompile with `bucket_cap_mb={cap_mb}` would fail in the first step: torch.compile's DDPOptimizer splits"
-        " every compiled graph at DDP's bucket boundaries and requires its first bucket (fixed by torch at"
-        f' {first / 2**20:g} MB) to be no larger than the others ("First bucket should be smaller/equal to other'
-        f' buckets"). Set `bucket_cap_mb` to at least {first / 2**20:g} (Intel suggests 100 to 230 on Gaudi), or'
-        " train uncompiled (runtime.execution_mode=eager)."
+        f"HPUCompile with `bucket_cap_mb={cap_mb}` would fail in the first step: torch.compile's DDPOptimizer needs"
+        f' the first bucket ({first / 2**20:g} MB) to be no larger than the others ("First bucket should be'
+        f' smaller/equal to other buckets"). Set `bucket_cap_mb` to at least {first / 2**20:g}, or train uncompiled.'
     )
 
 

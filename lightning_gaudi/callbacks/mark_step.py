@@ -61,8 +61,7 @@ class MarkStep(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
-        # Lightning has no callback hook after the step; the batch end that follows is the first point after it
-        self._stepped = self._step
+        self._stepped = self._step  # the batch end that follows is the first hook after the step
 
     @override
     def on_train_batch_end(

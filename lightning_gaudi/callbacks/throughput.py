@@ -32,19 +32,15 @@ def default_batch_size(batch: Any) -> int:
 
 def default_tokens(batch: Any) -> int | None:
     """The element count of ``batch["input_ids"]``, or ``None``."""
-    if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), Tensor):
-        return int(batch["input_ids"].numel())
-    return None
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    return int(ids.numel()) if isinstance(ids, Tensor) else None
 
 
 class HPUThroughputMonitor(ThroughputMonitor):
-    """Lightning's ``ThroughputMonitor``, with training throughput global over ranks and without warm-up.
-
-    Training: host time around the batches after the first ``warmup_steps``, without validation and checkpointing;
-    one ``synchronize`` and all-reduce per epoch logs ``throughput/samples_per_sec``, ``steps_per_sec`` and
-    ``tokens_per_sec``; ``summary`` holds the fit's. Validation, test and predict: as Lightning logs them.
-    ``batch_size_fn``/``tokens_fn`` count a batch (default :func:`default_batch_size`, :func:`default_tokens`).
-    """
+    """Lightning's ``ThroughputMonitor`` with training throughput global over ranks, after ``warmup_steps``, without
+    validation and checkpointing, and one ``synchronize`` per epoch: it logs ``throughput/samples_per_sec``,
+    ``steps_per_sec`` and ``tokens_per_sec``; :attr:`summary` holds the fit's. ``batch_size_fn``/``tokens_fn`` count
+    a batch (default :func:`default_batch_size`, :func:`default_tokens`)."""
 
     def __init__(
         self,
@@ -61,7 +57,6 @@ class HPUThroughputMonitor(ThroughputMonitor):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        # FLOPs are optional here: decided now, so Lightning does not warn at the first evaluation batch without them
         self._module_has_flops = hasattr(pl_module, "flops_per_batch")
 
     @override
@@ -116,7 +111,7 @@ class HPUThroughputMonitor(ThroughputMonitor):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._last_end is not None:
+        if self._last_end is not None:  # the epoch's last batch ends when the device is done
             hpu.get_backend().synchronize()
             self._epoch[0] += time.perf_counter() - self._last_end
             self._last_end = None

@@ -1,6 +1,5 @@
-"""FP8 inference on Gaudi 2 and later through Intel Neural Compressor (INC), in two runs: ``measure`` records the
-layers' ranges into files at ``stats_path``, ``quantize`` (later, in any process) runs them in FP8 with those scales.
-Emulated where the backend has no INC (:class:`EmulatedNeuralCompressor`)."""
+"""FP8 inference through Intel Neural Compressor (INC): ``measure`` records the layers' ranges into files at
+``stats_path``, ``quantize`` (later, in any process) runs them in FP8 with those scales; emulated without INC."""
 
 from __future__ import annotations
 
@@ -66,8 +65,8 @@ def prepare_fp8_inference(
     blocklist: Sequence[str] = (),
     **options: Any,
 ) -> nn.Module:
-    """Prepares ``module`` (on its device) for FP8 inference in ``mode``, in place, and returns it; again with the
-    same mode and path it does nothing. For Fabric and loops of your own (the Trainer's: the ``FP8Inference`` callback).
+    """Prepares ``module`` for FP8 inference in ``mode``, in place (again with the same mode and path: nothing), and
+    returns it. For Fabric and loops of your own; the Trainer's is the ``FP8Inference`` callback.
 
     Args:
         module: the model.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from typing import Any
 
 from lightning.pytorch.plugins.precision import Precision
@@ -13,27 +12,17 @@ from lightning_gaudi.fp8.recipe import FP8Recipe
 from lightning_gaudi.fp8.training import FP8Training
 
 
-class FP8PrecisionCore:
+class FP8PrecisionCore(FP8Training):
     """The FP8 plugin's behaviour, shared by the Trainer's :class:`HPUFP8Precision` and Fabric's: the ``nn.Linear``
     layers converted, steps under FP8 autocast, the FP8 scaling state as the plugin's state."""
 
     precision = "fp8"
 
     def __init__(self, recipe: FP8Recipe | Mapping[str, Any] | None = None) -> None:
-        self.recipe = FP8Recipe.coerce(recipe)
-        self._fp8 = FP8Training(self.recipe)
+        super().__init__(FP8Recipe.coerce(recipe))
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        return self._fp8.convert(module)
-
-    def forward_context(self) -> AbstractContextManager[None]:
-        return self._fp8.forward_context()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._fp8.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._fp8.load_state_dict(state_dict)
+        return self.convert(module)
 
 
 class HPUFP8Precision(FP8PrecisionCore, Precision):  # type: ignore[misc]

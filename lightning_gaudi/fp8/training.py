@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -26,18 +26,9 @@ class FP8Training:
         check_precision_supported("fp8", backend)
         self.recipe = recipe
         self._autocast_device = backend.autocast_device_type
-        self._engine = backend.transformer_engine()
-        self._bridge_recipe = (
-            None
-            if self._engine is None
-            else self._engine.delayed_scaling(
-                fp8_format=recipe.format,
-                margin=recipe.margin,
-                interval=recipe.interval,
-                amax_history_len=recipe.amax_history_len,
-                amax_compute_algo=recipe.amax_compute_algo,
-            )
-        )
+        self._engine = engine = backend.transformer_engine()
+        settings = (recipe.format, recipe.margin, recipe.interval, recipe.amax_history_len, recipe.amax_compute_algo)
+        self._bridge_recipe = None if engine is None else engine.delayed_scaling(*settings)
         self._layers: dict[str, nn.Module] = {}
 
     @property
@@ -49,20 +40,13 @@ class FP8Training:
         """Replaces ``module``'s linear layers whose shapes suit FP8 (in place) and says once what it did."""
         engine = self._engine
         if engine is None:
-            make = functools.partial(FP8Linear.from_linear, recipe=self.recipe)
-            module, conversion = convert_linear_layers(module, make, _is_emulated_fp8)
-            what = f"emulated FP8 (FP8Linear, recipe {self.recipe.format})"
-            is_fp8 = _is_emulated_fp8
+            make: Callable[[nn.Linear], nn.Module] = functools.partial(FP8Linear.from_linear, recipe=self.recipe)
+            is_fp8, what = _is_emulated_fp8, f"emulated FP8 (FP8Linear, recipe {self.recipe.format})"
         else:
-            module, conversion = convert_linear_layers(module, engine.linear, engine.is_fp8_module)
+            make, is_fp8 = engine.linear, engine.is_fp8_module
             what = f"FP8 (Intel's te.Linear, recipe {self.recipe.format})"
-            is_fp8 = engine.is_fp8_module
-        seen: set[int] = set()
-        self._layers = {}
-        for name, layer in module.named_modules():
-            if is_fp8(layer) and id(layer) not in seen:
-                seen.add(id(layer))
-                self._layers[name] = layer
+        module, conversion = convert_linear_layers(module, make, is_fp8)
+        self._layers = {name: layer for name, layer in module.named_modules() if is_fp8(layer)}  # each layer once
         if not self._layers:
             rank_zero_warn(
                 f"{conversion.summary(what)} precision='fp8' computes nothing in FP8 for this model: it has no"

@@ -34,8 +34,8 @@ _HOST_SYNC_OP = "aten::_local_scalar_dense"
 
 @dataclass
 class ProfileReport:
-    """What the profiled training steps spent their time on: mean step time, the share in the model (forward and
-    backward) and outside it by category, the top ``(op, self ms)``, and the reads of device tensors on the host."""
+    """The profiled training steps' mean time, its share in the model and outside it by category, the top ``(op, self
+    ms)`` and the host syncs."""
 
     steps: int = 0
     step_ms: float = 0.0
@@ -71,7 +71,6 @@ def _intervals(events: Iterable[Any], pattern: re.Pattern[str]) -> list[tuple[fl
 
 
 def _union_length(intervals: list[tuple[float, float]], within: tuple[float, float]) -> float:
-    """The length of the union of ``intervals`` clipped to ``within``."""
     clipped = sorted((max(a, within[0]), min(b, within[1])) for a, b in intervals if b > within[0] and a < within[1])
     total, end = 0.0, within[0]
     for start, stop in clipped:
@@ -82,37 +81,20 @@ def _union_length(intervals: list[tuple[float, float]], within: tuple[float, flo
     return total
 
 
-def _subtract(intervals: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """``intervals`` with the parts covered by ``holes`` cut out."""
-    result = []
-    for start, stop in intervals:
-        pieces = [(start, stop)]
-        for hole_start, hole_stop in holes:
-            pieces = [
-                piece
-                for a, b in pieces
-                for piece in ((a, min(b, hole_start)), (max(a, hole_stop), b))
-                if piece[1] > piece[0]
-            ]
-        result.extend(pieces)
-    return result
-
-
 def build_report(events: Any, top: int = 5) -> ProfileReport:
     """A :class:`ProfileReport` from the profiler's function events (``torch.autograd.profiler_util.EventList``)."""
     events = list(events or [])
     steps = [(e.time_range.start, e.time_range.end) for e in events if _STEP_SPAN.match(e.name)]
     if not steps:
         return ProfileReport()
-    model = _intervals(events, _MODEL_SPANS)
     step_total = sum(end - start for start, end in steps)
-    model_total = sum(_union_length(model, step) for step in steps)
+    counted = _intervals(events, _MODEL_SPANS)
+    model_total = covered = sum(_union_length(counted, step) for step in steps)
     shares = {}
-    counted = list(model)  # each moment of a step is counted once: nested spans go to the first category
-    for name, pattern in _HOST_SPANS.items():
-        spans = _subtract(_intervals(events, pattern), counted)
-        shares[name] = sum(_union_length(spans, step) for step in steps) / step_total
-        counted.extend(spans)
+    for name, pattern in _HOST_SPANS.items():  # each moment counts once: nested spans go to the first category
+        counted += _intervals(events, pattern)
+        total = sum(_union_length(counted, step) for step in steps)
+        shares[name], covered = (total - covered) / step_total, total
     in_steps = [e for e in events if any(s <= e.time_range.start < t for s, t in steps)]
     operators: dict[str, float] = {}
     for event in in_steps:
@@ -131,8 +113,7 @@ def build_report(events: Any, top: int = 5) -> ProfileReport:
 
 
 class HPUProfiler(PyTorchProfiler):
-    """Lightning's PyTorch profiler with HPU activity, a schedule past the warm-up, one trace per rank and a
-    :class:`ProfileReport` (:attr:`report`).
+    """Lightning's PyTorch profiler with HPU activity, a schedule past the warm-up, one trace per rank and a report.
 
     Args:
         dirpath: where traces and the text summary go (the Trainer's log directory when ``None``).
@@ -159,7 +140,6 @@ class HPUProfiler(PyTorchProfiler):
             "schedule", torch.profiler.schedule(wait=wait_steps, warmup=1, active=active_steps, repeat=1)
         )
         profiler_kwargs.setdefault("sort_by_key", "cpu_time_total")
-        #: what torch's profiler records (asks the seam: build it after ``lightning_gaudi.configure(...)``)
         self.activities: list[ProfilerActivity] = list(
             profiler_kwargs.setdefault("activities", hpu.get_backend().profiler_activities())
         )
@@ -175,8 +155,7 @@ class HPUProfiler(PyTorchProfiler):
 
     def _on_trace_ready(self, profiler: torch.profiler.profile) -> None:
         report = build_report(profiler.events())
-        # torch hands over every completed cycle; the first with training steps is the report's
-        if report.model_share > 0 and self.report.model_share == 0:
+        if report.model_share > 0 and self.report.model_share == 0:  # the first cycle with training steps
             self.report = report
         if self._export_trace and self.dirpath is not None:
             worker = f"profile-{self.local_rank}-{self.filename or 'hpu'}"
