@@ -201,7 +201,7 @@ class Routing:
             if not isinstance(accelerator, HPUAccelerator):
                 raise ValueError(
                     f"`{self.owner}(precision='fp8')` is lightning_gaudi's FP8 training for Gaudi 2 and later, not"
-                    f" for {type(accelerator).__name__}. Use `{self.owner}(accelerator='hpu', precision='fp8')`; for"
+                    f" on {type(accelerator).__name__}. Use `{self.owner}(accelerator='hpu', precision='fp8')`; for"
                     " NVIDIA GPUs Lightning offers precision='transformer-engine'."
                 )
             return self.fp8_plugin(strategy)
