@@ -19,14 +19,6 @@ from torch import Tensor
 
 from lightning_gaudi.hpu.runtime import INT64_ENV, bridge_bool
 
-__all__ = [
-    "RANGE_CHECK_ENV",
-    "downcast_range_message",
-    "held_values",
-    "int64_supported",
-    "range_check_enabled",
-]
-
 #: The lazy-mode copy's range check (scripts/env_flags.yaml:584-588), on by default.
 RANGE_CHECK_ENV = "PT_HPU_ENABLE_VALID_DATA_RANGE_CHECK"
 #: c10's names (``toString(ScalarType)``) of the types the bridge's messages print here.

@@ -23,18 +23,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = [
-    "BOOL_AVG_MESSAGE",
-    "HCCL_DTYPES",
-    "HCCL_REDUCE_OPS",
-    "NATIVE_REDUCTION_DTYPES",
-    "UNSUPPORTED_DTYPE_MESSAGE",
-    "UNSUPPORTED_REDUCE_OP_MESSAGE",
-    "check_dtype",
-    "check_reduce_op",
-    "explain",
-]
-
 #: The reduce ops HCCL has (``hcclOp``, collective_utils.cpp:39-44); AVG and PREMUL_SUM are refused.
 HCCL_REDUCE_OPS = ("SUM", "MIN", "MAX", "PRODUCT")
 UNSUPPORTED_REDUCE_OP_MESSAGE = "Unsupported ReduceOp for HCCL process group"  # collective_utils.cpp:64
