@@ -69,6 +69,8 @@ class Routing:
     mixed_precision: Callable[..., Any]
     check_plugin: Callable[[Any], None]
     fp8_plugin: Callable[[Any], Any]
+    #: Fabric's: the Trainer's strategy base, whose lightning_gaudi strategies are refused naming their Fabric twin.
+    other_base: type | None = None
 
     def registered_class(self, flag: object) -> type | None:
         found = self.registry[flag]["strategy"] if isinstance(flag, str) and flag in self.registry else None
@@ -80,6 +82,17 @@ class Routing:
 
     def check_flags(self, strategy: Any, accelerator: Any, registered: Sequence[str]) -> None:
         """Raises ``ValueError`` naming the HPU strategies for an unknown ``"hpu..."`` name or any with the HPU."""
+        if (
+            self.other_base
+            and isinstance(strategy, self.other_base)
+            and type(strategy).__module__.startswith("lightning_gaudi.")
+        ):
+            cls = type(strategy).__name__
+            raise ValueError(
+                f"`strategy={cls}(...)`: lightning_gaudi.{cls} is the Trainer's strategy. With Fabric use"
+                f" {self.package}.{cls}(...), which takes the same arguments (`precision` where the Trainer's takes"
+                f" `precision_plugin`), or its name, {type(strategy).strategy_name!r}."  # type: ignore[attr-defined]
+            )
         if not isinstance(strategy, str):
             return
         name = strategy.lower()
