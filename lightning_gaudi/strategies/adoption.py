@@ -126,13 +126,8 @@ def _given(arguments: Mapping[str, Any], lightning_cls: Any) -> dict[str, Any]:
 
 def described(arguments: Mapping[str, Any]) -> str:
     """``arguments`` as ``name=value`` for the start-up line (long values shortened)."""
-    shown = []
-    for name, value in arguments.items():
-        if value is None:
-            continue
-        text = repr(value)
-        shown.append(f"{name}={text if len(text) <= 60 else text[:57] + '...'}")
-    return ", ".join(shown)
+    texts = {name: repr(value) for name, value in arguments.items() if value is not None}
+    return ", ".join(f"{name}={text if len(text) <= 60 else text[:57] + '...'}" for name, text in texts.items())
 
 
 def _same(value: Any, default: Any) -> bool:

@@ -295,7 +295,6 @@ class HPUParallelCore(HPUStrategyCore):
     def _configure_launcher(self) -> None:
         super()._configure_launcher()  # type: ignore[misc]
         strategy: Any = self
-        # Lightning's launcher with this package's watcher of the ranks it starts (patches/launcher.py)
         strategy._launcher = hpu_launcher(strategy._launcher, watch_ranks, stop_ranks)
 
     def _get_process_group_backend(self) -> str:
@@ -478,8 +477,7 @@ class TrainerParallelCore(TrainerCore, HPUParallelCore):
         """Forms the process group on HCCL (gloo in emulation); one that exists is kept."""
         self._form_process_group()
 
-    # the forward runs collectives too (DDP's bucket rebuild and buffer broadcast, FSDP's and ZeRO-3's gathers): only
-    # transport failures are translated, the step's own errors pass through unchanged
+    # the forward runs collectives too (DDP's buffer broadcast, FSDP's gathers): only transport failures are translated
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         with self._forward_errors:
             return super().training_step(*args, **kwargs)  # type: ignore[misc]

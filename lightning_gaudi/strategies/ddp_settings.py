@@ -82,16 +82,14 @@ class DDPSettings:
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
         """The keyword arguments ``DistributedDataParallel`` is built with (besides the module)."""
-        kwargs: dict[str, Any] = {
+        optional = {"bucket_cap_mb": self.bucket_cap_mb, "broadcast_buffers": self.broadcast_buffers}
+        return {
             "gradient_as_bucket_view": self.gradient_as_bucket_view,
             "static_graph": self.static_graph,
             "find_unused_parameters": self.find_unused_parameters,
+            **{key: value for key, value in optional.items() if value is not None},
+            **self.extra,
         }
-        if self.bucket_cap_mb is not None:
-            kwargs["bucket_cap_mb"] = self.bucket_cap_mb
-        if self.broadcast_buffers is not None:
-            kwargs["broadcast_buffers"] = self.broadcast_buffers
-        return {**kwargs, **self.extra}
 
     def check_extra(self, owner: type, base: type) -> DDPSettings:
         """These settings; ``TypeError`` for an ``extra`` argument neither DDP nor ``base`` takes, or one the strategy
