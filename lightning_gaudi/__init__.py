@@ -64,14 +64,11 @@ def register() -> None:
     """Registers the HPU accelerator and strategies with the Trainer and Fabric and installs the patches (with the
     routing policy); runs at import, safe to call again."""
     HPUAccelerator.register_accelerators(AcceleratorRegistry)
-    for strategy in (
-        SingleHPUStrategy,
-        HPUParallelStrategy,
-        HPUDeepSpeedStrategy,
-        HPUFSDPStrategy,
-        HPUModelParallelStrategy,
-    ):
-        strategy.register_strategies(StrategyRegistry)
+    SingleHPUStrategy.register_strategies(StrategyRegistry)
+    HPUParallelStrategy.register_strategies(StrategyRegistry)
+    HPUDeepSpeedStrategy.register_strategies(StrategyRegistry)
+    HPUFSDPStrategy.register_strategies(StrategyRegistry)
+    HPUModelParallelStrategy.register_strategies(StrategyRegistry)
     fabric.register()
     routing.install()
     patches.install_all()
