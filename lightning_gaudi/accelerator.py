@@ -21,24 +21,17 @@ def _parse_indices(devices: int | str | list[int] | tuple[int, ...], available: 
     original = devices
     if isinstance(devices, str):
         text = devices.strip().lower()
-        if text == "auto":
-            devices = -1
-        elif "," in text:
-            parts = [part.strip() for part in text.split(",") if part.strip()]
-            if not parts or not all(part.isdigit() for part in parts):
-                raise ValueError(f"`devices={original!r}` is not a list of HPU indices; write it like '0,1'.")
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if text == "auto" or text.lstrip("-").isdigit():
+            devices = -1 if text == "auto" else int(text)
+        elif "," in text and parts and all(part.isdigit() for part in parts):
             devices = [int(part) for part in parts]
-        elif text.lstrip("-").isdigit():
-            devices = int(text)
-        else:
-            raise ValueError(f"`devices={original!r}` is not understood; pass an int, 'auto', -1, a list or '0,1'.")
-    if isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
+    if isinstance(devices, (bool, str)) or not isinstance(devices, (int, list, tuple)):
         raise ValueError(
             f"`devices={original!r}` must be an int, 'auto', -1, a list of indices or a string like '0,1'."
         )
     if isinstance(devices, int):
-        if devices == -1:
-            devices = available
+        devices = available if devices == -1 else devices
         if devices < 1:
             raise ValueError(
                 f"`devices={original!r}` is not a number of HPUs; pass a positive count, 'auto' or -1 (all)."
@@ -94,7 +87,7 @@ class HPUAccelerator(Accelerator):
 
     @override
     def teardown(self) -> None:
-        """Nothing to release: the bridge frees device memory itself and has no ``empty_cache``."""
+        """Nothing to release: the bridge frees device memory itself."""
 
     @staticmethod
     @override
@@ -110,8 +103,7 @@ class HPUAccelerator(Accelerator):
         if visible is not None:
             note += (
                 f" This process sees only the cards {hpu.VISIBLE_MODULES_ENV}={visible!r} lists: where the launcher"
-                " gives each process its own card (Ray Train's `resources_per_worker={'HPU': 1}`), pass"
-                " devices='auto' and set the number of processes in the launcher (`ScalingConfig(num_workers=N)`)."
+                " gives each process its card (Ray Train), pass devices='auto' and set the processes there."
             )
         return _parse_indices(devices, backend.device_count(), note)
 

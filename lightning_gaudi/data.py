@@ -14,9 +14,7 @@ __all__ = ["BucketedPadCollate"]
 
 
 def _is_sequence(value: Any) -> bool:
-    if isinstance(value, Tensor):
-        return value.dim() == 1
-    return isinstance(value, (list, tuple))
+    return value.dim() == 1 if isinstance(value, Tensor) else isinstance(value, (list, tuple))
 
 
 class BucketedPadCollate:
@@ -55,12 +53,8 @@ class BucketedPadCollate:
         self.padding_side = padding_side
         self.truncate = truncate
         self.sequence_keys = tuple(sequence_keys) if sequence_keys is not None else None
-        self.pad_values: dict[str, int | float] = {
-            "input_ids": pad_token_id,
-            "labels": label_pad_token_id,
-            "attention_mask": 0,
-        }
-        self.pad_values.update(pad_values or {})
+        defaults = {"input_ids": pad_token_id, "labels": label_pad_token_id, "attention_mask": 0}
+        self.pad_values: dict[str, int | float] = {**defaults, **(pad_values or {})}
 
     def bucket_length(self, length: int) -> int:
         """The smallest bucket not shorter than ``length`` (the largest under ``truncate``, else ``ValueError``)."""
@@ -86,10 +80,8 @@ class BucketedPadCollate:
         batch: dict[str, Tensor] = {}
         for key in keys:
             values = [sample[key] for sample in samples]
-            if key in sequence_keys:
-                batch[key] = self._pad(key, values)
-            else:
-                batch[key] = torch.stack([torch.as_tensor(v) for v in values])
+            pad = key in sequence_keys
+            batch[key] = self._pad(key, values) if pad else torch.stack([torch.as_tensor(v) for v in values])
         if "attention_mask" not in batch and "input_ids" in sequence_keys:
             lengths = [len(sample["input_ids"]) for sample in samples]
             batch["attention_mask"] = self._pad("attention_mask", [[1] * n for n in lengths])

@@ -26,18 +26,14 @@ HPU_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "
 #: Lightning's short precision names, as its Trainer reads them.
 _ALIASES = {"64": "64-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 _HINTS = {
-    "64": " A Gaudi holds float64 tensors in float32 (Intel's bridge casts them when they reach the card and keeps"
-    " their float64 dtype; its Support Matrix lists Float64 as unsupported), so the model would train in single"
-    " precision while it says double.",
-    "transformer-engine": " Lightning's transformer-engine precision drives NVIDIA's Transformer Engine on CUDA."
-    " For FP8 training on Gaudi 2 and later (Intel's Transformer Engine port, emulated on the CPU) use"
-    " `precision='fp8'` (lightning_gaudi.fp8.HPUFP8Precision).",
+    "64": " A Gaudi holds float64 tensors in float32, so the model would train in single precision.",
+    "transformer-engine": " Lightning's transformer-engine precision is NVIDIA's; on Gaudi 2 and later use"
+    " `precision='fp8'`.",
 }
 
 
 def supported_precisions(backend: hpu.Backend | None = None) -> tuple[str, ...]:
-    """The precisions this HPU runs: :data:`HPU_PRECISIONS` less fp16 and fp8 on first-generation Gaudi and mixed
-    precision under lazy emulation (no autocast there)."""
+    """The precisions this HPU runs: :data:`HPU_PRECISIONS` less those the device lacks."""
     backend = backend or hpu.get_backend()
     fp16 = backend.supports_fp16()
     fp8 = backend.supports_fp8()
@@ -128,16 +124,15 @@ def autocast_device(precision: str, api: str) -> str:
 
 
 class HPUPrecision(MixedPrecision):
-    """Automatic mixed precision with ``torch.autocast`` on the HPU device type; the optimizers of
-    :func:`~lightning_gaudi.fuse_optimizer` are clipped with the fused clipper (``"16-mixed"``: gradients unscaled).
+    """Automatic mixed precision with ``torch.autocast`` on the HPU device type; fused optimizers are clipped with the
+    fused clipper.
 
     Args:
         precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
         scaler: a ``torch.amp.GradScaler`` for ``"16-mixed"``; one is made when not given.
 
     Attributes:
-        op_lists: an :class:`OpListMode` entered with autocast in every step (emulation only; set by
-            :class:`~lightning_gaudi.callbacks.BF16Autocast`).
+        op_lists: an :class:`OpListMode` entered with autocast (emulation: set by ``BF16Autocast``).
     """
 
     def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:

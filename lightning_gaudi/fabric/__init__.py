@@ -39,14 +39,12 @@ RUN_COMMAND = "python -m lightning_gaudi fabric run"
 
 
 def compile_backend_for(strategy: Any) -> Any:
-    """The ``torch.compile`` backend ``fabric.setup`` recompiles a model with: the execution mode's on an HPU
-    strategy (:meth:`FabricCore.compile_backend`), ``None`` (torch's default) on any other."""
+    """The ``torch.compile`` backend ``fabric.setup`` recompiles a model with on an HPU strategy (else ``None``)."""
     return strategy.compile_backend() if isinstance(strategy, FabricCore) else None
 
 
 def launch_hint(fabric: Any) -> str | None:
-    """What Fabric's refusal of an unlaunched multi-device job adds on an HPU strategy: the command that starts the
-    script on the HPU (Lightning's ``fabric run`` has no HPU accelerator); ``None`` on any other strategy."""
+    """What Fabric's refusal of an unlaunched multi-device job adds on an HPU strategy: the command that starts it."""
     strategy = fabric.strategy
     if not isinstance(strategy, FabricCore):
         return None
@@ -62,9 +60,7 @@ def launch_hint(fabric: Any) -> str | None:
 def register() -> None:
     """Registers ``"hpu"`` and the HPU strategies with Fabric's registries (idempotent)."""
     HPUAccelerator.register_accelerators(ACCELERATOR_REGISTRY)
-    SingleHPUStrategy.register_strategies(STRATEGY_REGISTRY)
-    HPUParallelStrategy.register_strategies(STRATEGY_REGISTRY)
-    HPUFSDPStrategy.register_strategies(STRATEGY_REGISTRY)
-    HPUModelParallelStrategy.register_strategies(STRATEGY_REGISTRY)
+    for strategy in (SingleHPUStrategy, HPUParallelStrategy, HPUFSDPStrategy, HPUModelParallelStrategy):
+        strategy.register_strategies(STRATEGY_REGISTRY)
     fabric_compile.HOOKS.backend = compile_backend_for
     fabric_launch_hint.HOOKS.hint = launch_hint

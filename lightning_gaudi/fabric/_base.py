@@ -23,7 +23,7 @@ from lightning_gaudi.strategies.core import HPUParallelCore, HPUStrategyCore
 
 def rebind_parameters(optimizer: Optimizer, moved: dict[int, tuple[weakref.ref[Tensor], Tensor]]) -> None:
     """Points ``optimizer``'s groups and state at the parameters that replaced its own (``moved``: ``id(old) ->
-    (weak reference to old, new)``, as :meth:`FabricCore.module_to_device` records)."""
+    (weakref to old, new)``)."""
 
     def replacement(parameter: Tensor) -> Tensor:
         entry = moved.get(id(parameter))
@@ -43,9 +43,8 @@ def _explain_forward_error(module: Module, args: Any, output: Any) -> None:
 
 
 class FabricCore(HPUStrategyCore):
-    """Fabric's hooks of every HPU strategy: tied weights kept and an optimizer built before ``fabric.setup``
-    following its model to the HPU, lazy mode's graph cut after each ``fabric.backward`` and optimizer step (Fabric
-    has no callbacks to place it), the note on an emulator's limits.
+    """Fabric's hooks of every HPU strategy: tied weights kept, an optimizer built before ``fabric.setup`` following
+    its model, lazy mode's graph cut after each backward and optimizer step, the note on an emulator's limits.
 
     Args:
         mark_step: ``False`` turns lazy mode's graph cuts off (like ``MarkStep(enabled=False)`` for the Trainer).
@@ -71,10 +70,8 @@ class FabricCore(HPUStrategyCore):
         if backend.is_lazy():
             raise ValueError(
                 "A model compiled with torch.compile was passed to `fabric.setup`, but the HPU runs in lazy mode,"
-                " where torch.compile does not run. Use eager mode: call"
-                " lightning_gaudi.configure(execution_mode='compile') before building Fabric, or export"
-                " PT_HPU_LAZY_MODE=0 (LIGHTNING_GAUDI_EMULATE=eager in emulation) before starting Python; or pass the"
-                " model uncompiled (lazy mode builds graphs itself)."
+                " where torch.compile does not run. Call lightning_gaudi.configure(execution_mode='compile') before"
+                " building Fabric, or pass the model uncompiled."
             )
         name = backend.check_compile_backend()
         compile_cache.use(*compile_cache.strategy_key(self))

@@ -17,8 +17,7 @@ _Precision = Literal["bf16-mixed", "16-mixed"]
 
 
 def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None) -> None:
-    """Raises ``ValueError`` for a Fabric precision plugin ``backend`` (default: the current HPU) cannot run: a
-    Trainer's plugin, autocast on another device type, or a precision the device lacks."""
+    """Raises ``ValueError`` for a Fabric precision plugin ``backend`` (default: the current HPU) cannot run."""
     backend = backend or hpu.get_backend()
     name = str(plugin.precision)
     if isinstance(plugin, TrainerPrecision):
@@ -37,15 +36,7 @@ def check_precision_plugin(plugin: Precision, backend: hpu.Backend | None = None
 
 
 class HPUPrecision(MixedPrecision):
-    """Fabric's counterpart of :class:`lightning_gaudi.HPUPrecision`: ``torch.autocast`` on the HPU device type.
-
-    Args:
-        precision: ``"bf16-mixed"`` (every Gaudi) or ``"16-mixed"`` (Gaudi2 and later, with a gradient scaler).
-        scaler: a ``torch.amp.GradScaler`` for ``"16-mixed"``; one is made when not given.
-
-    Raises:
-        ValueError: a precision this device cannot run.
-    """
+    """Fabric's counterpart of :class:`lightning_gaudi.HPUPrecision`, with the same arguments."""
 
     def __init__(self, precision: _Precision = "bf16-mixed", scaler: torch.amp.GradScaler | None = None) -> None:
         super().__init__(precision, device=autocast_device(precision, "Fabric"), scaler=scaler)

@@ -49,10 +49,9 @@ __all__ = [
 
 
 NO_HPU_MESSAGE = (
-    "No Gaudi HPU is usable: Intel's PyTorch bridge (`habana_frameworks.torch`) is not installed. On a Gaudi"
-    " machine, install Intel Gaudi software and its PyTorch packages (or use Intel's Gaudi PyTorch container),"
-    " see https://docs.habana.ai/en/latest/Installation_Guide/. To run the HPU code paths on the CPU instead, set"
-    f" {EMULATE_ENV}=eager (or =lazy to emulate lazy mode with torch's Lazy Tensor Core)."
+    "No Gaudi HPU is usable: Intel's PyTorch bridge (`habana_frameworks.torch`) is not installed. On a Gaudi, install"
+    " Intel Gaudi software (https://docs.habana.ai/en/latest/Installation_Guide/); to run the HPU code paths on the"
+    f" CPU, set {EMULATE_ENV}=eager (or =lazy to emulate lazy mode)."
 )
 
 
@@ -97,9 +96,7 @@ def explain_error(error: BaseException) -> bool:
 def get_backend() -> Backend:
     """The backend for this process's settings (one per setting); :class:`HPUUnavailableError` without one."""
     mode = emulation_mode()
-    # a PT_HPU_LAZY_MODE the bridge breaks on (false) is refused in emulation too (the same job would stop on a
-    # Gaudi), before the Trainer starts any process; on a Gaudi, before the bridge loads
-    lazy = runtime.lazy_mode()
+    lazy = runtime.lazy_mode()  # a value the bridge breaks on is refused in emulation too
     key = (
         ("habana", 0, "")
         if mode is None

@@ -35,18 +35,16 @@ MEMORY_BYTE_KEYS = ("Limit", "InUse", "MaxInUse", "MaxAllocSize")
 
 #: Device names the bridge reports, by Gaudi generation.
 GAUDI_NAMES = ("GAUDI", "GAUDI2", "GAUDI3")
-#: Each generation's on-card memory (HBM) in GiB, what an emulated card reports as its ``Limit`` (a real card
-#: reports a little less: the runtime keeps a reserve).
+#: Each generation's on-card memory (HBM) in GiB, an emulated card's ``Limit``.
 GAUDI_MEMORY_GIB = {"GAUDI": 32, "GAUDI2": 96, "GAUDI3": 128}
-#: The largest E4M3 value each generation's FP8 units hold: Gaudi 2 reads E4M3 with ``float8_e4m3fnuz``'s range
-#: (240), Gaudi 3 with ``float8_e4m3fn``'s (448), as Intel Neural Compressor 3.10 scales them; Gaudi has no FP8.
+#: The largest E4M3 value each generation's FP8 units hold (``float8_e4m3fnuz``'s and ``float8_e4m3fn``'s range, as
+#: Intel Neural Compressor 3.10 scales them).
 FP8_E4M3_MAX = {"GAUDI2": 240.0, "GAUDI3": 448.0}
 
 
 @dataclass
 class LazyCounters:
-    """Lazy-mode counters since the last reset: graphs compiled, CPU fallbacks by op, device-to-host reads and
-    ``mark_step`` calls (``None`` where the backend cannot count them)."""
+    """Lazy-mode counters since the last reset (``None``: the backend cannot count them)."""
 
     graph_compilations: int = 0
     cpu_fallbacks: dict[str, int] = field(default_factory=dict)
@@ -67,8 +65,7 @@ class Backend(abc.ABC):
 
     Attributes:
         name, emulated: ``"habana"``, ``"eager"`` or ``"lazy"``; whether it runs on the CPU instead of a Gaudi.
-        device_type: the ``torch.device`` type tensors live on.
-        autocast_device_type: the ``torch.autocast`` device type, or ``None`` where autocast is unavailable.
+        device_type, autocast_device_type: the ``torch.device`` and ``torch.autocast`` types (``None``: no autocast).
         collective_backend, compile_backend: the ``torch.distributed`` and ``torch.compile`` backends.
     """
 
@@ -83,19 +80,17 @@ class Backend(abc.ABC):
     single_device_reason: str | None = None
     #: Whether evaluation may run under ``torch.inference_mode`` (else the loops use ``torch.no_grad``).
     supports_inference_mode: bool = True
-    #: Whether the device applies the autocast op lists of ``PT_HPU_AUTOCAST_*_OPS_LIST`` by itself (as the bridge
-    #: does); where not, :class:`~lightning_gaudi.HPUPrecision` enters them with autocast.
+    #: Whether the device applies ``PT_HPU_AUTOCAST_*_OPS_LIST`` itself (else :class:`~lightning_gaudi.HPUPrecision`).
     applies_autocast_lists: bool = True
     #: Whether :meth:`explain_error` has notes for errors raised inside a module's forward (Fabric then hooks it).
     explains_forward_errors: bool = False
-    #: What the CPU fallbacks of :meth:`lazy_counters` are where they are not ops the device cannot run (a stand-in's
-    #: own), in the backend's words; ``""``: they are the device's.
+    #: What the CPU fallbacks of :meth:`lazy_counters` are where they are a stand-in's own (``""``: the device's).
     fallbacks_note: str = ""
     #: What the start-up lines add after the collective backend's name (``""``: nothing to add).
     collective_note: str = ""
     #: How to see the device runtime's own log, for diagnostics (``""``: it has none).
     log_hint: str = ""
-    #: Whether DeepSpeed should be Intel's Gaudi fork (public DeepSpeed runs the stand-in's CPU accelerator).
+    #: Whether DeepSpeed should be Intel's Gaudi fork (else public DeepSpeed's CPU accelerator).
     wants_intel_deepspeed: bool = True
 
     @abc.abstractmethod
@@ -111,8 +106,7 @@ class Backend(abc.ABC):
         """The device's name as the bridge reports it (``"GAUDI"``, ``"GAUDI2"``, ``"GAUDI3"``)."""
 
     def device_description(self) -> str:
-        """The device as the start-up lines name it: :meth:`device_name`, and what runs it where that is not a
-        Gaudi."""
+        """The device as the start-up lines name it (and what runs it where that is not a Gaudi)."""
         return self.device_name()
 
     def check_compile_backend(self) -> str:
@@ -144,9 +138,8 @@ class Backend(abc.ABC):
         return None
 
     def is_out_of_memory(self, error: BaseException) -> bool:
-        """Whether ``error`` says this device ran out of memory: torch's ``OutOfMemoryError``, or the bridge's
-        ``RuntimeError`` (``[Rank:N] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::B (M)MB``,
-        :func:`~lightning_gaudi.hpu.oom.is_bridge_out_of_memory`), which emulation recognises as well."""
+        """Whether ``error`` says the device ran out of memory: torch's ``OutOfMemoryError`` or the bridge's
+        ``RuntimeError`` (:func:`~lightning_gaudi.hpu.oom.is_bridge_out_of_memory`)."""
         return isinstance(error, torch.OutOfMemoryError) or is_bridge_out_of_memory(error)
 
     def init_distributed(self, world_size: int, rank: int, local_rank: int) -> None:
@@ -163,12 +156,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def int64_supported(self) -> bool:
-        """Whether the device keeps int64 tensors in int64 (:func:`~lightning_gaudi.hpu.dtypes.int64_supported`: by
-        ``PT_ENABLE_INT64_SUPPORT`` where set, else in eager mode except on first-generation Gaudi)."""
+        """Whether the device keeps int64 tensors in int64 (:func:`~lightning_gaudi.hpu.dtypes.int64_supported`)."""
 
     def device_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype whose values a tensor of ``dtype`` holds on the device, under its own dtype: float32 for float64
-        (always: Intel's bridge gives Synapse ``syn_type_float`` for ``Double``), int32 for int64 without
+        """The dtype whose values a ``dtype`` tensor holds on the device: float32 for float64, int32 for int64 without
         :meth:`int64_supported`, else ``dtype`` (:mod:`lightning_gaudi.hpu.dtypes`)."""
         if dtype == torch.float64:
             return torch.float32
@@ -180,9 +171,8 @@ class Backend(abc.ABC):
     converts_copies: bool = False
 
     def copied_to_device(self, tensor: Tensor) -> Tensor:
-        """``tensor`` (a host tensor about to move to the device) with what the device will hold of it. A device
-        whose copy converts by itself (Intel's bridge) returns it unchanged; an emulator converts it as the bridge
-        does (:meth:`device_dtype`), so that values a Gaudi changes change here too and a copy it refuses fails."""
+        """``tensor`` (a host tensor about to move to the device) with the values the device will hold: unchanged where
+        the copy converts by itself (the bridge), converted as the bridge does in an emulator (:meth:`device_dtype`)."""
         return tensor
 
     def fp8_e4m3_max(self) -> float | None:
@@ -220,8 +210,8 @@ class Backend(abc.ABC):
         scale: float | None = None,
         recompute: bool | None = None,
     ) -> Tensor:
-        """Scaled dot-product attention with the contract of ``torch.nn.functional.scaled_dot_product_attention``;
-        ``recompute`` picks FusedSDPA's mode (recompute in backward: less memory), ``None`` the kernel's default."""
+        """``torch.nn.functional.scaled_dot_product_attention``; ``recompute`` picks FusedSDPA's mode (``None``: its
+        default)."""
         kernel = self._sdpa_kernel()
         if kernel is None:  # torch's own, which takes ``scale`` by keyword only
             return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
@@ -234,8 +224,7 @@ class Backend(abc.ABC):
         return None
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        """RMSNorm over the last dimension as Hugging Face's LLaMA computes it: normalized in float32, cast back to
-        ``x``'s dtype, times ``weight`` (the result has the promoted dtype of ``x`` and ``weight``)."""
+        """RMSNorm over the last dimension as Hugging Face's LLaMA computes it (normalized in float32)."""
         kernel = self._rms_norm_kernel()
         if kernel is not None:  # the kernel takes one dtype
             out: Tensor = kernel(x.to(weight.dtype), weight, eps)
@@ -248,8 +237,7 @@ class Backend(abc.ABC):
         return None
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Rotary position embedding ``x * cos + rotate_half(x) * sin`` (``cos``/``sin`` broadcast to ``x``; the
-        halves of the last dimension rotate, as in Hugging Face's ``apply_rotary_pos_emb``)."""
+        """Rotary position embedding ``x * cos + rotate_half(x) * sin``, as Hugging Face's ``apply_rotary_pos_emb``."""
         kernel = self._rope_kernel()
         if kernel is not None:  # the kernel takes one dtype
             dtype = torch.promote_types(x.dtype, cos.dtype)
@@ -266,8 +254,7 @@ class Backend(abc.ABC):
         return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
     def revert_sync_batchnorm(self, module: Module) -> Module:
-        """Undoes what :meth:`convert_sync_batchnorm` built besides ``torch.nn.SyncBatchNorm`` (Lightning reverts
-        that)."""
+        """Undoes what :meth:`convert_sync_batchnorm` built besides ``torch.nn.SyncBatchNorm``."""
         return module
 
     def wrap_in_hpu_graph(self, module: Module) -> Module:
@@ -283,10 +270,9 @@ class Backend(abc.ABC):
         return None
 
     def explain_error(self, error: BaseException) -> bool:
-        """Rewrites ``error``'s message in place when it comes from a known limit of this backend, naming the way
-        out; returns whether it did (for ``Strategy.on_exception``, which re-raises the same object)."""
+        """Rewrites ``error``'s message in place when it is a known limit of this backend; returns whether it did."""
         return False
 
     def profiler_activities(self) -> list[ProfilerActivity]:
-        """The ``torch.profiler`` activities that record this device's work (the host's alone under emulation)."""
+        """The ``torch.profiler`` activities that record this device's work."""
         return [ProfilerActivity.CPU]

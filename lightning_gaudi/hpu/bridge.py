@@ -32,23 +32,16 @@ class _BridgeClipNorm(ClipNorm):
         return self._fused.clip_norm(parameters)
 
 
-#: The rendezvous that importing Intel's bridge invents where the launcher set none. Bridge 1.19's package imports its
-#: distributed module (``python_packages/habana_frameworks/torch/__init__.py:55``, so any ``habana_frameworks.torch``
-#: import does), whose last lines call ``initialize_distributed_hpu()`` (``distributed/hccl/__init__.py:113``); unless
-#: ``LOCAL_RANK``, ``WORLD_SIZE`` and ``RANK`` are all set, that sets ``MASTER_ADDR=localhost`` and
-#: ``MASTER_PORT=12345`` where they are unset (``distributed/hccl/__init__.py:78-81``). Lightning's cluster environment
-#: then takes 12345 for the launcher's port instead of picking a free one, and two jobs on one node (two 4-card jobs
-#: on an 8-card server) rendezvous on the same port: the second fails, or joins the first's store.
+#: The rendezvous importing Intel's bridge sets where the launcher set none (bridge 1.19: ``torch/__init__.py:55``
+#: imports ``distributed/hccl/__init__.py``, whose ``initialize_distributed_hpu()`` sets them, lines 78-81, 113):
+#: Lightning would take 12345 for the launcher's port, and two jobs on one node would share it.
 BRIDGE_RENDEZVOUS = {"MASTER_ADDR": "localhost", "MASTER_PORT": "12345"}
 
 
 @contextmanager
 def keep_rendezvous() -> Iterator[None]:
-    """Runs code that may import Intel's bridge (the seam's imports, DeepSpeed's HPU accelerator) and takes back the
-    rendezvous variables the import added (:data:`BRIDGE_RENDEZVOUS`): those the user or the launcher set stay, the
-    others are left unset, so Lightning picks a free port as it does without the bridge. The rest of what the import
-    sets stays: the rank variables it copies from Open MPI's (the launcher's own values), the card (``HLS_MODULE_ID``)
-    and the logging id (``ID``)."""
+    """Runs code that may import Intel's bridge and takes back the :data:`BRIDGE_RENDEZVOUS` values the import added
+    (those the user or the launcher set stay), so Lightning picks a free port as it does without the bridge."""
     before = {name: os.environ.get(name) for name in BRIDGE_RENDEZVOUS}
     try:
         yield
@@ -59,8 +52,7 @@ def keep_rendezvous() -> Iterator[None]:
 
 
 def _started_with() -> dict[str, str] | None:
-    """The environment this process was started with (Linux's ``/proc/self/environ``, which changes to
-    ``os.environ`` do not reach), or ``None`` where it cannot be read."""
+    """The environment this process was started with (Linux's ``/proc/self/environ``), or ``None``."""
     try:
         with open("/proc/self/environ", "rb") as file:
             raw = file.read()
@@ -71,10 +63,8 @@ def _started_with() -> dict[str, str] | None:
 
 
 def forget_loaded_bridge_rendezvous() -> None:
-    """Where the bridge was imported before the seam could watch (``import torch`` loads it through torch's device
-    autoload in eager mode, or the user's script imported it): removes the :data:`BRIDGE_RENDEZVOUS` values the
-    process was not started with. Only the bridge's exact values are removed, and only those the launcher did not
-    pass; a script that sets ``MASTER_PORT=12345`` itself after starting loses it too."""
+    """Where the bridge was imported before the seam could watch (torch's device autoload, the user's script): removes
+    the :data:`BRIDGE_RENDEZVOUS` values the process was not started with."""
     started = _started_with()
     if started is None:
         return
@@ -84,10 +74,9 @@ def forget_loaded_bridge_rendezvous() -> None:
 
 
 def _pin_the_only_visible_card(world_size: int, local_rank: int) -> None:
-    """A process that sees one card (Ray's ``{"HPU": 1}`` worker: ``HABANA_VISIBLE_MODULES`` is its card) but is not
-    its node's first: ``initialize_distributed_hpu`` picks the card as ``HABANA_VISIBLE_MODULES[local_rank]`` and
-    stops on an assertion ("There is not enough devices") when the list is shorter (bridge 1.19,
-    ``distributed/hccl/__init__.py:40-47``), unless ``HLS_MODULE_ID`` is set (lines 29-31). Sets it to that one card."""
+    """Sets ``HLS_MODULE_ID`` to the one visible card of a process that is not its node's first (a Ray ``{"HPU": 1}``
+    worker): the bridge would pick ``HABANA_VISIBLE_MODULES[local_rank]`` and stop on an assertion (bridge 1.19,
+    ``distributed/hccl/__init__.py:29-31, 40-47``)."""
     visible = os.environ.get("HABANA_VISIBLE_MODULES")
     if visible is None or "HLS_MODULE_ID" in os.environ or world_size == 1:
         return
@@ -97,9 +86,7 @@ def _pin_the_only_visible_card(world_size: int, local_rank: int) -> None:
 
 
 def _stat(metric: Any, tag: str, default: Any) -> Any:
-    if metric is None:
-        return default
-    return dict(metric.stats()).get(tag, default)
+    return default if metric is None else dict(metric.stats()).get(tag, default)
 
 
 class HabanaBackend(Backend):
@@ -208,7 +195,6 @@ class HabanaBackend(Backend):
         return LazyCounters(
             graph_compilations=int(_stat(metric_global("graph_compilation"), "TotalNumber", 0)),
             cpu_fallbacks=dict(_stat(fallback, "FallbackOps", {}) or {}),
-            host_syncs=None,
         )
 
     def reset_lazy_counters(self) -> None:

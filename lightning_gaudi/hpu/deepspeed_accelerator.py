@@ -10,7 +10,7 @@ from lightning_gaudi.hpu.backend import Backend
 
 #: The variable DeepSpeed reads, once, to pick its accelerator.
 DS_ACCELERATOR_ENV = "DS_ACCELERATOR"
-#: How Gaudi users install DeepSpeed (Intel's fork, the release matching the Gaudi software that ``hl-smi`` reports).
+#: How Gaudi users install DeepSpeed (Intel's fork matching the Gaudi software).
 INTEL_FORK_INSTALL = "pip install git+https://github.com/HabanaAI/DeepSpeed.git@<Gaudi software version, e.g. 1.23.0>"
 #: How developers and CI install it (public DeepSpeed, with the CPU accelerator; no ops are compiled).
 EXTRA_INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation 'lightning-gaudi[deepspeed]'"
@@ -35,35 +35,25 @@ def deepspeed_accelerator_name(backend: Backend) -> str:
     return "cpu"
 
 
+def _install(backend: Backend) -> str:
+    return f"`{EXTRA_INSTALL}`" if backend.emulated else f"Intel's DeepSpeed fork for Gaudi, `{INTEL_FORK_INSTALL}`"
+
+
 def missing_deepspeed_message(backend: Backend, what: str) -> str:
     """How to install DeepSpeed for ``backend``, after ``what`` needs it."""
-    if backend.emulated:
-        return (
-            f"{what} needs DeepSpeed, which is not installed. Install it with `{EXTRA_INSTALL}` (DeepSpeed builds"
-            " from source against the torch already installed)."
-        )
-    return (
-        f"{what} needs Intel's DeepSpeed fork for Gaudi, which is not installed. Install it with"
-        f" `{INTEL_FORK_INSTALL}`."
-    )
+    return f"{what} needs DeepSpeed, which is not installed. Install {_install(backend)}."
 
 
 def _cannot_drive(wanted: str, error: BaseException, backend: Backend, what: str) -> str:
-    fix = (
-        f"install it with `{EXTRA_INSTALL}`"
-        if backend.emulated
-        else f"on Gaudi it needs Intel's DeepSpeed fork matching the Gaudi software: `{INTEL_FORK_INSTALL}`"
-    )
     return (
         f"The installed DeepSpeed cannot drive its {wanted!r} accelerator ({type(error).__name__}: {error}), which"
-        f" {what} needs; {fix}."
+        f" {what} needs. Install {_install(backend)}."
     )
 
 
 def select_deepspeed_accelerator(backend: Backend, what: str) -> str:
     """Sets ``DS_ACCELERATOR`` for ``backend``, imports DeepSpeed and checks its choice; returns the accelerator's name.
-    Raises ``ValueError`` (lazy emulation, another ``DS_ACCELERATOR``), :class:`DeepSpeedMissingError` (missing or
-    unusable DeepSpeed), ``RuntimeError`` (DeepSpeed, imported earlier, chose another accelerator)."""
+    Raises ``ValueError``, :class:`DeepSpeedMissingError` or ``RuntimeError`` (DeepSpeed chose another one)."""
     wanted = deepspeed_accelerator_name(backend)
     chosen = os.environ.get(DS_ACCELERATOR_ENV)
     if chosen is not None and chosen != wanted:

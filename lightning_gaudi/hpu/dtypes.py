@@ -1,25 +1,12 @@
 """The dtypes a Gaudi holds in another one, float64 and int64, as Intel's bridge handles them, and the emulator's
-imitation of the host-to-device copy.
+imitation of the host-to-device copy. From gaudi-pytorch-bridge v1.19.0:
 
-Read from gaudi-pytorch-bridge, tag v1.19.0 (commit 5a56187e98684ceff3de8965ce88a284cf7d7eef):
-
-- **float64 is held in float32**, in every mode and on every generation, under the tensor's float64 dtype: Synapse
-  gets ``syn_type_float`` for ``Double`` (backend/helpers/create_tensor.cpp:1068), the device allocates half the
-  bytes (backend/helpers/get_n_bytes.h:35-39), a host tensor is cast with ``self.to(Float)`` on the CPU before an
-  eager copy (habana_eager/ops/copy_from.cpp:376-383) and widened back when read (copy_from.cpp:217-219,
-  ``unpackData<float, double>``; ``.item()``: habana_eager/ops/local_scalar_dense.cpp:126-127). No error: values lose
-  float32's precision, finite values beyond its range become infinite. Intel's PyTorch Support Matrix lists Float64
-  as "No" in both modes.
-- **int64 is held in int32 unless int64 support is on** (``common::IsInt64Supported``): in eager mode it is on
-  unless the card is first-generation Gaudi, ``PT_ENABLE_INT64_SUPPORT`` deciding where set and not empty
-  (common/eager/utils.cpp:29-42); in lazy mode it is the variable, default false (common/lazy/utils.cpp:33-35,
-  scripts/env_flags.yaml:624-626). Off, a host tensor is cast with ``self.to(Int)`` before an eager copy
-  (copy_from.cpp:379-381), which wraps values outside int32 modulo 2**32, and sign-extended back when read
-  (copy_from.cpp:213-216).
-- **Lazy mode checks the range first**: its copy (habana_kernels/lazy_kernels.cpp:310-331,
-  ``preProcessIfLongorDouble``) refuses values outside the narrower type while ``PT_HPU_ENABLE_VALID_DATA_RANGE_CHECK``
-  is true, its default (env_flags.yaml:584-586), with :func:`downcast_range_message` (lazy_kernels.cpp:234-299; NaN
-  counts as 0 and infinities as the narrower type's extremes, so only finite values out of range fail).
+- **float64 is held in float32**, always, under the tensor's float64 dtype (backend/helpers/create_tensor.cpp:1068;
+  habana_eager/ops/copy_from.cpp:217-219, 376-383): values lose precision, finite ones beyond float32 become infinite.
+- **int64 is held in int32 unless int64 support is on** (``common::IsInt64Supported``: common/eager/utils.cpp:29-42,
+  common/lazy/utils.cpp:33-35), cast with ``self.to(Int)``, which wraps values modulo 2**32 (copy_from.cpp:379-381).
+- **Lazy mode checks the range first** (habana_kernels/lazy_kernels.cpp:234-331) while
+  ``PT_HPU_ENABLE_VALID_DATA_RANGE_CHECK`` is true, its default: NaN counts as 0, infinities as the extremes.
 """
 
 from __future__ import annotations
@@ -31,14 +18,6 @@ import torch
 from torch import Tensor
 
 from lightning_gaudi.hpu.runtime import INT64_ENV, bridge_bool
-
-__all__ = [
-    "RANGE_CHECK_ENV",
-    "downcast_range_message",
-    "held_values",
-    "int64_supported",
-    "range_check_enabled",
-]
 
 #: The lazy-mode copy's range check (scripts/env_flags.yaml:584-588), on by default.
 RANGE_CHECK_ENV = "PT_HPU_ENABLE_VALID_DATA_RANGE_CHECK"

@@ -1,10 +1,6 @@
-"""HCCL's rules for collectives, as Intel's bridge applies them: the emulator keeps them
-(:mod:`lightning_gaudi.emulator.hccl_group`), and the plugin adds the way out to the bridge's reduce-op error.
-
-On a Gaudi, ``torch.distributed``'s ``"hccl"`` backend is the bridge's ``ProcessGroupHcclBase``. It refuses what
-HCCL cannot do (reduce ops other than sum, min, max and product; dtypes outside its table) and reduces every dtype but
-bfloat16 and float32 in float32. gloo does neither, so a run that is green on gloo could stop at its first collective
-on a Gaudi. The emulator's ``"hccl"`` group is gloo with these rules in front.
+"""HCCL's rules for collectives as Intel's bridge (``ProcessGroupHcclBase``) applies them, which gloo does not: the
+reduce ops and dtypes it refuses, and the dtypes it reduces in float32. The emulator's ``"hccl"`` group keeps them
+(:mod:`lightning_gaudi.emulator.hccl_group`); the plugin adds the way out to the reduce-op error.
 
 Sources (github.com/HabanaAI/gaudi-pytorch-bridge, tag v1.19.0):
 
@@ -26,18 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
-
-__all__ = [
-    "BOOL_AVG_MESSAGE",
-    "HCCL_DTYPES",
-    "HCCL_REDUCE_OPS",
-    "NATIVE_REDUCTION_DTYPES",
-    "UNSUPPORTED_DTYPE_MESSAGE",
-    "UNSUPPORTED_REDUCE_OP_MESSAGE",
-    "check_dtype",
-    "check_reduce_op",
-    "explain",
-]
 
 #: The reduce ops HCCL has (``hcclOp``, collective_utils.cpp:39-44); AVG and PREMUL_SUM are refused.
 HCCL_REDUCE_OPS = ("SUM", "MIN", "MAX", "PRODUCT")

@@ -1,15 +1,9 @@
-"""Out of device memory in Intel's bridge's own words: the one recogniser every backend's ``is_out_of_memory`` uses,
-and the message an emulated card quotes.
+"""Out of device memory in Intel's bridge's own words: the recogniser every backend's ``is_out_of_memory`` uses, and
+the message an emulated card quotes.
 
-Read from gaudi-pytorch-bridge, tag v1.19.0 (commit 5a56187e98684ceff3de8965ce88a284cf7d7eef). The bridge raises no
-``torch.OutOfMemoryError``: its fatal macros throw a plain ``c10::Error``, which reaches Python as ``RuntimeError``
-(pytorch_helpers/habana_helpers/logging.h:317-342, ``PT_MOD_FATAL``; logging.cpp:178-193, ``habana_assert``). Its
-message is ``"[Rank:" << Logger::get_rank() << "] FATAL ERROR :: MODULE:" << module << " " << arguments``, streamed by
-``std::ostringstream`` (logging.h:148-168), so integers print in decimal and doubles as ``%g`` prints them (6
-significant digits). ``get_rank()`` is the ``RANK`` variable when the bridge first reads it, cached for the process,
-0 when unset (logging.cpp:169-176; logging.h:179-182). The error's backtrace, ``"[Rank:N] Habana exception raised
-from <function> at <file>:<line>"`` (logging.cpp:178-193), may follow the message on a new line (where torch shows C++
-stack traces, ``TORCH_SHOW_CPP_STACKTRACES=1``), so the wordings are searched for, not matched whole.
+From gaudi-pytorch-bridge v1.19.0: the bridge raises a plain ``RuntimeError``, ``"[Rank:<RANK>] FATAL ERROR ::
+MODULE:<module> <arguments>"`` streamed by ``std::ostringstream`` (pytorch_helpers/habana_helpers/logging.h:148-168,
+317-342; logging.cpp:169-193), maybe followed by a backtrace, so the wordings are searched for, not matched whole.
 """
 
 from __future__ import annotations
@@ -40,24 +34,17 @@ BRIDGE_OUT_OF_MEMORY = (DEVMEM_ALLOCATION_FAILED, WORKSPACE_ALLOCATION_FAILED, A
 
 
 def bridge_rank(environ: Mapping[str, str] | None = None) -> int:
-    """The rank the bridge puts in its messages: ``RANK`` as an integer, 0 when unset or not a number (the bridge
-    reads it with ``std::stoul`` once per process, logging.cpp:169-176)."""
+    """The rank the bridge puts in its messages: ``RANK``, 0 when unset or not a number (logging.cpp:169-176)."""
     value = (os.environ if environ is None else environ).get("RANK", "").strip()
     return int(value) if value.isdigit() else 0
 
 
 def allocation_failed_message(nbytes: int, rank: int | None = None) -> str:
-    """What the bridge says when the card cannot hold ``nbytes`` more (:data:`DEVMEM_ALLOCATION_FAILED`), e.g.
-    ``[Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::1572864 (1.5)MB``."""
+    """What the bridge says when the card cannot hold ``nbytes`` more (:data:`DEVMEM_ALLOCATION_FAILED`)."""
     rank = bridge_rank() if rank is None else rank
-    # device_memory.cpp:1060-1065: the size as an integer, then in MiB as std::ostream prints a double (%g)
     return f"[Rank:{rank}] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::{nbytes} ({nbytes / 2**20:g})MB"
 
 
 def is_bridge_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is the bridge's ``RuntimeError`` for device memory that ran out (in one of the wordings of
-    :data:`BRIDGE_OUT_OF_MEMORY`)."""
-    if not isinstance(error, RuntimeError):
-        return False
-    message = str(error)
-    return any(pattern.search(message) for pattern in BRIDGE_OUT_OF_MEMORY)
+    """Whether ``error`` is the bridge's ``RuntimeError`` for device memory that ran out."""
+    return isinstance(error, RuntimeError) and any(pattern.search(str(error)) for pattern in BRIDGE_OUT_OF_MEMORY)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,25 +43,18 @@ EXECUTION_MODES = ("lazy", "eager", "compile")
 #: The most emulated cards a node gets by default: one Gaudi server.
 DEFAULT_EMULATED_DEVICES = 8
 DEFAULT_DEVICE_NAME = "GAUDI2"
-_FLAGS = {"true": True, "1": True, "false": False, "0": False}
-#: The bridge's booleans (v1.19.0 ``backend/synapse_helpers/env_flags.cpp:261-281``, ``parse_env_bool``): ``1``,
-#: ``true``, ``0``, ``false`` in any case and nothing else, not even with a space; anything else is fatal.
+#: The bridge's booleans, in any case (v1.19.0 ``backend/synapse_helpers/env_flags.cpp:261-281``).
 _BRIDGE_BOOLS = {"1": True, "true": True, "0": False, "false": False}
-#: The bridge's ``unsigned`` flags hold at most this (v1.19.0 ``env_flags.cpp:476-481``: ``numeric_limits<unsigned>``).
+#: The bridge's ``unsigned`` flags hold at most this (v1.19.0 ``env_flags.cpp:476-481``).
 _UNSIGNED_MAX = 2**32 - 1
-#: The values of ``PT_HPU_LAZY_MODE`` every reader in bridge 1.19 agrees on (see :func:`lazy_mode`).
-LAZY_MODE_VALUES = ("0", "1")
-#: Recipe-cache defaults (v1.19.0 ``scripts/env_flags.yaml:715-723``: ``PT_CACHE_FOLDER_SIZE_MB`` 1024,
-#: ``PT_CACHE_FOLDER_DELETE`` false); Intel's runtime-flags page gives ``on_nfs`` the default false.
+#: Recipe-cache default size (v1.19.0 ``scripts/env_flags.yaml:715-723``).
 DEFAULT_RECIPE_CACHE_MB = 1024
-#: The deprecated variables a missing field of ``PT_HPU_RECIPE_CACHE_CONFIG`` leaves in force (v1.19.0
+#: What a missing field of ``PT_HPU_RECIPE_CACHE_CONFIG`` leaves in force (v1.19.0
 #: ``pytorch_helpers/habana_helpers/habana_serialization/recipe_cache_config.cpp:74-101``).
 RECIPE_CACHE_DELETE_ENV = "PT_CACHE_FOLDER_DELETE"
 RECIPE_CACHE_SIZE_ENV = "PT_CACHE_FOLDER_SIZE_MB"
-#: Intel's bridge distribution, whose version says which recipe-cache fields it reads.
 BRIDGE_DISTRIBUTION = "habana-torch-plugin"
-#: The last bridge release known to refuse a 4th recipe-cache field: v1.19.0 ``recipe_cache_config.cpp:60-62``
-#: asserts 1 to 3 fields.
+#: The last bridge release that stops on a 4th recipe-cache field (v1.19.0 ``recipe_cache_config.cpp:60-62``).
 LAST_THREE_FIELD_BRIDGE = (1, 19)
 
 
@@ -83,8 +78,7 @@ NO_LAZY_FIX = (
 
 
 def lazy_mode_unavailable(torch_version: str | None = None) -> str | None:
-    """Why the installed Gaudi software has no lazy mode (it needs Intel's PyTorch fork, ``+git``, and the lazy
-    plug-in), or ``None`` when it has one or cannot tell. Reads files only: the bridge is not imported."""
+    """Why the installed Gaudi software has no lazy mode (Intel's PyTorch fork and the lazy plug-in), or ``None``."""
     try:
         spec = importlib.util.find_spec("habana_frameworks.torch")
     except (ImportError, ValueError):
@@ -95,8 +89,6 @@ def lazy_mode_unavailable(torch_version: str | None = None) -> str | None:
     if not lib.is_dir():
         return None
     if torch_version is None:
-        from importlib.metadata import PackageNotFoundError, version
-
         try:
             torch_version = version("torch")
         except PackageNotFoundError:
@@ -135,7 +127,7 @@ def emulation_mode(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def default_emulated_devices() -> int:
-    """The emulated cards per node when unset: the usable cores (one process each), at most 8 (one server)."""
+    """The emulated cards per node when unset: the usable cores, at most 8 (one server)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(usable, DEFAULT_EMULATED_DEVICES))
 
@@ -153,8 +145,7 @@ def emulated_devices(environ: Mapping[str, str] | None = None) -> int:
 
 
 def visible_emulated_devices(environ: Mapping[str, str] | None = None) -> int:
-    """The emulated cards this process sees: as on a Gaudi, those ``HABANA_VISIBLE_MODULES`` lists where it is set
-    (none when it is empty), else every card of the emulated node (:func:`emulated_devices`)."""
+    """The emulated cards this process sees: those ``HABANA_VISIBLE_MODULES`` lists where set, else every one."""
     env = _environ(environ)
     cards = emulated_devices(env)
     raw = env.get(VISIBLE_MODULES_ENV)
@@ -185,21 +176,16 @@ def emulated_compile_backend(environ: Mapping[str, str] | None = None) -> str:
 
 
 def _flag(name: str, value: Any) -> bool | None:
-    """A setting given to :class:`Runtime`: a bool, or a string the bridge reads as one (:func:`bridge_bool`)."""
-    if value is None:
-        return None
+    """A bool, or a string the bridge reads as one (:func:`bridge_bool`)."""
+    if value is None or isinstance(value, bool):
+        return value
     if isinstance(value, str):
         return bridge_bool(name, value)
-    if not isinstance(value, bool):
-        raise ValueError(f"`{name}={value!r}` must be true or false.")
-    return value
+    raise ValueError(f"`{name}={value!r}` must be true or false.")
 
 
 def bridge_bool(name: str, raw: str) -> bool:
-    """``raw`` read as Intel's bridge reads a boolean variable or field, or ``ValueError`` naming ``name``.
-
-    Source: gaudi-pytorch-bridge v1.19.0 ``backend/synapse_helpers/env_flags.cpp:261-281`` (``parse_env_bool``:
-    ``absl::EqualsIgnoreCase`` against ``1``/``true``/``0``/``false``, anything else ``PT_SYNHELPER_FATAL``)."""
+    """``raw`` read as the bridge reads a boolean (``env_flags.cpp:261-281``), or ``ValueError`` naming ``name``."""
     parsed = _BRIDGE_BOOLS.get(raw.lower()) if raw.isascii() else None
     if parsed is None:
         raise ValueError(
@@ -210,77 +196,45 @@ def bridge_bool(name: str, raw: str) -> bool:
 
 
 def bridge_unsigned(name: str, raw: str) -> int:
-    """``raw`` read as Intel's bridge reads an ``unsigned`` variable or field, or ``ValueError`` naming ``name``.
-
-    Source: gaudi-pytorch-bridge v1.19.0 ``backend/synapse_helpers/env_flags.cpp:307-396`` (``parse_env_numeric``):
-    a value holding a letter a-f without a ``0x`` prefix is read as hexadecimal (``1e3`` is 483), then ``strtoul``
-    with base 0 (``010`` is octal 8, ``-5`` wraps to 4294967291, a leading space is skipped), a trailing character is
-    fatal, and the result is cast to 32 bits (``4294967296`` becomes 0). Accepted here: decimal digits without a
-    leading zero, or ``0x`` and hexadecimal digits, up to 4294967295, which the bridge reads as written."""
-    value: int | None = None
-    if raw.isascii() and raw.isdigit() and (raw == "0" or not raw.startswith("0")):
-        value = int(raw)
-    elif raw[:2].lower() == "0x" and raw[2:] and all(c in "0123456789abcdefABCDEF" for c in raw[2:]):
-        value = int(raw[2:], 16)
+    """``raw`` as an ``unsigned`` the bridge reads as written, or ``ValueError`` naming ``name``: the bridge reads
+    other forms its own way (v1.19.0 ``env_flags.cpp:307-396``: hex without ``0x``, octal, wrapped, truncated)."""
+    value = int(raw, 0) if re.fullmatch(r"0|[1-9][0-9]*|0[xX][0-9a-fA-F]+", raw) else None
     if value is None or value > _UNSIGNED_MAX:
         raise ValueError(
-            f"{name}={raw!r} is not a whole number Intel's bridge reads as written: use decimal digits without a"
-            f" leading zero, sign or space (or 0x and hex digits), at most {_UNSIGNED_MAX}. The bridge reads 010 as"
-            " octal 8, 1e3 as hex 0x1e3, -5 as 4294967291 and 4294967296 as 0, and stops on a trailing character."
+            f"{name}={raw!r} is not a whole number Intel's bridge reads as written (it reads 010 as 8, 1e3 as 483,"
+            f" -5 as 4294967291): use decimal digits without a leading zero, sign or space (or 0x and hex digits),"
+            f" at most {_UNSIGNED_MAX}."
         )
     return value
 
 
 def lazy_mode(environ: Mapping[str, str] | None = None) -> bool | None:
-    """Whether ``PT_HPU_LAZY_MODE`` asks for lazy mode (``None`` when unset); ``ValueError`` for a value the bridge
-    breaks on or reads two ways. Reads the environment only: call it before the bridge loads.
-
-    Bridge 1.19 reads the variable four ways, and only ``0`` and ``1`` mean the same to all of them (sources at
-    gaudi-pytorch-bridge v1.19.0):
-
-    - ``python_packages/habana_frameworks/torch/utils/internal.py:27``: ``is_lazy()`` is ``value != "0"``, so
-      ``false`` or ``00`` is lazy mode; ``torch/__init__.py:47-51`` then asserts Intel's PyTorch fork and loads the
-      lazy plug-in;
-    - ``python_packages/habana_frameworks/torch/distributed/hccl/__init__.py:11``: ``int(value)``, imported by
-      ``torch/__init__.py:55``, so ``false``, ``true`` or an empty value make ``import habana_frameworks.torch``
-      raise ``ValueError: invalid literal for int()``;
-    - ``scripts/env_flags.yaml:83-85`` with ``env_flags.cpp:307-396``: an ``unsigned`` (``false`` is fatal, ``010``
-      is 8), which ``backend/habana_device/HPUStream.cpp:108,120`` compares with 1 and 0 and
-      ``habana_kernels/lazy_kernels.cpp:212-213`` reads 2 and 3 as debug flush modes;
-    - ``python_packages/habana_frameworks/torch/hpu/graphs.py:960`` and ``autoload/__init__.py:32``: ``value == "1"``,
-      so ``2`` is lazy mode to ``is_lazy()`` and not lazy to HPU graphs.
-    """
+    """Whether ``PT_HPU_LAZY_MODE`` asks for lazy mode (``None`` when unset); ``ValueError`` for any value but
+    ``0`` and ``1``, the only ones bridge 1.19's four readers agree on (v1.19.0 ``torch/utils/internal.py:27``:
+    ``!= "0"``; ``distributed/hccl/__init__.py:11``: ``int()``; ``env_flags.yaml:83-85``: unsigned;
+    ``hpu/graphs.py:960``: ``== "1"``)."""
     raw = _environ(environ).get(LAZY_MODE_ENV)
     if raw is None:
         return None
-    if raw not in LAZY_MODE_VALUES:
+    if raw not in ("0", "1"):
         raise ValueError(
             f"{LAZY_MODE_ENV}={raw!r} is not a value Intel's bridge reads one way; it accepts {LAZY_MODE_ENV}=0 (eager"
-            f" mode, also for compile mode) or {LAZY_MODE_ENV}=1 (lazy mode), or the variable unset. The bridge reads"
-            " it with int(...) (where 'false' or 'true' stop its import) and elsewhere as lazy unless exactly '0'."
+            f" and compile mode) or {LAZY_MODE_ENV}=1 (lazy mode), or the variable unset."
         )
     return raw == "1"
 
 
 def split_recipe_cache(value: str) -> list[str]:
-    """``PT_HPU_RECIPE_CACHE_CONFIG`` cut into fields as the bridge cuts it (v1.19.0
-    ``recipe_cache_config.cpp:104-113``: ``std::getline`` on ``,``, which keeps empty fields but drops one empty
-    field after a trailing comma)."""
-    parts = value.split(",")
-    if value.endswith(","):
-        parts.pop()
-    return parts
+    """``PT_HPU_RECIPE_CACHE_CONFIG``'s fields as ``std::getline`` cuts them: a trailing comma adds no field (v1.19.0
+    ``recipe_cache_config.cpp:104-113``)."""
+    return value.removesuffix(",").split(",")
 
 
 @dataclass(frozen=True)
 class RecipeCache:
-    """The bridge's on-disk cache of compiled graphs (``PT_HPU_RECIPE_CACHE_CONFIG``): a directory (``""``: no disk
-    cache), whether to empty it when the bridge starts, its size limit in MB (``0``: no limit; otherwise the oldest
-    recipes are evicted first), and whether it is on NFS (the 4th field of Intel's current runtime-flags page; bridge
-    1.19 reads 3 fields and stops on a 4th, so the variable gets it only when ``on_nfs`` is true).
-
-    In inference mode (the bridge's ``enable_inference_mode()``) the bridge appends the process's ``RANK`` to the
-    directory, without a separator: :meth:`directory`."""
+    """The bridge's on-disk cache of compiled graphs (``PT_HPU_RECIPE_CACHE_CONFIG``): a directory (``""``: none),
+    whether to empty it at start, its size limit in MB (``0``: none) and whether it is on NFS (written only when true:
+    bridge 1.19 stops on a 4th field)."""
 
     path: str
     delete_on_start: bool = False
@@ -295,10 +249,9 @@ class RecipeCache:
                 " bridge cuts the variable at commas and takes the path as written), or '' for no disk cache."
             )
         for name in ("delete_on_start", "on_nfs"):
-            flag = _flag(f"recipe cache {name}", getattr(self, name))
-            if flag is None:
+            if getattr(self, name) is None:
                 raise ValueError(f"recipe cache {name}=None must be true or false.")
-            object.__setattr__(self, name, flag)
+            object.__setattr__(self, name, _flag(f"recipe cache {name}", getattr(self, name)))
         size = self.max_size_mb
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= _UNSIGNED_MAX:
             raise ValueError(
@@ -312,11 +265,9 @@ class RecipeCache:
         value: RecipeCache | str | Mapping[str, Any],
         environ: Mapping[str, str] | None = None,
     ) -> RecipeCache:
-        """Reads ``"<dir>[,<delete_on_start true|false>[,<max_MB>[,<on_nfs true|false>]]]"``, a mapping of the
-        attributes, or an instance. Fields are read as the bridge reads them (:func:`bridge_bool`,
-        :func:`bridge_unsigned`); a missing or empty field keeps the bridge's value, ``PT_CACHE_FOLDER_DELETE`` /
-        ``PT_CACHE_FOLDER_SIZE_MB`` in ``environ`` when given, else false / 1024 (v1.19.0
-        ``recipe_cache_config.cpp:74-101``)."""
+        """Reads ``"<dir>[,<delete_on_start>[,<max_MB>[,<on_nfs>]]]"`` as the bridge does, a mapping of the fields, or
+        an instance; a missing or empty field keeps ``PT_CACHE_FOLDER_DELETE`` / ``PT_CACHE_FOLDER_SIZE_MB`` of
+        ``environ``, else false / 1024 (v1.19.0 ``recipe_cache_config.cpp:74-101``)."""
         if isinstance(value, RecipeCache):
             return value
         if isinstance(value, Mapping):
@@ -334,62 +285,38 @@ class RecipeCache:
         parts = split_recipe_cache(value)
         if len(parts) > 4:
             raise ValueError(f"{name} has {len(parts)} comma-separated fields; it takes 1 to 4: {form}.")
-        env = {} if environ is None else environ
-        delete = (
-            bridge_bool(RECIPE_CACHE_DELETE_ENV, env[RECIPE_CACHE_DELETE_ENV])
-            if env.get(RECIPE_CACHE_DELETE_ENV)
-            else False
-        )
-        size = (
-            bridge_unsigned(RECIPE_CACHE_SIZE_ENV, env[RECIPE_CACHE_SIZE_ENV])
-            if env.get(RECIPE_CACHE_SIZE_ENV)
-            else DEFAULT_RECIPE_CACHE_MB
-        )
-        on_nfs = False
+        env = environ or {}
         fields = parts + [""] * (4 - len(parts))
+        delete, size = env.get(RECIPE_CACHE_DELETE_ENV), env.get(RECIPE_CACHE_SIZE_ENV)
+        delete_on_start = bridge_bool(RECIPE_CACHE_DELETE_ENV, delete) if delete else False
+        max_size_mb = bridge_unsigned(RECIPE_CACHE_SIZE_ENV, size) if size else DEFAULT_RECIPE_CACHE_MB
         if fields[1]:
-            delete = bridge_bool(f"{name}: delete_on_start (field 2)", fields[1])
+            delete_on_start = bridge_bool(f"{name}: delete_on_start (field 2)", fields[1])
         if fields[2]:
-            size = bridge_unsigned(f"{name}: max_MB (field 3)", fields[2])
-        if fields[3]:
-            on_nfs = bridge_bool(f"{name}: on_nfs (field 4)", fields[3])
+            max_size_mb = bridge_unsigned(f"{name}: max_MB (field 3)", fields[2])
+        on_nfs = bridge_bool(f"{name}: on_nfs (field 4)", fields[3]) if fields[3] else False
         try:
-            return cls(fields[0], delete, size, on_nfs)
+            return cls(fields[0], delete_on_start, max_size_mb, on_nfs)
         except ValueError as error:
             raise ValueError(f"{name}: {error}") from None
 
     def env_value(self) -> str:
-        """The value of ``PT_HPU_RECIPE_CACHE_CONFIG``, in the documented order; the 4th field only when ``on_nfs``
-        (its default is false, and bridge 1.19 stops on a 4th field)."""
+        """The value of ``PT_HPU_RECIPE_CACHE_CONFIG`` (the 4th field only when ``on_nfs``)."""
         value = f"{self.path},{str(self.delete_on_start).lower()},{self.max_size_mb}"
         return f"{value},true" if self.on_nfs else value
 
     def directory(self, inference: bool = False, environ: Mapping[str, str] | None = None) -> str:
-        """Where the bridge keeps the recipes: :attr:`path`, with ``RANK`` (read like C's ``atoi``, ``0`` when unset)
-        appended in inference mode (v1.19.0 ``recipe_cache_config.cpp:65-72``)."""
+        """Where the bridge keeps the recipes: :attr:`path`, with ``RANK`` read by C's ``atoi`` appended in inference
+        mode (v1.19.0 ``recipe_cache_config.cpp:65-72``)."""
         if not inference or not self.path:
             return self.path
-        return f"{self.path}{_atoi(_environ(environ).get('RANK', '0'))}"
-
-
-def _atoi(raw: str) -> int:
-    """C's ``atoi``: leading spaces, an optional sign, then the digits up to the first other character (``0``
-    without any)."""
-    text = raw.lstrip(" \t\n\v\f\r")
-    sign = -1 if text[:1] == "-" else 1
-    text = text[1:] if text[:1] in "+-" and text else text
-    digits = ""
-    for c in text:
-        if not ("0" <= c <= "9"):
-            break
-        digits += c
-    return sign * int(digits) if digits else 0
+        atoi = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", _environ(environ).get("RANK", "0"))
+        return f"{self.path}{int(atoi[1]) if atoi else 0}"
 
 
 def compile_cache_root(environ: Mapping[str, str] | None = None) -> Path | None:
-    """Where the compile cache policy keeps its folders: ``LIGHTNING_GAUDI_COMPILE_CACHE``, by default
-    ``<temp dir>/lightning_gaudi_compile_cache_<uid>`` (node-local, as Intel advises for the recipe cache); ``None``
-    when it is ``off``."""
+    """Where the compile cache policy keeps its folders: ``LIGHTNING_GAUDI_COMPILE_CACHE``, by default a node-local
+    ``<temp dir>/lightning_gaudi_compile_cache_<uid>``; ``None`` when it is ``off``."""
     raw = _environ(environ).get(COMPILE_CACHE_ENV, "").strip()
     if raw.lower() in _OFF:
         return None
@@ -399,23 +326,17 @@ def compile_cache_root(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def default_recipe_cache(environ: Mapping[str, str] | None = None) -> RecipeCache | None:
     """The recipe cache the policy gives a Gaudi where ``PT_HPU_RECIPE_CACHE_CONFIG`` is unset: a folder per torch and
-    Gaudi software release under :func:`compile_cache_root`, kept across runs. The bridge checks its libraries and
-    settings against each recipe it reads (v1.19.0 ``habana_serialization/cache_version.cpp:133``)."""
+    Gaudi software release under :func:`compile_cache_root`."""
     env = _environ(environ)
     root = compile_cache_root(env)
     if root is None or env.get(RECIPE_CACHE_ENV):
         return None
-    from importlib.metadata import version
-
     release = ".".join(map(str, bridge_release() or ("unknown",)))
     return RecipeCache(str(root / f"recipes-torch{version('torch')}-gaudi{release}"))
 
 
 def bridge_release() -> tuple[int, int] | None:
-    """The installed bridge's (major, minor) release from its distribution's metadata, or ``None`` when it is not
-    installed or says no version. Does not import the bridge."""
-    from importlib.metadata import PackageNotFoundError, version
-
+    """The installed bridge's (major, minor) release from its distribution's metadata, or ``None``."""
     try:
         parts = version(BRIDGE_DISTRIBUTION).split(".")
         return int(parts[0]), int(parts[1])
@@ -473,13 +394,13 @@ class Runtime:
         if self.recipe_cache is not None:
             put("recipe_cache", RecipeCache.parse(self.recipe_cache))
         cache = self.compile_cache
-        if (isinstance(cache, str) and cache.strip().lower() in _OFF) or cache == "":
+        if not isinstance(cache, (bool, str, type(None))) or (
+            isinstance(cache, str) and cache.strip().lower() in (*_OFF, "")
+        ):
             raise ValueError(
-                f"`compile_cache={cache!r}` is not a folder; pass compile_cache=False to turn the compile cache"
-                " policy off, True for its default folder, or a folder path."
+                f"`compile_cache={cache!r}` is not a folder; pass a folder path, True for the default folder, or"
+                " compile_cache=False to turn the compile cache policy off."
             )
-        if cache is not None and not isinstance(cache, (bool, str)):
-            raise ValueError(f"`compile_cache={cache!r}` must be a folder path, True (the default folder) or False.")
         put("autocast_bf16_ops", check_op_names("autocast_bf16_ops", self.autocast_bf16_ops))
         put("autocast_fp32_ops", check_op_names("autocast_fp32_ops", self.autocast_fp32_ops))
         both = sorted(set(self.autocast_bf16_ops or ()) & set(self.autocast_fp32_ops or ()))
@@ -509,7 +430,6 @@ class Runtime:
                     f" {LAZY_MODE_ENV}=0 on a Gaudi); lightning_gaudi.configure(execution_mode=...) sets both."
                 )
             execution_mode = "compile"
-        int64 = env.get(INT64_ENV) or None  # empty: the bridge's default (env_flags.cpp:294-300)
         recipe_cache = _recipe_cache_from_env(env, emulated=mode is not None)
         lists = {key: read_list(env.get(key)) for key in (BF16_LIST_ENV, FP32_LIST_ENV)}
         list_file = env.get(BF16_LIST_ENV) or env.get(FP32_LIST_ENV)
@@ -518,7 +438,7 @@ class Runtime:
             execution_mode=execution_mode,  # type: ignore[arg-type]
             emulated_devices=emulated_devices(env) if DEVICES_ENV in env else None,
             emulated_device_name=emulated_device_name(env) if DEVICE_NAME_ENV in env else None,  # type: ignore[arg-type]
-            int64_support=_flag(INT64_ENV, int64) if int64 is not None else None,
+            int64_support=_flag(INT64_ENV, env.get(INT64_ENV) or None),  # empty is unset (env_flags.cpp:294-300)
             recipe_cache=recipe_cache,
             compile_cache=_compile_cache_from_env(env),
             autocast_bf16_ops=lists[BF16_LIST_ENV],
@@ -554,18 +474,11 @@ def _compile_cache_from_env(env: Mapping[str, str]) -> str | bool | None:
 
 
 def _compile_flag(env: Mapping[str, str]) -> bool:
-    value = env.get(COMPILE_ENV)
-    if value is None or not value.strip():
-        return False
-    parsed = _FLAGS.get(value.strip().lower())
+    value = env.get(COMPILE_ENV, "")
+    parsed = _BRIDGE_BOOLS.get(value.strip().lower()) if value.strip() else False
     if parsed is None:
         raise ValueError(f"{COMPILE_ENV}={value!r} must be 1 (compile mode: eager + torch.compile) or 0.")
     return parsed
-
-
-def _emulator(execution_mode: str | None) -> str | None:
-    """The emulation mode that runs ``execution_mode`` (compile mode runs on eager)."""
-    return "eager" if execution_mode == "compile" else execution_mode
 
 
 def _autocast_changes(settings: Runtime, env: Mapping[str, str]) -> dict[str, str]:
@@ -576,10 +489,7 @@ def _autocast_changes(settings: Runtime, env: Mapping[str, str]) -> dict[str, st
         return {}
     if bridge_loaded():
         return {key: "<a new list file>" for key in stale}  # reported as an error by configure
-    if settings.autocast_list_dir is not None:
-        directory = Path(settings.autocast_list_dir)
-    else:
-        directory = Path(tempfile.mkdtemp(prefix="lightning_gaudi_autocast_"))
+    directory = Path(settings.autocast_list_dir or tempfile.mkdtemp(prefix="lightning_gaudi_autocast_"))
     changes = {}
     for key, ops in stale.items():
         assert ops is not None
@@ -599,9 +509,10 @@ def configure(runtime: Runtime | None = None, /, **settings: Any) -> Runtime:
     if emulate is None:  # the Trainer's "HPU available" line says when this chose emulation, and why
         emulate = current_mode is not None or not bridge_installed()
     changes: dict[str, str | None] = {}
-    if emulate:
-        mode = _emulator(wanted.execution_mode) or current_mode or "eager"
-        changes[EMULATE_ENV] = mode
+    if emulate:  # compile mode runs on eager emulation
+        changes[EMULATE_ENV] = (
+            "eager" if wanted.execution_mode == "compile" else wanted.execution_mode or current_mode or "eager"
+        )
     else:
         changes[EMULATE_ENV] = None
         if wanted.execution_mode == "lazy" and (why := lazy_mode_unavailable()) is not None:

@@ -143,32 +143,12 @@ HOOKS = Hooks()
 
 def connector_class() -> type | None:
     """Lightning's ``_AcceleratorConnector``, or ``None`` when this Lightning has no such class where expected."""
-    return find_class(_MODULE, _CLASS)
+    return registry.find_class(_MODULE, _CLASS)
 
 
-def find_class(module: str, name: str) -> type | None:
-    found = registry.lookup(module, name)
-    return found if isinstance(found, type) else None
-
-
-def wrap_connector(
-    cls: type | None,
-    where: str,
-    attributes: tuple[str, ...],
-    mark: str,
-    wrappers: Callable[[], dict[str, Callable[[Any], Any]]],
-    fallback: str,
-) -> bool:
-    """Wraps ``cls``'s methods with ``wrappers()`` once, unless this Lightning is unsupported or ``cls`` (at
-    ``where``) lacks one of ``attributes``, which warns with ``fallback``; returns whether the methods are wrapped."""
-    missing = [where] if cls is None else [a for a in attributes if not hasattr(cls, a)]
-    if not registry.supported(missing, fallback):
-        return False
-    assert cls is not None
-    chosen = wrappers()
-    if not registry.wrapped(cls, chosen, mark):
-        registry.wrap_methods(cls, chosen, mark)
-    return True
+def missing_attributes(cls: type | None, where: str, attributes: tuple[str, ...]) -> list[str]:
+    """What of ``attributes`` the connector ``cls`` (at ``where``) lacks; ``[where]`` without it."""
+    return [where] if cls is None else [a for a in attributes if not hasattr(cls, a)]
 
 
 def installed() -> bool:
@@ -182,9 +162,10 @@ def install() -> bool:
         "`strategy='auto'` and precision strings will not pick HPU classes: pass `strategy='hpu_single'`/"
         "'hpu_parallel' and `plugins=[HPUPrecision(...)]`."
     )
-    wrappers = functools.partial(connector_wrappers, HOOKS, ("_precision_flag", "_precision_plugin_flag"), _VALIDATE)
-    where = f"{_MODULE}.{_CLASS}"
-    return wrap_connector(connector_class(), where, CONNECTOR_ATTRIBUTES, _MARK, wrappers, fallback) and installed()
+    cls = connector_class()
+    missing = missing_attributes(cls, f"{_MODULE}.{_CLASS}", CONNECTOR_ATTRIBUTES)
+    wrappers = connector_wrappers(HOOKS, ("_precision_flag", "_precision_plugin_flag"), _VALIDATE)
+    return registry.wrap_once(cls, wrappers, _MARK, missing, fallback) and installed()
 
 
 PATCH = registry.Patch(

@@ -1,6 +1,6 @@
 """``torch.compile``d modules set up by Fabric get the HPU's compile backend: ``fabric.setup`` compiles a model again
-with the arguments Lightning recorded (``_compile_kwargs``), where GPU code (LitGPT) passes no backend; the wrapped
-``Fabric.setup``/``setup_module`` fill in the one :attr:`Hooks.backend` answers. A backend the user passed is kept."""
+with the arguments Lightning recorded (``_compile_kwargs``); the wrapped ``Fabric.setup``/``setup_module`` fill in the
+backend :attr:`Hooks.backend` answers where the user passed none."""
 
 from __future__ import annotations
 
@@ -34,8 +34,7 @@ HOOKS = Hooks()
 
 def fabric_class() -> type | None:
     """Lightning's ``Fabric``, or ``None`` when this Lightning has none where expected."""
-    found = registry.lookup(_MODULE, _CLASS)
-    return found if isinstance(found, type) else None
+    return registry.find_class(_MODULE, _CLASS)
 
 
 def missing_targets() -> list[str]:
@@ -82,13 +81,8 @@ def install() -> bool:
         "A model compiled before `fabric.setup` is compiled again with torch's default backend (inductor): pass"
         " `backend=` to torch.compile yourself ('hpu_backend' on a Gaudi)."
     )
-    if not registry.supported(missing_targets(), fallback):
-        return False
-    cls = fabric_class()
-    assert cls is not None  # missing_targets names it otherwise
-    if not registry.wrapped(cls, WRAPPED, _MARK):
-        registry.wrap_methods(cls, dict.fromkeys(WRAPPED, _wrap), _MARK)
-    return installed()
+    wrappers = dict.fromkeys(WRAPPED, _wrap)
+    return registry.wrap_once(fabric_class(), wrappers, _MARK, missing_targets(), fallback) and installed()
 
 
 PATCH = registry.Patch(

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-
 from lightning_gaudi.patches import registry
-from lightning_gaudi.patches.connector import WRAPPED, Hooks, connector_wrappers, find_class, wrap_connector
+from lightning_gaudi.patches.connector import WRAPPED, Hooks, connector_wrappers, missing_attributes
 
 _MODULE = "lightning.fabric.connector"
 _CLASS = "_Connector"
@@ -29,7 +27,7 @@ HOOKS = Hooks()
 
 def connector_class() -> type | None:
     """Fabric's ``_Connector``, or ``None`` when this Lightning has no such class where expected."""
-    return find_class(_MODULE, _CLASS)
+    return registry.find_class(_MODULE, _CLASS)
 
 
 def installed() -> bool:
@@ -43,9 +41,10 @@ def install() -> bool:
         "Fabric's `strategy='auto'` and precision strings will not pick HPU classes: pass `strategy='hpu_single'`/"
         "'hpu_parallel' and `plugins=[lightning_gaudi.fabric.HPUPrecision(...)]`."
     )
-    wrappers = functools.partial(connector_wrappers, HOOKS, ("_precision_input", "_precision_instance"), None)
-    where = f"{_MODULE}.{_CLASS}"
-    return wrap_connector(connector_class(), where, CONNECTOR_ATTRIBUTES, MARK, wrappers, fallback) and installed()
+    cls = connector_class()
+    missing = missing_attributes(cls, f"{_MODULE}.{_CLASS}", CONNECTOR_ATTRIBUTES)
+    wrappers = connector_wrappers(HOOKS, ("_precision_input", "_precision_instance"), None)
+    return registry.wrap_once(cls, wrappers, MARK, missing, fallback) and installed()
 
 
 PATCH = registry.Patch(

@@ -1,7 +1,5 @@
-"""Fabric's refusal to set up an unlaunched multi-device job ("To use Fabric with more than one device, you must call
-`.launch()` or use the CLI: `fabric run --help`.") names the command that starts it on the HPU: Lightning's
-``fabric run`` has no HPU accelerator. The wrapped private ``Fabric._validate_launched`` adds the line
-:attr:`Hooks.hint` answers for the Fabric (``None``: the message stays Lightning's)."""
+"""Fabric's refusal to set up an unlaunched multi-device job names the command that starts it on the HPU (Lightning's
+``fabric run`` has no HPU accelerator): the wrapped private ``Fabric._validate_launched`` adds :attr:`Hooks.hint`."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ HOOKS = Hooks()
 
 def fabric_class() -> type | None:
     """Lightning's ``Fabric``, or ``None`` when this Lightning has none where expected."""
-    found = registry.lookup(_MODULE, _CLASS)
-    return found if isinstance(found, type) else None
+    return registry.find_class(_MODULE, _CLASS)
 
 
 def missing_targets() -> list[str]:
@@ -74,13 +71,8 @@ def install() -> bool:
         "Fabric's refusal of an unlaunched multi-device job will not name the HPU's command: start such scripts with"
         " `python -m lightning_gaudi fabric run --accelerator hpu --devices N SCRIPT`."
     )
-    if not registry.supported(missing_targets(), fallback):
-        return False
-    cls = fabric_class()
-    assert cls is not None  # missing_targets names it otherwise
-    if not registry.wrapped(cls, WRAPPED, _MARK):
-        registry.wrap_methods(cls, dict.fromkeys(WRAPPED, _wrap), _MARK)
-    return installed()
+    wrappers = dict.fromkeys(WRAPPED, _wrap)
+    return registry.wrap_once(fabric_class(), wrappers, _MARK, missing_targets(), fallback) and installed()
 
 
 PATCH = registry.Patch(

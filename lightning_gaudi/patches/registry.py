@@ -42,6 +42,12 @@ def lookup(module: str, name: str | None = None) -> Any:
     return found if name is None else getattr(found, name, None)
 
 
+def find_class(module: str, name: str) -> type | None:
+    """The class ``module.name``, or ``None`` where this upstream version has none."""
+    found = lookup(module, name)
+    return found if isinstance(found, type) else None
+
+
 def supported(missing: list[str], fallback: str, torch: bool = False) -> bool:
     """Whether a patch may be installed (the version in the checked range, nothing ``missing``); otherwise warns,
     naming both and ``fallback`` (what still works)."""
@@ -70,3 +76,16 @@ def wrap_methods(cls: type, wrappers: Mapping[str, Callable[[Any], Any]], mark: 
 def wrapped(cls: type | None, names: Iterable[str], mark: str) -> bool:
     """Whether every method ``names`` of ``cls`` is a wrapper marked with ``mark``."""
     return cls is not None and all(getattr(getattr(cls, name, None), mark, False) for name in names)
+
+
+def wrap_once(
+    cls: type | None, wrappers: Mapping[str, Callable[[Any], Any]], mark: str, missing: list[str], fallback: str
+) -> bool:
+    """Wraps ``cls``'s methods with ``wrappers`` once unless :func:`supported` says no (warning ``fallback``);
+    returns whether they are wrapped."""
+    if not supported(missing, fallback):
+        return False
+    assert cls is not None  # missing names it otherwise
+    if not wrapped(cls, wrappers, mark):
+        wrap_methods(cls, wrappers, mark)
+    return True

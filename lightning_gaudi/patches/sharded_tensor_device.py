@@ -1,13 +1,6 @@
-"""The device of torch's ``ShardedTensor`` on a rank that holds none of its shards, on the HPU.
-
-torch answers ``ShardedTensor.device`` from the first local shard, else the CPU when the process group's backend is
-named ``"gloo"``, else ``torch.cuda.current_device()`` (``torch/distributed/_shard/sharded_tensor/_ops/
-tensor_ops.py``, ``tensor_device``). Over HCCL (a Gaudi's, or the emulator's) a rank without a shard of a parameter
-therefore fails with "Torch not compiled with CUDA enabled" wherever DCP asks for the device: loading FSDP's sharded
-checkpoints (the model's state and ``load_sharded_optimizer_state_dict``'s optimizer state), Trainer and Fabric.
-
-The route is ShardedTensor's own extension point, ``custom_sharded_op_impl`` (public; it is consulted before torch's
-implementation): on an ``"hccl"`` group the answer is the HPU backend's device, elsewhere torch's rule unchanged.
+"""The device of torch's ``ShardedTensor`` on a rank that holds none of its shards, over HCCL: torch answers CUDA's
+(``sharded_tensor/_ops/tensor_ops.py``, ``tensor_device``), so loading FSDP's sharded checkpoints would fail there.
+Answered through ShardedTensor's public extension point, ``custom_sharded_op_impl``; other groups keep torch's rule.
 """
 
 from __future__ import annotations

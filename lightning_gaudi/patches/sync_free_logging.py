@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import os
-from types import ModuleType
 from typing import Any
 
 from lightning.pytorch.accelerators import AcceleratorRegistry
@@ -100,15 +99,11 @@ def _hpu_progress_bar(original: Any) -> Any:
     return wrapper
 
 
-def _module(name: str) -> ModuleType | None:
-    return registry.lookup(name)
-
-
 def installed() -> bool:
     """Whether the host-sync-free logging wrappers are in place."""
     result = registry.lookup(_RESULT)
-    connector = vars(getattr(_module(_LOGGER_CONNECTOR), "_LoggerConnector", object))
-    callbacks = getattr(_module(_CALLBACK_CONNECTOR), "_CallbackConnector", None)
+    connector = vars(getattr(registry.lookup(_LOGGER_CONNECTOR), "_LoggerConnector", object))
+    callbacks = getattr(registry.lookup(_CALLBACK_CONNECTOR), "_CallbackConnector", None)
     targets = (
         getattr(result, "convert_tensors_to_scalars", None),
         getattr(connector.get("metrics"), "fget", None),
@@ -120,7 +115,9 @@ def installed() -> bool:
 
 def missing_targets() -> list[str]:
     """What the wrappers rely on and this Lightning lacks (empty when everything is there)."""
-    missing = [m if _module(m) is None else f"{m}.{a}" for m, a in TARGETS if not hasattr(_module(m), a)]
+    missing = [
+        m if registry.lookup(m) is None else f"{m}.{a}" for m, a in TARGETS if not hasattr(registry.lookup(m), a)
+    ]
     if missing:
         return missing
     connector = vars(registry.lookup(_LOGGER_CONNECTOR, "_LoggerConnector"))
@@ -137,7 +134,7 @@ def missing_targets() -> list[str]:
 
 
 def install() -> bool:
-    """Installs the wrappers (idempotent); returns whether they are installed, else warns."""
+    """Installs the wrappers (idempotent); returns whether they are installed."""
     if installed():
         return True
     fallback = (

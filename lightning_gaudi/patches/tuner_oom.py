@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from types import ModuleType
 
 from lightning_gaudi import hpu
 from lightning_gaudi.patches import registry
@@ -19,18 +18,14 @@ _FORMERLY = {"_run_binsearch_scaling": "_run_binary_scaling"}
 _MARK = "__lightning_gaudi_hook__"
 
 
-def _module() -> ModuleType | None:
-    return registry.lookup(_MODULE)
-
-
 def _readers() -> tuple[str, ...]:
-    module = _module()
+    module = registry.lookup(_MODULE)
     return tuple(name if hasattr(module, name) else _FORMERLY.get(name, name) for name in READERS)
 
 
 def missing_targets() -> list[str]:
     """What the patch relies on and this Lightning lacks; empty when everything is as checked."""
-    module = _module()
+    module = registry.lookup(_MODULE)
     if module is None or not callable(getattr(module, _NAME, None)):
         return [f"{_MODULE}.{_NAME}"]
     missing = []
@@ -61,7 +56,7 @@ def _wrap(original: Callable[[BaseException], bool]) -> Callable[[BaseException]
 
 def installed() -> bool:
     """Whether the batch-size search recognises HPU out-of-memory errors."""
-    module = _module()
+    module = registry.lookup(_MODULE)
     return module is not None and getattr(getattr(module, _NAME, None), _MARK, False)
 
 
@@ -75,7 +70,7 @@ def install() -> bool:
     )
     if not registry.supported(missing_targets(), fallback):
         return False
-    module = _module()
+    module = registry.lookup(_MODULE)
     setattr(module, _NAME, _wrap(getattr(module, _NAME)))
     return True
 

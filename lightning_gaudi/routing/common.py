@@ -1,7 +1,5 @@
-"""The routing both connectors share: which HPU class or precision plugin answers a Lightning name on HPUs
-(``docs/strategies.md``): ``"auto"`` by the device count, a Lightning name or instance by the HPU class that lists its
-class in ``lightning_counterparts`` (instances adopted, :mod:`lightning_gaudi.strategies.adoption`), precision by the
-strategy's ``hpu_precision_plugin`` first."""
+"""The routing both connectors share: which HPU class or precision plugin answers a Lightning name or instance on
+HPUs (``docs/strategies.md``)."""
 
 from __future__ import annotations
 
@@ -44,7 +42,7 @@ def hpu_counterpart(lightning_cls: type, strategy_registry: dict[str, Any]) -> t
 
 
 def interactive() -> bool:
-    """Whether Python runs interactively (a notebook's kernel, ``python -i``, the REPL), as Lightning tells it."""
+    """Whether Python runs interactively (a notebook, ``python -i``), as Lightning tells it."""
     return hasattr(sys, "ps1") or bool(sys.flags.interactive)
 
 
@@ -59,8 +57,7 @@ def _is_lightnings(cls: type) -> bool:
 
 @dataclass(frozen=True)
 class Routing:
-    """The :class:`~lightning_gaudi.patches.connector.ConnectorPolicy` of the Trainer or Fabric (``owner``), over
-    that API's classes: its strategy registry and bases, HPU strategies, and precision plugin builders and check."""
+    """The :class:`~lightning_gaudi.patches.connector.ConnectorPolicy` of the Trainer or Fabric (``owner``)."""
 
     owner: str
     package: str
@@ -72,20 +69,30 @@ class Routing:
     mixed_precision: Callable[..., Any]
     check_plugin: Callable[[Any], None]
     fp8_plugin: Callable[[Any], Any]
+    #: Fabric's: the Trainer's strategy base, whose lightning_gaudi strategies are refused naming their Fabric twin.
+    other_base: type | None = None
 
     def registered_class(self, flag: object) -> type | None:
-        if isinstance(flag, str) and flag in self.registry:
-            found = self.registry[flag]["strategy"]
-            return found if isinstance(found, type) else None
-        return None
+        found = self.registry[flag]["strategy"] if isinstance(flag, str) and flag in self.registry else None
+        return found if isinstance(found, type) else None
 
     def _is_single_device(self, flag: object) -> bool:
         cls = type(flag) if isinstance(flag, self.strategy_base) else self.registered_class(flag)
         return cls is not None and issubclass(cls, (self.single_hpu, self.lightning_single))
 
     def check_flags(self, strategy: Any, accelerator: Any, registered: Sequence[str]) -> None:
-        """Raises ``ValueError`` with the HPU strategies' names (and the closest) for an unknown ``"hpu..."`` name, or
-        any unknown name with ``accelerator="hpu"``."""
+        """Raises ``ValueError`` naming the HPU strategies for an unknown ``"hpu..."`` name or any with the HPU."""
+        if (
+            self.other_base
+            and isinstance(strategy, self.other_base)
+            and type(strategy).__module__.startswith("lightning_gaudi.")
+        ):
+            cls = type(strategy).__name__
+            raise ValueError(
+                f"`strategy={cls}(...)`: lightning_gaudi.{cls} is the Trainer's strategy. With Fabric use"
+                f" {self.package}.{cls}(...), which takes the same arguments (`precision` where the Trainer's takes"
+                f" `precision_plugin`), or its name, {type(strategy).strategy_name!r}."  # type: ignore[attr-defined]
+            )
         if not isinstance(strategy, str):
             return
         name = strategy.lower()
@@ -94,8 +101,7 @@ class Routing:
         names = [
             n for n in self.registry.available_strategies() if is_hpu_strategy_class(self.registered_class(n) or object)
         ]
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = "".join(f" Did you mean {close!r}?" for close in difflib.get_close_matches(name, names, n=1))
         raise ValueError(
             f"`strategy={strategy!r}` is not a strategy the {self.owner} knows. The HPU strategies are"
             f" {', '.join(repr(n) for n in names)}, or an instance of one of {self.package}'s strategy classes.{hint}"
@@ -113,8 +119,8 @@ class Routing:
         if interactive() and cards > 1:
             # what Lightning does for several GPUs: a notebook cannot start one process per card
             rank_zero_info(
-                f"{self.owner} will use only 1 of {cards} HPUs because it runs in an interactive session (a notebook,"
-                " `python -i`): training on several HPUs needs one process per card, started from a script."
+                f"{self.owner} will use only 1 of {cards} HPUs because it runs in an interactive session: several"
+                " HPUs need one process per card, started from a script."
             )
             return 1
         return None
@@ -133,17 +139,15 @@ class Routing:
         if interactive() and (len(parallel_devices) > 1 or num_nodes > 1) and "LOCAL_RANK" not in os.environ:
             raise ValueError(
                 f"{self.owner}(devices={len(parallel_devices)}, num_nodes={num_nodes}) asks for several HPUs in an"
-                " interactive session (a notebook, `python -i`), which cannot start the process per card they need (a"
-                " forked process cannot take over its parent's HPU). Run the training as a script (`python train.py`,"
-                " or `python -m lightning_gaudi train.py` for code that does not import lightning_gaudi), or use"
-                " devices=1 here."
+                " interactive session, which cannot start a process per card. Run the training as a script (`python"
+                " -m lightning_gaudi train.py` for code that does not import lightning_gaudi), or use devices=1 here."
             )
-        if isinstance(flag, self.strategy_base):
-            strategy = self.adopt_instance(flag, parallel_devices)
-        else:
-            strategy = self.from_lightning_name(flag, parallel_devices)
+        adopted = isinstance(flag, self.strategy_base)
+        strategy = (
+            self.adopt_instance(flag, parallel_devices) if adopted else self.from_lightning_name(flag, parallel_devices)
+        )
         if self._is_single_device(strategy) and (len(parallel_devices) > 1 or num_nodes > 1):
-            given = f"{type(flag).__name__}(...)" if isinstance(flag, self.strategy_base) else repr(flag)
+            given = f"{type(flag).__name__}(...)" if adopted else repr(flag)
             asker = "the Trainer" if self.owner == "Trainer" else self.owner
             raise ValueError(
                 f"`strategy={given}` trains on one HPU, but {asker} asks for {len(parallel_devices)} device(s) on"
@@ -152,13 +156,8 @@ class Routing:
         return strategy
 
     def adopt_instance(self, strategy: Any, parallel_devices: list[Any]) -> Any:
-        """The strategy that runs the object ``strategy`` on HPUs: an HPU strategy or one on Lightning's abstract bases
-        as it is, an instance of a Lightning class with an HPU stand-in (or of its subclass) adopted.
-
-        Raises:
-            ValueError: a Lightning strategy without an HPU stand-in, or an argument the HPU strategy refuses.
-            TypeError: an argument the HPU strategy does not take.
-        """
+        """The strategy that runs the object ``strategy`` on HPUs: an instance of a Lightning class with an HPU stand-in
+        adopted, others as they are; ``ValueError``/``TypeError`` for one without a stand-in or refused arguments."""
         cls = type(strategy)
         if is_hpu_strategy_class(cls):
             return strategy
@@ -175,10 +174,9 @@ class Routing:
         if base is self.lightning_single and getattr(vars(strategy).get("_root_device"), "type", None) != "hpu":
             overrides["device"] = parallel_devices[0] if parallel_devices else None  # a GPU script's "cuda:0"
         adopted, arguments = adopt(strategy, hpu_cls, base, **overrides)
-        settings = described(arguments)
         rank_zero_info(
             f"`strategy={cls.__name__}(...)` with accelerator='hpu': training with {cls.__name__} on"
-            f" {hpu_cls.__name__}({settings})."
+            f" {hpu_cls.__name__}({described(arguments)})."
         )
         return adopted
 
@@ -201,8 +199,8 @@ class Routing:
         if start_method is not None and start_method not in START_METHODS:
             raise ValueError(
                 f"`strategy={name!r}` forks its rank processes; {hpu_cls.__name__} starts them with 'popen' or"
-                " 'spawn' only (a forked child cannot take over its parent's HPU). Use strategy='hpu_parallel' (each"
-                " rank re-runs the script) or 'hpu_parallel_spawn'; in a notebook, run the training as a script."
+                " 'spawn' only (a forked child cannot take over its parent's HPU). Use strategy='hpu_parallel' or"
+                " 'hpu_parallel_spawn'."
             )
         settings = ", ".join(f"{key}={value!r}" for key, value in init_params.items())
         rank_zero_info(f"`strategy={name!r}` with accelerator='hpu': training with {hpu_cls.__name__}({settings}).")
@@ -211,15 +209,13 @@ class Routing:
     def precision(
         self, accelerator: Any, strategy: Any, precision: Any, plugin: Any, validate: Callable[[], None]
     ) -> Any:
-        """The precision plugin on HPUs, or ``None`` to leave it to Lightning; raises ``ValueError`` for a precision
-        this device cannot run, or ``"fp8"`` on another accelerator."""
+        """The precision plugin on HPUs, or ``None`` to leave it to Lightning; ``ValueError`` for one it cannot run."""
         if precision == "fp8" and plugin is None:
             if not isinstance(accelerator, HPUAccelerator):
                 raise ValueError(
-                    f"`{self.owner}(precision='fp8')` is lightning_gaudi's FP8 training for Intel Gaudi 2 and later; it"
-                    " runs with accelerator='hpu' (a Gaudi, or the emulated HPU with LIGHTNING_GAUDI_EMULATE=eager),"
-                    f" not on {type(accelerator).__name__}. Use `{self.owner}(accelerator='hpu', precision='fp8')`;"
-                    " for NVIDIA GPUs Lightning offers precision='transformer-engine'."
+                    f"`{self.owner}(precision='fp8')` is lightning_gaudi's FP8 training for Gaudi 2 and later, not"
+                    f" on {type(accelerator).__name__}. Use `{self.owner}(accelerator='hpu', precision='fp8')`; for"
+                    " NVIDIA GPUs Lightning offers precision='transformer-engine'."
                 )
             return self.fp8_plugin(strategy)
         if not isinstance(accelerator, HPUAccelerator):

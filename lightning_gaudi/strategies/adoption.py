@@ -20,9 +20,8 @@ class Adoption:
         folded: arguments Lightning folds into another one that is read back (a DeepSpeed ``stage`` into ``config``).
         renamed: argument -> the attribute holding it.
         carried: attributes Lightning derives from arguments, copied as they are.
-        refused: argument -> why it has no meaning on the HPU; refused unless left at Lightning's default.
-        prevails: attributes the HPU class decides even where the adopted object's class defines them (Ray's put the
-            model on ``ray.train.torch.get_device()``, the CPU without Ray's ``HPU`` resource).
+        refused: argument -> why it has no meaning on the HPU (refused unless left at Lightning's default).
+        prevails: attributes the HPU class decides even where the adopted object's class defines them (Ray's device).
     """
 
     extra: str | None = None
@@ -95,8 +94,7 @@ def _rebuild(cls: Any, hpu_cls: Any, state: dict[str, Any]) -> Any:
 
 def adopt(strategy: Any, hpu_cls: Any, lightning_cls: Any, **overrides: Any) -> tuple[Any, dict[str, Any]]:
     """A new strategy of ``strategy``'s class with ``hpu_cls`` under it, built from the arguments read back from
-    ``strategy`` (``overrides`` replace some), and those arguments. ``ValueError``/``TypeError`` for an argument
-    ``hpu_cls`` refuses, naming the object."""
+    ``strategy`` (``overrides`` replace some), and those arguments."""
     adoption: Adoption = hpu_cls.adoption
     owner = f"`strategy={type(strategy).__name__}(...)`"
     try:
@@ -128,13 +126,8 @@ def _given(arguments: Mapping[str, Any], lightning_cls: Any) -> dict[str, Any]:
 
 def described(arguments: Mapping[str, Any]) -> str:
     """``arguments`` as ``name=value`` for the start-up line (long values shortened)."""
-    shown = []
-    for name, value in arguments.items():
-        if value is None:
-            continue
-        text = repr(value)
-        shown.append(f"{name}={text if len(text) <= 60 else text[:57] + '...'}")
-    return ", ".join(shown)
+    texts = {name: repr(value) for name, value in arguments.items() if value is not None}
+    return ", ".join(f"{name}={text if len(text) <= 60 else text[:57] + '...'}" for name, text in texts.items())
 
 
 def _same(value: Any, default: Any) -> bool:

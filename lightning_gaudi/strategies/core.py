@@ -96,8 +96,8 @@ def refuse_unknown_arguments(
 
 
 def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.device:
-    """The backend's ``torch.device`` for ``device``: ``None``, an index or an ``"hpu"`` device (the emulated one in
-    emulation); a device of the backend's own type is kept. ``ValueError`` for anything else (``cuda``, ``meta``...)."""
+    """The backend's ``torch.device`` for ``device`` (``None``, an index, an ``"hpu"`` device or one of the backend's
+    type); ``ValueError`` for anything else."""
     backend = hpu.get_backend()
     if device is None or (isinstance(device, int) and not isinstance(device, bool)):
         return backend.device(device)
@@ -117,8 +117,7 @@ def hpu_device(device: torch.device | str | int | None, owner: str) -> torch.dev
     )
 
 
-#: The reductions HCCL has (``hcclOp``: sum, min, max, product; lightning_gaudi/hpu/hccl.py), by name; a mean is a
-#: sum divided by the world size (HCCL has no AVG).
+#: The reductions HCCL has (:mod:`lightning_gaudi.hpu.hccl`), by name; a mean is a sum divided by the world size.
 HCCL_OPS: dict[str, ReduceOp.RedOpType] = {
     "sum": ReduceOp.SUM,
     "min": ReduceOp.MIN,
@@ -136,22 +135,18 @@ def as_reduce_op(reduce_op: ReduceOp | str | None) -> ReduceOp.RedOpType:
         return ReduceOp.AVG
     if isinstance(reduce_op, str):
         op = HCCL_OPS.get(reduce_op.lower())
-        if op is not None:
-            return op
-        if not isinstance(getattr(ReduceOp, reduce_op.upper(), None), ReduceOp.RedOpType):
+        if op is None and not isinstance(getattr(ReduceOp, reduce_op.upper(), None), ReduceOp.RedOpType):
             raise ValueError(
                 f"`reduce_op={reduce_op!r}` is not a reduction; use 'mean', 'sum', 'min', 'max', 'product' or a"
                 " ReduceOp."
             )
-    else:
-        # a ReduceOp object equals its RedOpType but does not hash like it
+    else:  # a ReduceOp object equals its RedOpType but does not hash like it
         op = next((known for known in HCCL_OPS.values() if reduce_op == known), None)
-        if op is not None:
-            return op
+    if op is not None:
+        return op
     raise ValueError(
-        f"`reduce_op={reduce_op!r}` is not supported on HPU: HCCL reduces with sum, min, max and product (and mean,"
-        " as a sum divided by the world size), in emulation as on a Gaudi. Use 'sum', 'mean', 'min', 'max' or"
-        " 'product'; for a bitwise reduction, all_gather the values and combine them."
+        f"`reduce_op={reduce_op!r}` is not supported on HPU: HCCL reduces with sum, min, max and product (mean is a"
+        " sum divided by the world size). For a bitwise reduction, all_gather the values and combine them."
     )
 
 
@@ -161,8 +156,7 @@ class HPUStrategyCore:
     The arguments every HPU strategy takes: ``accelerator``, ``parallel_devices``, ``cluster_environment`` (normally
     left to the Trainer or Fabric); ``checkpoint_io`` (:class:`~lightning_gaudi.checkpoint_io.HPUCheckpointIO` by
     default); ``process_group_backend`` (HCCL on a Gaudi, gloo in emulation); ``timeout``: how long a collective waits
-    for its peers before a :class:`~lightning_gaudi.distributed.CollectiveTimeoutError`, a ``timedelta`` or seconds
-    (10 minutes by default).
+    for its peers, a ``timedelta`` or seconds (10 minutes by default).
     """
 
     strategy_name: str
@@ -195,7 +189,7 @@ class HPUStrategyCore:
         self._accelerator = accelerator
 
     def _check_runnable(self) -> None:
-        """Raises when this strategy cannot run on the backend in use; called once the accelerator is known."""
+        """Raises when this strategy cannot run on the backend in use."""
 
     def _hpu_device(self, device: torch.device | str | int | None) -> torch.device:
         # resolved once per device: root_device is read for every batch
@@ -207,7 +201,7 @@ class HPUStrategyCore:
 
     @classmethod
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
-        """Registers :attr:`strategy_name` and :attr:`registered_variants` (again: harmless)."""
+        """Registers :attr:`strategy_name` and :attr:`registered_variants`."""
         for name, init_params in ((cls.strategy_name, {}), *cls.registered_variants):
             description = f"{cls.__name__} ({cls.api}) {init_params or ''}".strip()
             strategy_registry.register(name, cls, description=description, override=True, **init_params)
@@ -231,7 +225,7 @@ class SingleDeviceCore(HPUStrategyCore):
 class HPUParallelCore(HPUStrategyCore):
     """What every distributed HPU strategy adds: launch checks, the process group, collectives that fail clearly."""
 
-    #: What a failed backward or forward was doing, for the error (the collectives differ per parallelism).
+    #: What a failed backward or forward was doing, for the error.
     backward_collective: ClassVar[str] = "backward (gradient all-reduce)"
     forward_collective: ClassVar[str] = "forward (DDP bucket rebuild or buffer broadcast)"
     #: A logger under Lightning's, so the start-up lines appear where Lightning's own would.
@@ -275,8 +269,8 @@ class HPUParallelCore(HPUStrategyCore):
         return super().distributed_sampler_kwargs  # type: ignore[misc,no-any-return]
 
     def check_launch(self) -> None:
-        """Checks the launcher's variables against ``num_nodes`` x devices and this node's HPUs (Ray Train: one card
-        per worker), and every device; runs before any process starts, and again in each process.
+        """Checks the launcher's variables against ``num_nodes`` x devices and this node's HPUs, and every device;
+        runs before any process starts, and again in each process.
 
         Raises:
             InvalidLaunchError: the launch is malformed or disagrees with the requested layout.
@@ -296,12 +290,11 @@ class HPUParallelCore(HPUStrategyCore):
             )
         for device in strategy.parallel_devices or ():
             hpu_device(device, type(self).__name__)
-        exit_timeout(strategy.timeout)  # LIGHTNING_GAUDI_EXIT_TIMEOUT, checked before any process starts
+        exit_timeout(strategy.timeout)  # checks LIGHTNING_GAUDI_EXIT_TIMEOUT
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()  # type: ignore[misc]
         strategy: Any = self
-        # Lightning's launcher with this package's watcher of the ranks it starts (patches/launcher.py)
         strategy._launcher = hpu_launcher(strategy._launcher, watch_ranks, stop_ranks)
 
     def _get_process_group_backend(self) -> str:
@@ -328,7 +321,6 @@ class HPUParallelCore(HPUStrategyCore):
             f" node {strategy.node_rank} ({backend.device_description()}, device {self.root_device})"
         )
         atexit.unregister(close_process_group)  # one exit hook per process (several fits), with the latest timeout
-        # before the interpreter's teardown (see its docstring)
         atexit.register(close_process_group, exit_timeout(self.timeout))
         rendezvous.init_process_group(  # the module attribute, which tests replace
             backend_name,
@@ -375,8 +367,8 @@ class HPUParallelCore(HPUStrategyCore):
         """Runs after every backward, inside its collective guard (fast DDP all-reduces the gradients here)."""
 
     def _all_reduce(self, tensor: Tensor | Any, group: Any | None, reduce_op: ReduceOp | str | None) -> Tensor | Any:
-        """All-reduces ``tensor`` with HCCL's reductions (a mean: a sum divided by the world size, in floating point),
-        checking the layout first (gloo would abort a rank); anything else, or outside a process group, as is."""
+        """All-reduces ``tensor`` with HCCL's reductions (a mean: a float sum divided by the world size), checking the
+        layout first; anything else, or outside a process group, as is."""
         if not isinstance(tensor, Tensor):
             return tensor
         op = as_reduce_op(reduce_op)
@@ -405,9 +397,8 @@ class TrainerCore(HPUStrategyCore):
             self._prepare_trainer(self.lightning_module.trainer)
 
     def _prepare_trainer(self, trainer: pl.Trainer) -> None:
-        """The start-up line (once per Trainer), the default callbacks (configured ones win; the checkpoint folder lock
-        last), and under lazy emulation evaluation under ``torch.no_grad`` (Lazy Tensor Core cannot trace
-        ``torch.inference_mode``)."""
+        """The start-up line (once per Trainer), the default callbacks, and evaluation under ``torch.no_grad`` where
+        the backend has no inference mode."""
         if trainer not in _ANNOUNCED:
             _ANNOUNCED.add(trainer)
             strategy = type(self).__name__
@@ -418,15 +409,12 @@ class TrainerCore(HPUStrategyCore):
         add_default_compile(trainer)
         add_default_preemption(trainer)
         add_default_lock(trainer)
-        backend = hpu.get_backend()
-        if not backend.supports_inference_mode:
+        if not hpu.get_backend().supports_inference_mode:
             disable_inference_mode(trainer)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Loads the checkpoint (:meth:`load_checkpoint_files`) once what it holds besides tensor data reads under
-        torch's weights-only rules (:func:`lightning_gaudi.safe_load.check_weights_only`; ``weights_only=False``
-        trusts it), falling back past a chosen one that fails to load
-        (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
+        """Loads the checkpoint once it reads under torch's weights-only rules (``weights_only=False`` trusts it),
+        falling back past one that fails to load (:func:`lightning_gaudi.resume.load_or_fall_back`)."""
         module = self.lightning_module
         state = getattr(getattr(module, "trainer", None), "state", None)
         call = str(getattr(getattr(state, "fn", None), "value", "fit"))
@@ -446,8 +434,7 @@ class TrainerCore(HPUStrategyCore):
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         """Moves ``batch`` as Lightning does, its host tensors first given the values the device will hold
-        (:meth:`~lightning_gaudi.hpu.Backend.copied_to_device`: a Gaudi holds float64 in float32, and int64 in int32
-        without int64 support)."""
+        (:meth:`~lightning_gaudi.hpu.Backend.copied_to_device`)."""
         backend = hpu.get_backend()
         if backend.converts_copies:  # the bridge converts in its own copy: no pass over the batch each step
             batch = apply_to_collection(batch, Tensor, backend.copied_to_device)
@@ -468,9 +455,7 @@ class TrainerCore(HPUStrategyCore):
         hpu.explain_error(exception)  # adds a note to errors that are an emulator's limits; runs only on failure
         mark_failed(130 if isinstance(exception, KeyboardInterrupt) else None)  # no last barrier; Ctrl-C: 130
         if getattr(self, "launcher", None) is not None and not isinstance(exception, SIGTERMException):
-            # the job has failed: the ranks this process started would wait for it in a collective until the
-            # timeout (or hang forever in their own code), holding memory, sockets and, on Gaudi, their card.
-            # After a preemption every rank stops at the same step by itself, within its grace period.
+            # the ranks this process started would wait for it (holding their cards); preempted ones stop by themselves
             self.launcher.kill(signal.SIGKILL)
 
 
@@ -480,7 +465,7 @@ class TrainerParallelCore(TrainerCore, HPUParallelCore):
     _layer_sync: Any
 
     def set_world_ranks(self) -> None:
-        """Checks the launch (:meth:`check_launch`), then sets the ranks; runs before any process starts and in each."""
+        """Checks the launch (:meth:`check_launch`), then sets the ranks."""
         self.check_launch()
         super().set_world_ranks()  # type: ignore[misc]
 
@@ -492,8 +477,7 @@ class TrainerParallelCore(TrainerCore, HPUParallelCore):
         """Forms the process group on HCCL (gloo in emulation); one that exists is kept."""
         self._form_process_group()
 
-    # the forward runs collectives too (DDP's bucket rebuild and buffer broadcast, FSDP's and ZeRO-3's gathers): only
-    # transport failures are translated, the step's own errors pass through unchanged
+    # the forward runs collectives too (DDP's buffer broadcast, FSDP's gathers): only transport failures are translated
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         with self._forward_errors:
             return super().training_step(*args, **kwargs)  # type: ignore[misc]

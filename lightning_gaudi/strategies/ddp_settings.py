@@ -39,18 +39,13 @@ class DDPSettings:
 
     Args:
         bucket_cap_mb: gradient bucket size in MB (torch's 25 when ``None``; Intel suggests 100 to 230).
-        gradient_as_bucket_view: gradients as views into the buckets, saving a copy (the first step's are released).
-        static_graph, find_unused_parameters, broadcast_buffers: as ``DistributedDataParallel``'s (``None``: torch's
-            default).
+        gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers: as
+            ``DistributedDataParallel``'s (``None``: torch's default).
         start_method: how extra local ranks start: "popen" (re-run the script) or "spawn".
-        comm_state, comm_hook, comm_wrapper: a DDP communication hook, its state and wrapper, registered on the HPU.
+        comm_state, comm_hook, comm_wrapper: a DDP communication hook, its state and wrapper.
         fast_ddp: no wrapper (optimum-habana's ``fast_ddp``): rank 0's weights broadcast once, the gradients
-            all-reduced after backward in flat buffers of ``bucket_cap_mb`` (100 by default) except while they
-            accumulate; no per-forward buffer broadcast, unused-parameter search or comm hooks.
-        extra: any other ``DistributedDataParallel`` argument, passed through.
-
-    Raises:
-        ValueError: ``bucket_cap_mb`` not a positive finite number, or ``start_method`` neither "popen" nor "spawn".
+            all-reduced after backward in flat buffers of ``bucket_cap_mb`` (100 by default).
+        extra: any other ``DistributedDataParallel`` argument.
     """
 
     bucket_cap_mb: float | None = None
@@ -79,28 +74,26 @@ class DDPSettings:
             self.comm_hook is not None or self.find_unused_parameters or self.static_graph or self.broadcast_buffers
         ):
             raise ValueError(
-                "`fast_ddp=True` all-reduces the gradients itself, without DistributedDataParallel: it takes no"
-                " `ddp_comm_hook`, `find_unused_parameters`, `static_graph` or `broadcast_buffers=True` (it broadcasts"
-                " rank 0's buffers once, at set-up). Remove them, or use fast_ddp=False."
+                "`fast_ddp=True` all-reduces the gradients without DistributedDataParallel: it takes no"
+                " `ddp_comm_hook`, `find_unused_parameters`, `static_graph` or `broadcast_buffers=True`. Remove them,"
+                " or use fast_ddp=False."
             )
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
         """The keyword arguments ``DistributedDataParallel`` is built with (besides the module)."""
-        kwargs: dict[str, Any] = {
+        optional = {"bucket_cap_mb": self.bucket_cap_mb, "broadcast_buffers": self.broadcast_buffers}
+        return {
             "gradient_as_bucket_view": self.gradient_as_bucket_view,
             "static_graph": self.static_graph,
             "find_unused_parameters": self.find_unused_parameters,
+            **{key: value for key, value in optional.items() if value is not None},
+            **self.extra,
         }
-        if self.bucket_cap_mb is not None:
-            kwargs["bucket_cap_mb"] = self.bucket_cap_mb
-        if self.broadcast_buffers is not None:
-            kwargs["broadcast_buffers"] = self.broadcast_buffers
-        return {**kwargs, **self.extra}
 
     def check_extra(self, owner: type, base: type) -> DDPSettings:
-        """These settings; ``TypeError`` for an ``extra`` argument neither ``DistributedDataParallel`` nor Lightning's
-        ``base`` takes (naming the closest), or one the strategy sets itself."""
+        """These settings; ``TypeError`` for an ``extra`` argument neither DDP nor ``base`` takes, or one the strategy
+        sets itself."""
         ddp = inspect.signature(DistributedDataParallel.__init__).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ddp.values()):
             return self
@@ -118,9 +111,8 @@ def _parameters(cls: type) -> set[str]:
 
 
 class DDPCore:
-    """What the HPU data-parallel strategies add to Lightning's DDP: the communication hook on the HPU (Lightning's is
-    CUDA only), the first step's gradients released under ``gradient_as_bucket_view`` (they would view the buckets
-    DDP rebuilds in the second step, an extra gradient copy at the peak), and fast DDP."""
+    """What the HPU data-parallel strategies add to Lightning's DDP: the communication hook on the HPU, the first
+    step's gradients released under ``gradient_as_bucket_view`` (DDP rebuilds the buckets they view), and fast DDP."""
 
     ddp_settings: DDPSettings
     _fast_modules: list[Module]
@@ -172,9 +164,8 @@ class DDPCore:
             grads = [parameter.grad for parameter in bucket if parameter.grad is not None]
             if len(grads) != len(bucket):
                 raise RuntimeError(
-                    "fast_ddp: a parameter got no gradient on this rank in this step; every rank must give every"
-                    " trainable parameter a gradient (as DDP without find_unused_parameters). Use fast_ddp=False"
-                    " with find_unused_parameters=True for such a model."
+                    "fast_ddp: a parameter got no gradient on this rank in this step; every trainable parameter needs"
+                    " one. Use fast_ddp=False with find_unused_parameters=True for such a model."
                 )
             flat = torch.cat([grad.reshape(-1) for grad in grads])
             dist.all_reduce(flat)  # a sum: HCCL has no average

@@ -58,44 +58,31 @@ class ModelParallelCore(HPUParallelCore):
     device_mesh: Any
 
     def _reduce_with_sums(self, module: nn.Module) -> None:
-        """Has every FSDP2 module the user's plan created reduce with sums HCCL accepts (:func:`reduce_with_sums`);
-        runs once the plan is applied (the mesh is built), before the first backward."""
+        """Has every FSDP2 module of the user's plan reduce with sums (:func:`reduce_with_sums`)."""
         reduce_with_sums(module, self.device_mesh["data_parallel"].size(), self.strategy_name)
 
     @override
     def _check_runnable(self) -> None:
         if hpu.get_backend().is_lazy():  # DTensor, which FSDP2 and tensor parallelism build on
             raise ValueError(
-                f"{self.strategy_name!r} cannot run in lazy mode: Intel supports DTensor (FSDP2, tensor parallelism) on"
-                " Gaudi in eager and compile mode only. Run in eager or compile mode (lightning_gaudi.configure("
-                f"execution_mode='compile'), PT_HPU_LAZY_MODE=0; {hpu.EMULATE_ENV}=eager in emulation), or use strategy"
+                f"{self.strategy_name!r} cannot run in lazy mode: Intel supports DTensor (FSDP2, tensor parallelism) in"
+                " eager and compile mode only. Use lightning_gaudi.configure(execution_mode='compile'), or strategy"
                 " 'hpu_fsdp'."
             )
 
 
 def fsdp_reduces_with_sums() -> bool:
-    """Whether this torch's FSDP2 can be told to reduce with sums only (``set_force_sum_reduction_for_comms``,
-    pytorch/pytorch#155915: torch 2.8 and later)."""
+    """Whether this torch's FSDP2 has ``set_force_sum_reduction_for_comms`` (torch 2.8 and later)."""
     return hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
 
 
 def reduce_with_sums(module: nn.Module, data_parallel_size: int, strategy_name: str) -> int:
-    """Makes every FSDP2 module in ``module`` reduce its gradients with ``ReduceOp.SUM`` and divide them itself;
-    returns how many modules it set.
+    """Makes every FSDP2 module in ``module`` reduce its gradients with ``ReduceOp.SUM`` and divide them itself
+    (``set_force_sum_reduction_for_comms``, per module); returns how many it set.
 
-    HCCL reduces with sum, min, max and product only. By default FSDP2 reduce-scatters (and, with a replicate
-    dimension, all-reduces) float32 and bfloat16 gradients with ``ReduceOp.AVG`` once more than one rank holds the
-    data, and with ``PREMUL_SUM`` under ``set_gradient_divide_factor`` (torch >= 2.8) or
-    ``set_reduce_scatter_divide_factor`` (torch 2.7): a Gaudi refuses both at the first backward
-    (``_get_gradient_divide_factors`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). With
-    ``set_force_sum_reduction_for_comms(True)`` (torch >= 2.8) every FSDP2 collective is a sum and the mean is a
-    division by the data-parallel size after it (before and after it for float16), on the reduce-scatter and on the
-    replicate dimension's all-reduce alike; a divide factor the user set is kept and divided by the same way.
-    The setting is per module (not recursive), hence the walk.
-
-    torch 2.7 (Intel Gaudi software 1.22) has no public route to a sum for float32 and bfloat16 gradients: with FSDP2
-    modules over more than one data-parallel rank this raises ``RuntimeError`` here, at set-up, naming the ways out,
-    instead of HCCL's error at the first backward.
+    FSDP2 reduces with ``ReduceOp.AVG`` or ``PREMUL_SUM``, which HCCL lacks (``_get_gradient_divide_factors`` in
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). torch 2.7 has no public route to a sum: over more
+    than one data-parallel rank this raises ``RuntimeError`` at set-up instead of HCCL's at the first backward.
     """
     fsdp_modules = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not fsdp_modules:
@@ -104,11 +91,9 @@ def reduce_with_sums(module: nn.Module, data_parallel_size: int, strategy_name: 
         if data_parallel_size > 1:
             raise RuntimeError(
                 f"{strategy_name!r} cannot shard with FSDP2 over {data_parallel_size} data-parallel HPUs on torch"
-                f" {torch.__version__}: this FSDP2 averages gradients with ReduceOp.AVG (or PREMUL_SUM under"
-                " set_reduce_scatter_divide_factor), which HCCL does not have, and gains"
-                " `FSDPModule.set_force_sum_reduction_for_comms` (sums, then a division) only in torch 2.8. Use Intel"
-                " Gaudi software 1.23 or later (torch 2.9), or strategy 'hpu_fsdp' (FSDP1 reduces with sums), or"
-                " `data_parallel_size=1` (tensor parallelism only)."
+                f" {torch.__version__}: this FSDP2 averages gradients with ReduceOp.AVG, which HCCL does not have, and"
+                " can sum only in torch 2.8. Use Intel Gaudi software 1.23 or later (torch 2.9), strategy 'hpu_fsdp',"
+                " or `data_parallel_size=1`."
             )
         return 0
     for fsdp_module in fsdp_modules:
@@ -156,8 +141,8 @@ class ModelParallelMixedPrecision(DTensorClipping, HPUPrecision):
 
 
 class LateArguments:
-    """Takes the arguments every strategy takes, which Lightning's ``ModelParallelStrategy`` does not, and sets those
-    given after its ``__init__``; the HPU default timeout."""
+    """Takes the arguments every strategy takes, which Lightning's ``ModelParallelStrategy`` does not, and sets them
+    after its ``__init__``."""
 
     def __init__(self, *args: Any, timeout: timedelta | float | None = DEFAULT_TIMEOUT, **kwargs: Any) -> None:
         names = ("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision_plugin")
@@ -180,27 +165,22 @@ def require_configure_model(strategy_name: str, module: Any) -> None:
 
 
 class HPUModelParallelStrategy(ModelParallelCore, TrainerParallelCore, LateArguments, ModelParallelStrategy):
-    """FSDP2 (``fully_shard``) and tensor parallelism (``parallelize_module``), alone or together, on HPUs: Lightning's
-    ``ModelParallelStrategy`` with the 2-D mesh ``(data_parallel, tensor_parallel)`` as ``self.device_mesh`` in
-    ``configure_model``; ``gradient_clip_val`` clips by the global norm over every shard. Eager and compile mode only.
+    """FSDP2 and tensor parallelism on HPUs: Lightning's ``ModelParallelStrategy`` with the 2-D mesh ``(data_parallel,
+    tensor_parallel)`` as ``self.device_mesh`` in ``configure_model``; clipping by the global norm over every shard.
 
     Args:
-        *args, **kwargs: Lightning's ``data_parallel_size`` (``"auto"``: the node count), ``tensor_parallel_size``
-            (``"auto"``: the cards per node), ``save_distributed_checkpoint``, ``process_group_backend``; and
-            ``accelerator``, ``parallel_devices``, ``cluster_environment``, ``checkpoint_io``, ``precision_plugin``,
-            ``timeout`` (a ``timedelta`` or seconds; default 10 minutes), as the other HPU strategies.
+        *args, **kwargs: Lightning's ``data_parallel_size``, ``tensor_parallel_size``, ``save_distributed_checkpoint``,
+            ``process_group_backend``, and the arguments every HPU strategy takes.
 
     Raises:
-        ValueError: a size not a positive int or ``"auto"``, or sizes whose product is not the world size (while the
-            Trainer is built, before any process starts); lazy mode; a bad ``timeout``; a non-HPU accelerator.
-        TypeError: a LightningModule without ``configure_model`` (before Lightning's launcher starts any process).
+        ValueError: bad sizes or sizes whose product is not the world size, lazy mode, a bad ``timeout``.
+        TypeError: a LightningModule without ``configure_model`` (before any process starts).
     """
 
     lightning_counterparts: ClassVar[tuple[type[Strategy], ...]] = (ModelParallelStrategy,)
 
     @override
     def _configure_launcher(self) -> None:
-        # runs while the Trainer is built, before any process starts
         mesh_shape(self._data_parallel_size, self._tensor_parallel_size, self.num_nodes, self.num_processes)
         super()._configure_launcher()
         name = self.strategy_name
@@ -218,7 +198,7 @@ class HPUModelParallelStrategy(ModelParallelCore, TrainerParallelCore, LateArgum
         super().setup(trainer)
 
     def hpu_precision_plugin(self, precision: str) -> Precision | None:
-        """The precision plugin for ``Trainer(precision=...)`` (the connector asks): one clipping over the shards."""
+        """The precision plugin for ``Trainer(precision=...)``: one clipping over the shards."""
         if precision in ("bf16-mixed", "16-mixed"):
             return ModelParallelMixedPrecision(precision)  # type: ignore[arg-type]
         if precision in ("bf16-true", "16-true"):

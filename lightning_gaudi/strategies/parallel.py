@@ -22,22 +22,20 @@ from lightning_gaudi.strategies.ddp_settings import PARALLEL_VARIANTS, DDPCore, 
 
 
 class HPUParallelStrategy(DDPCore, TrainerParallelCore, DDPStrategy):
-    """Data-parallel training on several HPUs, one process per card, with ``DistributedDataParallel`` (HCCL on
-    Gaudi, gloo in emulation). With ``accelerator="hpu"``, Lightning's DDP names (``"ddp"``...) run this strategy.
+    """Data-parallel training on several HPUs, one process per card, with ``DistributedDataParallel``; Lightning's
+    DDP names (``"ddp"``...) run it with ``accelerator="hpu"``.
 
     Args:
-        accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: the
-            arguments every HPU strategy takes (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, process_group_backend, timeout: as every
+            HPU strategy (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: e.g. :class:`~lightning_gaudi.precision.HPUPrecision`.
         bucket_cap_mb, gradient_as_bucket_view, static_graph, find_unused_parameters, broadcast_buffers, start_method,
-            fast_ddp: see :class:`~lightning_gaudi.strategies.ddp_settings.DDPSettings`.
-        ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper: ``DDPSettings.comm_*``.
-        **kwargs: any other ``DistributedDataParallel`` argument, checked against its signature.
+            fast_ddp, ddp_comm_*: see :class:`~lightning_gaudi.strategies.ddp_settings.DDPSettings`.
+        **kwargs: any other ``DistributedDataParallel`` argument.
 
     Raises:
-        TypeError: a keyword argument neither this class nor ``DistributedDataParallel`` takes, or one the strategy
-            sets itself (``module``, ``device_ids``).
-        ValueError: ``bucket_cap_mb`` or ``timeout`` not a positive finite number, or an unknown ``start_method``.
+        TypeError: an argument ``DistributedDataParallel`` does not take, or one the strategy sets itself.
+        ValueError: a bad ``bucket_cap_mb``, ``timeout`` or ``start_method``.
     """
 
     strategy_name = "hpu_parallel"

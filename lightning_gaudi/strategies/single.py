@@ -18,8 +18,7 @@ class SingleHPUStrategy(SingleDeviceCore, TrainerCore, SingleDeviceStrategy):
     """Trains on one HPU (real or emulated).
 
     Args:
-        device: the device to train on; by default the card this process drives (an ``"hpu"`` device in emulation:
-            the emulated one).
+        device: the device to train on; by default the card this process drives.
         accelerator, checkpoint_io: as every HPU strategy (:class:`~lightning_gaudi.strategies.core.HPUStrategyCore`).
         precision_plugin: e.g. :class:`~lightning_gaudi.precision.HPUPrecision`.
     """
