@@ -2,12 +2,12 @@
 
 ``python -m benchmarks.checksums [--gib 1] [--rounds 3] [--dir DIR] [--out DIR]``. One process writes a torch
 distributed checkpoint of GIB GiB of float32 (64 MiB tensors), staged and renamed into place as the sharded
-strategies do (``save_staged``), with torch's own writer (``plain``: the checkpoints before the index) and with
-``ChecksummedWriter`` (``checksummed``: CRC-32s computed as the bytes go to disk, the index merged before the
-rename); then resumes it: ``verify_checkpoint`` (shard lengths, or every byte's CRC-32) and ``dcp.load`` into
-preallocated tensors. Variants alternate in rotating order; wall seconds, median (min-max). torch's writer fsyncs
-the shards; the resume reads come from the page cache (the checkpoint fits in memory), so the resume figure is the
-CRC-32's CPU time, not a disk's. Writes ``checksums.json`` and ``checksums.md`` (default: ``benchmarks/results``).
+strategies do (``save_staged``), without the index (``plain``: the checkpoints before it) and with it
+(``checksummed``: each file's CRC-32 read back once written, the index merged before the rename); then resumes it:
+``verify_checkpoint`` (shard lengths, or every byte's CRC-32) and ``dcp.load`` into preallocated tensors. Variants
+alternate in rotating order; wall seconds, median (min-max). torch's writer fsyncs the shards; the CRC-32s at save and
+at resume read from the page cache (the checkpoint fits in memory), so they cost CPU time, not a disk's. Writes
+``checksums.json`` and ``checksums.md`` (default: ``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 
 from benchmarks.common import machine, machine_line, rotation, summarize
 from lightning_gaudi.resume import verify_checkpoint
-from lightning_gaudi.strategies._staged import ChecksummedWriter, save_staged
+from lightning_gaudi.strategies._staged import save_staged
 
 VARIANTS = ("plain", "checksummed")
 RESULTS = Path(__file__).parent / "results"
@@ -50,16 +50,11 @@ class _OneRank:
 
 def _save(variant: str, state: dict[str, Any], path: Path) -> float:
     def write(staging: Path) -> None:
-        if variant == "plain":
-            dcp.save(state, checkpoint_id=staging)
-        else:
-            writer = ChecksummedWriter(staging)
-            dcp.save(state, storage_writer=writer)
-            writer.write_checksums(0)
+        dcp.save(state, checkpoint_id=staging)
         torch.save({"global_step": 1, "epoch": 0}, staging / "meta.pt")
 
     start = time.perf_counter()
-    save_staged(_OneRank(), path, write)
+    save_staged(_OneRank(), path, write, checksums=variant == "checksummed")
     return time.perf_counter() - start
 
 

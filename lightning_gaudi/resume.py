@@ -405,8 +405,8 @@ _INCOMPLETE = "incomplete (not a whole torch.save archive: a copy or save was in
 _MISSING = "missing (no such file, or a link to one)"
 _CHANGED = "does not match the CRC-32 recorded when it was written (its bytes changed afterwards: a copy or the disk)"
 #: The checksum index of a sharded checkpoint: JSON, ``{"algorithm": "crc32", "files": {name: {"crc32": "<8 hex
-#: digits>", "size": bytes}}}`` for every file torch's writer wrote (the shards and ``.metadata``), computed as they
-#: were written (:class:`lightning_gaudi.strategies._staged.ChecksummedWriter`).
+#: digits>", "size": bytes}}}`` for every file torch's writer wrote (the shards and ``.metadata``), computed by each
+#: rank before the staged folder is renamed into place (:func:`lightning_gaudi.strategies._staged.save_staged`).
 CHECKSUMS_FILENAME = ".checksums"
 _CRC_CHUNK = 8 * 2**20
 

@@ -9,7 +9,10 @@ import io
 import json
 import os
 import shutil
+import threading
 import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,8 @@ from torch.utils.serialization import config as serialization_config
 
 from lightning_gaudi import resume
 from lightning_gaudi.checkpoint_io import HPUCheckpointIO, atomic_torch_save
-from lightning_gaudi.strategies._staged import save_sharded_checkpoint
+from lightning_gaudi.strategies import _staged
+from lightning_gaudi.strategies._staged import save_sharded_checkpoint, save_staged
 
 
 def _save(path: Path, step: int, mtime: float, epoch: int = 0) -> Path:
@@ -428,6 +432,74 @@ def test_a_sharded_folders_checksum_index_is_checked(tmp_path: Path) -> None:
         resume.read_checkpoint_info(folder)
     index.unlink()  # as an older checkpoint: checked by its shards' lengths
     assert not resume.verify_checkpoint(folder).crc_checked
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_shard_of_another_save_is_caught(tmp_path: Path) -> None:
+    for step in (2, 6):
+        state = {"state_dict": {"w": torch.full((64,), float(step))}, "global_step": step, "epoch": 0}
+        save_sharded_checkpoint(_OneRank(), state, tmp_path / f"step={step}.ckpt", None, model_key="model")
+    shutil.copy(tmp_path / "step=2.ckpt" / "__0_0.distcp", tmp_path / "step=6.ckpt" / "__0_0.distcp")  # same length
+    with pytest.raises(resume.CheckpointDamagedError, match=r"'__0_0.distcp' does not match the CRC-32"):
+        resume.verify_checkpoint(tmp_path / "step=6.ckpt")
+
+
+def test_each_rank_indexes_the_shards_torchs_writer_names_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``save_staged(..., checksums=True)`` with two ranks (threads): each indexes its ``__<rank>_<n>.distcp``, rank 0
+    also ``.metadata``; ``meta.pt`` (its own CRC-32s) is left out; one index lists them all, the ranks' parts merged."""
+    sync, shared = threading.Barrier(2, timeout=30), [None]
+
+    class Rank(_OneRank):
+        def __init__(self, rank: int) -> None:
+            self.global_rank, self.is_global_zero = rank, rank == 0
+
+        def broadcast(self, obj: Any, src: int = 0) -> Any:
+            if self.is_global_zero:
+                shared[0] = obj
+            sync.wait()
+            value = shared[0]
+            sync.wait()
+            return value
+
+        def barrier(self, name: str | None = None) -> None:
+            sync.wait()
+
+    data = {"__0_0.distcp": b"zero" * 100, "__1_0.distcp": b"one" * 100, "__1_1.distcp": b"1", ".metadata": b"m"}
+
+    ranks, crc_by = {}, {}  # the rank of each thread, the rank that computed each file's CRC-32
+
+    def crc32(path: str) -> int:
+        crc_by[Path(path).name] = ranks[threading.get_ident()]
+        return resume._crc32(path)
+
+    monkeypatch.setattr(_staged, "_crc32", crc32)
+
+    def write(rank: int, staging: Path) -> None:
+        ranks[threading.get_ident()] = rank
+        for name, content in data.items():
+            if name.startswith(f"__{rank}_") or (rank == 0 and not name.startswith("__")):
+                (staging / name).write_bytes(content)
+        if rank == 0:
+            (staging / "meta.pt").write_bytes(b"p")
+
+    with ThreadPoolExecutor(2) as pool:
+        saves = [
+            pool.submit(save_staged, Rank(r), tmp_path / "s.ckpt", lambda staging, r=r: write(r, staging), True)
+            for r in (0, 1)
+        ]
+        for save in saves:
+            save.result()
+    assert sorted(p.name for p in (tmp_path / "s.ckpt").iterdir()) == sorted([*data, "meta.pt", ".checksums"])
+    assert crc_by == {"__0_0.distcp": 0, ".metadata": 0, "__1_0.distcp": 1, "__1_1.distcp": 1}
+    index = json.loads((tmp_path / "s.ckpt" / resume.CHECKSUMS_FILENAME).read_text())
+    assert index == {
+        "algorithm": "crc32",
+        "files": {
+            name: {"crc32": f"{zlib.crc32(content):08x}", "size": len(content)} for name, content in data.items()
+        },
+    }
 
 
 def test_a_deepspeed_folder_missing_a_ranks_state_is_skipped(tmp_path: Path) -> None:

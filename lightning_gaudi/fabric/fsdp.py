@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -17,11 +16,10 @@ from typing_extensions import override
 
 from lightning_gaudi import hpu
 from lightning_gaudi.fabric._base import FabricParallelCore
-from lightning_gaudi.patches import fabric_checkpoint_writer
 from lightning_gaudi.precision import check_precision_supported
 from lightning_gaudi.resume import load_or_fall_back
 from lightning_gaudi.safe_load import check_weights_only
-from lightning_gaudi.strategies._staged import ChecksummedWriter, save_staged
+from lightning_gaudi.strategies._staged import save_staged
 from lightning_gaudi.strategies.adoption import Adoption
 from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, FSDPCore, has_meta_tensors
 
@@ -29,8 +27,6 @@ from lightning_gaudi.strategies.fsdp import FSDP_CARRIED, FSDP_FOLDED, FSDPCore,
 class FabricShardedCore(FabricParallelCore):
     """What Fabric's sharded HPU strategies add: sharded checkpoints staged and renamed into place with their checksum
     index, and loads that fall back past a chosen checkpoint that fails to load."""
-
-    global_rank: int
 
     def save_checkpoint(
         self,
@@ -46,14 +42,7 @@ class FabricShardedCore(FabricParallelCore):
         ):
             save(path, state, storage_options, filter)
             return
-
-        def write(staging: Path) -> None:
-            with fabric_checkpoint_writer.storage_writer(ChecksummedWriter) as writers:
-                save(staging, state, storage_options, filter)
-            for writer in writers:  # the checksum index (none where the patch is not in effect)
-                writer.write_checksums(self.global_rank)
-
-        save_staged(self, path, write)
+        save_staged(self, path, lambda staging: save(staging, state, storage_options, filter), checksums=True)
 
     def load_checkpoint(
         self,

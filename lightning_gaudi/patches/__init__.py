@@ -9,7 +9,6 @@ from types import MappingProxyType
 
 from lightning_gaudi.patches import (
     connector,
-    fabric_checkpoint_writer,
     fabric_compile,
     fabric_connector,
     fabric_launch_hint,
@@ -37,7 +36,6 @@ PATCHES: Mapping[str, Patch] = MappingProxyType(
             fabric_compile.PATCH,
             fp8_precision_name.PATCH,
             signals.PATCH,
-            fabric_checkpoint_writer.PATCH,
             fabric_launch_hint.PATCH,
             launcher.PATCH,
             sharded_tensor_device.PATCH,

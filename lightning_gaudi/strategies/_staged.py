@@ -1,29 +1,24 @@
 """Sharded checkpoints written as one step for readers: every rank writes into a staging directory beside the target,
-renamed into place once all have written; torch distributed checkpoints carry a checksum index
-(:class:`ChecksummedWriter`) that :func:`lightning_gaudi.resume.verify_checkpoint` checks."""
+renamed into place once all have written; torch distributed checkpoints carry a checksum index that
+:func:`lightning_gaudi.resume.verify_checkpoint` checks."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
+import re
 import shutil
-import threading
 import uuid
-import zlib
-from collections.abc import Callable, Generator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from lightning.fabric.utilities.types import _PATH
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
 
 from lightning_gaudi.checkpoint_io import remove_stale_temporaries, temporary_name
 from lightning_gaudi.distributed import collective_errors
-from lightning_gaudi.resume import CHECKSUMS_FILENAME
+from lightning_gaudi.resume import CHECKSUMS_FILENAME, _crc32
 
 #: Written by rank 0 into a sharded checkpoint beside the shards: everything but the model and optimizer states.
 #: Lightning recognises a sharded checkpoint directory by this file.
@@ -31,9 +26,10 @@ METADATA_FILENAME = "meta.pt"
 _CHECKSUM_PART = ".checksums-rank"  # each rank's part of the index, merged by rank 0 before the rename
 
 
-def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -> None:
+def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None], checksums: bool = False) -> None:
     """Has every rank ``write(staging)`` its shards into a staging folder beside ``filepath``, then renames it to
-    ``filepath`` (a collective); a failed write leaves a previous checkpoint as it was. ``ValueError`` for a URL."""
+    ``filepath`` (a collective); a failed write leaves a previous checkpoint as it was. ``ValueError`` for a URL.
+    ``checksums``: the folder, a torch distributed checkpoint, gets its checksum index."""
     location = os.fspath(filepath)
     if "://" in location and not location.startswith("file://"):
         raise ValueError(
@@ -51,12 +47,16 @@ def save_staged(strategy: Any, filepath: _PATH, write: Callable[[Path], None]) -
         with collective_errors("sharded checkpoint save", strategy.timeout):  # a peer lost mid-save: PeerLostError
             write(staging)  # every rank writes its shard; collective
         strategy.barrier("sharded checkpoint: shards written")
+        if checksums:
+            _write_checksums(staging, strategy.global_rank)
+            strategy.barrier("sharded checkpoint: checksums written")
     except BaseException:
         if strategy.is_global_zero:
             shutil.rmtree(staging, ignore_errors=True)  # the previous checkpoint, if any, stays as it was
         raise
     if strategy.is_global_zero:
-        _merge_checksums(staging)
+        if checksums:
+            _merge_checksums(staging)
         _replace(staging, path)
     strategy.barrier("sharded checkpoint: in place")
 
@@ -73,13 +73,11 @@ def save_sharded_checkpoint(
         state[f"optimizer_{index}"] = optimizer_state
 
     def write(staging: Path) -> None:
-        writer = ChecksummedWriter(staging)
-        dcp.save(state, storage_writer=writer)
-        writer.write_checksums(strategy.global_rank)
+        dcp.save(state, checkpoint_id=staging)
         if strategy.is_global_zero:
             strategy.checkpoint_io.save_checkpoint(checkpoint, staging / METADATA_FILENAME)
 
-    save_staged(strategy, filepath, write)
+    save_staged(strategy, filepath, write, checksums=True)
 
 
 def _replace(staging: Path, path: Path) -> None:
@@ -96,82 +94,22 @@ def _replace(staging: Path, path: Path) -> None:
             previous.unlink()
 
 
-class ChecksummedWriter(FileSystemWriter):
-    """torch's file-system writer, recording the CRC-32 and size of every file as it writes it (no second read)."""
-
-    def __init__(self, path: _PATH) -> None:
-        super().__init__(path)
-        self.fs = _ChecksummedFileSystem()
-
-    def write_checksums(self, rank: int) -> None:
-        """Writes this rank's part of the index (merged by :func:`save_staged`)."""
-        assert isinstance(self.fs, _ChecksummedFileSystem)
-        (Path(self.path) / f"{_CHECKSUM_PART}{rank}").write_text(json.dumps(self.fs.written))
-
-
-class _ChecksummedFileSystem(FileSystem):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written: dict[str, dict[str, Any]] = {}
-        self._lock = threading.Lock()  # torch's writer may write several files at once, one per thread
-
-    @contextmanager
-    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
-        with super().create_stream(path, mode) as raw:
-            if "w" not in mode:
-                yield raw
-                return
-            stream = _CRC32Stream(raw)
-            yield stream
-        with self._lock:
-            self.written[Path(path).name] = {"crc32": f"{stream.crc:08x}", "size": stream.size}
-
-    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
-        super().rename(path, new_path)  # torch writes .metadata as a temporary and renames it
-        with self._lock:
-            entry = self.written.pop(Path(path).name, None)
-            if entry is not None:
-                self.written[Path(new_path).name] = entry
-
-
-class _CRC32Stream(io.IOBase):
-    """A file being written, with the CRC-32 and count of the bytes written so far."""
-
-    def __init__(self, raw: Any) -> None:
-        self._raw = raw
-        self.crc = 0
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        written: int = self._raw.write(view)
-        self.crc = zlib.crc32(view[:written], self.crc)
-        self.size += written
-        return written
-
-    def tell(self) -> int:
-        return int(self._raw.tell())
-
-    def fileno(self) -> int:
-        return int(self._raw.fileno())
-
-    def flush(self) -> None:
-        self._raw.flush()
-
-    def close(self) -> None:
-        if not self.closed:
-            super().close()
-            self._raw.close()
+def _write_checksums(staging: Path, rank: int) -> None:
+    """Writes this rank's part of the checksum index: the CRC-32 and size of the shards torch's writer names for it
+    (``__<rank>_<n>.distcp``); rank 0's also of every other file but ``meta.pt`` (which has CRC-32s of its own)."""
+    files = {}
+    for path in staging.iterdir():
+        shard = re.match(r"__(\d+)_", path.name)
+        mine = int(shard[1]) == rank if shard else rank == 0 and path.name != METADATA_FILENAME
+        if mine and not path.name.startswith(CHECKSUMS_FILENAME):  # nor the ranks' parts of the index
+            files[path.name] = {"crc32": f"{_crc32(str(path)):08x}", "size": path.stat().st_size}
+    (staging / f"{_CHECKSUM_PART}{rank}").write_text(json.dumps(files))
 
 
 def _merge_checksums(staging: Path) -> None:
-    """Merges the ranks' parts of the checksum index into :data:`CHECKSUMS_FILENAME` (nothing when none was written)."""
+    """Merges the ranks' parts of the checksum index into :data:`CHECKSUMS_FILENAME`."""
     parts = sorted(staging.glob(f"{_CHECKSUM_PART}*"))
-    if parts:
-        files = {name: entry for part in parts for name, entry in json.loads(part.read_text()).items()}
-        (staging / CHECKSUMS_FILENAME).write_text(json.dumps({"algorithm": "crc32", "files": files}, sort_keys=True))
+    files = {name: entry for part in parts for name, entry in json.loads(part.read_text()).items()}
+    (staging / CHECKSUMS_FILENAME).write_text(json.dumps({"algorithm": "crc32", "files": files}, sort_keys=True))
     for part in parts:
         part.unlink()

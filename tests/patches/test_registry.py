@@ -24,7 +24,6 @@ MODULES = (
     "fabric_compile",
     "fp8_precision_name",
     "signals",
-    "fabric_checkpoint_writer",
     "fabric_launch_hint",
     "launcher",
     "sharded_tensor_device",

@@ -170,8 +170,8 @@ def test_a_sharded_checkpoint_is_renamed_into_place_complete(
     torch.testing.assert_close(saved["w"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no staging or old copy left
 
-    def crash(state: Any, storage_writer: Any) -> None:
-        (Path(storage_writer.path) / "__0_0.distcp").write_bytes(b"half a shard")
+    def crash(state: Any, checkpoint_id: Path) -> None:
+        (checkpoint_id / "__0_0.distcp").write_bytes(b"half a shard")
         raise OSError("disk full")
 
     monkeypatch.setattr("torch.distributed.checkpoint.save", crash)
