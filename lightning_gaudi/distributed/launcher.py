@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
+from lightning_gaudi.distributed.environment import InvalidLaunchError, read_int, read_master_port
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,10 @@ def launch_local_ranks(
     base.setdefault("MASTER_PORT", str(free_port()))
     base.setdefault("NODE_RANK", "0")
     base["WORLD_SIZE"] = str(nprocs * num_nodes)
-    launch = LaunchEnvironment.from_env({**base, "LOCAL_RANK": "0"})  # malformed values fail here, once
-    if launch.node_rank is not None and launch.node_rank >= num_nodes:
+    read_master_port(base)  # malformed values fail here, once
+    if (node_rank := read_int(base, "NODE_RANK")) is not None and node_rank >= num_nodes:
         raise InvalidLaunchError(
-            f"NODE_RANK={launch.node_rank} is out of range for num_nodes={num_nodes} (node ranks 0 to"
-            f" {num_nodes - 1}). Give each node its own NODE_RANK."
+            f"NODE_RANK={node_rank} is out of range for num_nodes={num_nodes}. Give each node its own NODE_RANK."
         )
     log.info("lightning_gaudi: starting %d rank process(es): %s", nprocs, " ".join(command))
     procs: list[subprocess.Popen[bytes]] = []

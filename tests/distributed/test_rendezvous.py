@@ -56,10 +56,13 @@ def test_coerce_timeout_refuses_what_is_not_positive(seconds: float) -> None:
         coerce_timeout(seconds)
 
 
-def test_uses_agent_store() -> None:
-    assert uses_agent_store(LaunchEnvironment.from_env({"TORCHELASTIC_USE_AGENT_STORE": "True"}))
-    assert not uses_agent_store(LaunchEnvironment.from_env({"TORCHELASTIC_USE_AGENT_STORE": "False"}))
+def test_uses_agent_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert uses_agent_store(LaunchEnvironment(agent_store=True))
     assert not uses_agent_store(LaunchEnvironment())
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert uses_agent_store()
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    assert not uses_agent_store()
 
 
 @pytest.fixture
@@ -119,14 +122,14 @@ def no_group() -> Iterator[None]:
 
 
 def test_agent_store_needs_an_address(no_group: None) -> None:
-    launch = LaunchEnvironment.from_env({"TORCHELASTIC_USE_AGENT_STORE": "True"})
+    launch = LaunchEnvironment(agent_store=True)
     with pytest.raises(InvalidLaunchError, match=r"TORCHELASTIC_USE_AGENT_STORE=True but MASTER_ADDR=None"):
         init_process_group("gloo", 0, 1, timedelta(seconds=5), launch=launch)
 
 
 def test_a_group_forms_on_the_agents_store_from_explicit_arguments(store: dist.TCPStore, no_group: None) -> None:
     """The agent's store at an address given as arguments (the environment says nothing about it)."""
-    launch = LaunchEnvironment.from_env({"TORCHELASTIC_USE_AGENT_STORE": "True"})
+    launch = LaunchEnvironment(agent_store=True)
     init_process_group(
         "gloo", 0, 1, timedelta(seconds=10), master_addr="127.0.0.1", master_port=store.port, launch=launch
     )
