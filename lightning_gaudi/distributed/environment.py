@@ -22,6 +22,7 @@ RUN_ID_ENV = "LIGHTNING_GAUDI_RUN_ID"
 Launcher = Literal["torchelastic", "slurm", "lsf", "mpi", "local", "none"]
 
 _GENERIC = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"})
+_MPI = frozenset({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 #: What Lightning's launcher and the process group's rendezvous set in the process that launches the ranks.
 _LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -136,31 +137,23 @@ class SlurmLayout:
 
     def check(self, num_devices: int, num_nodes: int) -> None:
         """Raises :class:`InvalidLaunchError` unless the allocation runs one task per HPU on ``num_nodes`` nodes."""
-        fix = (
-            f" Allocate with `--nodes={num_nodes} --ntasks-per-node={num_devices}` (one task per HPU), or set the"
-            " Trainer's devices/num_nodes to match the allocation."
-        )
-        per_node = self.tasks_per_node
-        if per_node is not None and len(set(per_node)) > 1:
+        world, per_node = num_devices * num_nodes, self.tasks_per_node or ()
+        tasks = self.ntasks_per_node if self.ntasks_per_node is not None else next(iter(per_node), None)
+        fix = f" Allocate `--nodes={num_nodes} --ntasks-per-node={num_devices}` (a task per HPU) or change the Trainer."
+        if len(set(per_node)) > 1:
+            raise InvalidLaunchError(f"SLURM runs a different number of tasks on its nodes: {list(per_node)}.{fix}")
+        if tasks not in (None, num_devices):
             raise InvalidLaunchError(
-                f"The SLURM allocation runs a different number of tasks on its nodes (SLURM_TASKS_PER_NODE expands to"
-                f" {list(per_node)}); every node must run devices={num_devices} tasks.{fix}"
+                f"SLURM starts {tasks} task(s) per node, but the Trainer has devices={num_devices}.{fix}"
             )
-        tasks = self.ntasks_per_node if self.ntasks_per_node is not None else (per_node[0] if per_node else None)
-        if tasks is not None and tasks != num_devices:
+        if self.nnodes not in (None, num_nodes):
             raise InvalidLaunchError(
-                f"SLURM starts {tasks} task(s) per node, but the Trainer has devices={num_devices}: each task drives"
-                f" one HPU.{fix}"
+                f"SLURM allocated {self.nnodes} node(s) (SLURM_NNODES), but the Trainer has num_nodes={num_nodes}.{fix}"
             )
-        if self.nnodes is not None and self.nnodes != num_nodes:
+        if self.ntasks not in (None, world):
             raise InvalidLaunchError(
-                f"The SLURM allocation has {self.nnodes} node(s) (SLURM_NNODES), but the Trainer has"
-                f" num_nodes={num_nodes}.{fix}"
-            )
-        if self.ntasks is not None and self.ntasks != num_devices * num_nodes:
-            raise InvalidLaunchError(
-                f"The SLURM allocation has {self.ntasks} task(s) (SLURM_NTASKS), but num_nodes={num_nodes} x"
-                f" devices={num_devices} = {num_devices * num_nodes} processes are needed.{fix}"
+                f"SLURM allocated {self.ntasks} task(s) (SLURM_NTASKS), but num_nodes={num_nodes} x"
+                f" devices={num_devices} = {world} processes are needed.{fix}"
             )
 
 
@@ -312,40 +305,27 @@ class LaunchEnvironment:
                 f"devices={num_devices} asks for more HPUs than this node has ({devices_on_node}). Pass devices <="
                 f" {devices_on_node} and add nodes (num_nodes) for more processes."
             )
+        mpi = self.launcher == "mpi" if mpi is None else mpi
+        checked = _GENERIC | _MPI if mpi else _GENERIC
         layout = f"num_nodes={num_nodes} x devices={num_devices} = {world} processes"
-        generic = {a: v for a, name in self.sources if name in _GENERIC and (v := getattr(self, a)) is not None}
-        for attribute, bad, why in (
-            ("world_size", generic.get("world_size", world) != world, f", but the Trainer has {layout}"),
-            (
-                "global_rank",
-                generic.get("global_rank", 0) >= world,
-                f" is out of range for {layout} (ranks 0 to {world - 1})",
-            ),
-            (
-                "local_world_size",
-                generic.get("local_world_size", num_devices) != num_devices,
-                f" process(es) per node, but the Trainer has devices={num_devices}",
-            ),
-            (
-                "local_rank",
-                generic.get("local_rank", 0) >= num_devices,
-                f" is out of range for devices={num_devices} (local ranks 0 to {num_devices - 1})",
-            ),
-            (
-                "node_rank",
-                generic.get("node_rank", 0) >= num_nodes,
-                f" is out of range for num_nodes={num_nodes} (node ranks 0 to {num_nodes - 1})",
-            ),
-        ):
-            if bad:
-                raise InvalidLaunchError(
-                    f"The launcher says {self.source(attribute)}={generic[attribute]}{why}. Launch with torchrun"
-                    f" --nnodes {num_nodes} --nproc-per-node {num_devices}, or change num_nodes/devices."
-                )
+        sizes = {"world_size": (world, f", but the Trainer has {layout}")}
+        sizes["local_world_size"] = (num_devices, f" process(es) per node, but the Trainer has devices={num_devices}")
+        limits = {"global_rank": (world, layout), "local_rank": (num_devices, f"devices={num_devices}")}
+        limits["node_rank"] = (num_nodes, f"num_nodes={num_nodes}")
+        fix = f"Start `mpirun -np {world} --map-by ppr:{num_devices}:node`" if mpi else "Launch with torchrun"
+        fix += "" if mpi else f" --nnodes {num_nodes} --nproc-per-node {num_devices}"
+        for attribute, name in self.sources:
+            value = getattr(self, attribute)
+            if name in checked and attribute in sizes and value != sizes[attribute][0]:
+                why = sizes[attribute][1]
+            elif name in checked and attribute in limits and value >= limits[attribute][0]:
+                limit, setting = limits[attribute]
+                why = f" is out of range for {setting} ({attribute.split('_')[0]} ranks 0 to {limit - 1})"
+            else:
+                continue
+            raise InvalidLaunchError(f"The launcher says {name}={value}{why}. {fix}, or change num_nodes/devices.")
         if (self.launcher == "slurm" if slurm is None else slurm) and self.slurm is not None:
             self.slurm.check(num_devices, num_nodes)
-        if (self.launcher == "mpi") if mpi is None else mpi:
-            self._check_mpi(num_devices, num_nodes)
 
     def _check_processes_per_node(self, devices_on_node: int) -> None:
         per_node, n = self.local_world_size, devices_on_node
@@ -365,20 +345,6 @@ class LaunchEnvironment:
             f"The launcher starts {per_node} processes on this node ({self.source('local_world_size')}={per_node}),"
             f" but the node has {n} HPUs and each process drives one. {fix}"
         )
-
-    def _check_mpi(self, num_devices: int, num_nodes: int) -> None:
-        world = num_devices * num_nodes
-        fix = f"Start `mpirun -np {world} --map-by ppr:{num_devices}:node` (one process per HPU), or change devices."
-        if self.world_size is not None and self.world_size != world:
-            raise InvalidLaunchError(
-                f"mpirun starts {self.world_size} process(es) ({self.source('world_size')}), but the Trainer has"
-                f" num_nodes={num_nodes} x devices={num_devices} = {world} processes. {fix}"
-            )
-        if self.local_world_size is not None and self.local_world_size != num_devices:
-            raise InvalidLaunchError(
-                f"mpirun starts {self.local_world_size} process(es) on this node ({self.source('local_world_size')}),"
-                f" but the Trainer has devices={num_devices}. {fix}"
-            )
 
     def check_detected(self, cluster_environment: ClusterEnvironment) -> None:
         """Raises :class:`InvalidLaunchError` when a launcher started this process but Lightning chose its default

@@ -274,7 +274,7 @@ def test_validate_accepts_a_matching_launch(parse: Parse) -> None:
     ("environ", "message"),
     [
         ({"WORLD_SIZE": "4"}, r"WORLD_SIZE=4, but the Trainer has num_nodes=1 x devices=2 = 2 processes"),
-        ({"RANK": "2"}, r"RANK=2 is out of range .* \(ranks 0 to 1\)"),
+        ({"RANK": "2"}, r"RANK=2 is out of range .* \(global ranks 0 to 1\)"),
         ({"LOCAL_WORLD_SIZE": "4"}, r"LOCAL_WORLD_SIZE=4 process\(es\) per node, but the Trainer has devices=2"),
         ({"LOCAL_RANK": "2"}, r"LOCAL_RANK=2 is out of range for devices=2 \(local ranks 0 to 1\)"),
         ({"NODE_RANK": "1"}, r"NODE_RANK=1 is out of range for num_nodes=1"),
@@ -294,9 +294,9 @@ def test_validate_devices_larger_than_the_node() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"SLURM_TASKS_PER_NODE": "4,3", "SLURM_NTASKS": "7"}, r"different number of tasks on its nodes .*\[4, 3\]"),
+        ({"SLURM_TASKS_PER_NODE": "4,3", "SLURM_NTASKS": "7"}, r"different number of tasks on its nodes: \[4, 3\]"),
         ({"SLURM_NTASKS_PER_NODE": "2"}, r"SLURM starts 2 task\(s\) per node, but the Trainer has devices=4"),
-        ({"SLURM_NNODES": "3"}, r"3 node\(s\) \(SLURM_NNODES\), but the Trainer has num_nodes=2"),
+        ({"SLURM_NNODES": "3"}, r"SLURM allocated 3 node\(s\) \(SLURM_NNODES\), but the Trainer has num_nodes=2"),
         ({"SLURM_NTASKS": "6"}, r"6 task\(s\) \(SLURM_NTASKS\), but num_nodes=2 x devices=4 = 8 processes"),
     ],
 )
@@ -357,9 +357,9 @@ def test_more_tasks_than_cards_names_the_launchers_own_fix(environ: dict[str, st
     [
         (
             {"OMPI_COMM_WORLD_SIZE": "6"},
-            r"mpirun starts 6 process\(es\) \(OMPI_COMM_WORLD_SIZE\), but .* = 4 processes",
+            r"OMPI_COMM_WORLD_SIZE=6, but the Trainer has num_nodes=2 x devices=2 = 4 processes",
         ),
-        ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, r"mpirun starts 1 process\(es\) on this node .* devices=2"),
+        ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, r"OMPI_COMM_WORLD_LOCAL_SIZE=1 process\(es\) per node, .* devices=2"),
     ],
 )
 def test_mpi_checks(changes: dict[str, str], message: str, parse: Parse) -> None:
