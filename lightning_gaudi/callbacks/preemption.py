@@ -258,7 +258,7 @@ class PreemptionCheckpoint(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._vote is not None:
-            self._vote.finish()
+            self._vote.close()
             self._vote = None
         self._release(trainer)
 
