@@ -36,7 +36,7 @@ def test_coerce_timeout() -> None:
     assert coerce_timeout(90) == timedelta(seconds=90)
     assert coerce_timeout(0.5) == timedelta(seconds=0.5)
     assert coerce_timeout(timedelta(seconds=5)) == timedelta(seconds=5)
-    with pytest.raises(ValueError, match=r"`timeout=0` must be positive"):
+    with pytest.raises(ValueError, match=r"`timeout=0` must be a positive"):
         coerce_timeout(0)
     with pytest.raises(TypeError, match=r"`timeout='10m'` must be a datetime.timedelta or a number of seconds"):
         coerce_timeout("10m")  # type: ignore[arg-type]
@@ -46,13 +46,13 @@ def test_coerce_timeout() -> None:
 
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -float("inf"), 1e20])
 def test_coerce_timeout_refuses_what_is_not_finite(seconds: float) -> None:
-    with pytest.raises(ValueError, match=r"`timeout=.*` must be a finite number of seconds"):
+    with pytest.raises(ValueError, match=r"`timeout=.*` must be a positive, finite number of seconds"):
         coerce_timeout(seconds)
 
 
 @pytest.mark.parametrize("seconds", [-60, -60.0, 0.0])
 def test_coerce_timeout_refuses_what_is_not_positive(seconds: float) -> None:
-    with pytest.raises(ValueError, match=r"` must be positive \(seconds, or a timedelta\): it bounds how long"):
+    with pytest.raises(ValueError, match=r"` must be a positive, finite number of seconds \(or a timedelta\)"):
         coerce_timeout(seconds)
 
 
