@@ -91,7 +91,7 @@ def read_int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | N
     raw = environ.get(name, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < minimum:
+    if not raw.isdecimal() or int(raw) < minimum:
         raise InvalidLaunchError(
             f"{name}={environ[name]!r} is not a valid value: it must be a whole number >= {minimum}. Fix or unset it"
             " (torchrun, SLURM and Lightning's own launcher set it for you)."
@@ -104,7 +104,7 @@ def read_master_port(environ: Mapping[str, str]) -> int | None:
     raw = environ.get("MASTER_PORT")
     if raw is None:
         return None
-    if not raw.strip().isdigit() or not 1 <= int(raw) <= 65535:
+    if not raw.strip().isdecimal() or not 1 <= int(raw) <= 65535:
         raise InvalidLaunchError(
             f"MASTER_PORT={raw!r} is not a TCP port: it must be a number from 1 to 65535 (e.g. MASTER_PORT=29500)."
             " Set it to a free port on the MASTER_ADDR node, the same on every node, or unset it."
