@@ -80,10 +80,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def check(args: argparse.Namespace) -> int:
     """Builds the ranks' Fabric here and returns the number of processes to start on this node; raises
     :class:`LaunchError` with Fabric's reason when it cannot be built."""
-    settings: dict[str, Any] = {"devices": args.devices, "num_nodes": args.num_nodes}
-    for option in ("accelerator", "strategy", "precision"):
-        if getattr(args, option) is not None:
-            settings[option] = getattr(args, option)
+    options = ("accelerator", "strategy", "devices", "num_nodes", "precision")
+    settings: dict[str, Any] = {name: value for name in options if (value := getattr(args, name)) is not None}
     try:
         fabric = Fabric(**settings)
     except (ValueError, TypeError, RuntimeError, MisconfigurationException) as error:
@@ -91,21 +89,6 @@ def check(args: argparse.Namespace) -> int:
         raise LaunchError(f"`{COMMAND} {shown}` cannot start: {error}") from error
     strategy = fabric.strategy
     return len(strategy.parallel_devices or ()) if isinstance(strategy, ParallelStrategy) else 1
-
-
-def torchrun_arguments(args: argparse.Namespace, script_args: list[str], processes: int) -> list[str]:
-    """torchrun's arguments: ``processes`` ranks on this node, each ``python -m lightning_gaudi SCRIPT ARGS``."""
-    return [
-        f"--nproc-per-node={processes}",
-        f"--nnodes={args.num_nodes}",
-        f"--node-rank={args.node_rank}",
-        f"--master-addr={args.main_address}",
-        f"--master-port={args.main_port}",
-        "--module",
-        "lightning_gaudi",
-        args.script,
-        *script_args,
-    ]
 
 
 def main(argv: list[str]) -> None:
@@ -118,4 +101,7 @@ def main(argv: list[str]) -> None:
     _set_env_variables(args)  # Lightning's: the LT_* variables its Fabric() reads
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpus // processes)))  # as Lightning's `fabric run`
-    torchrun.main(torchrun_arguments(args, script_args, processes))
+    # each rank runs `python -m lightning_gaudi SCRIPT ARGS`
+    address = [f"--master-addr={args.main_address}", f"--master-port={args.main_port}"]
+    nodes = [f"--nproc-per-node={processes}", f"--nnodes={args.num_nodes}", f"--node-rank={args.node_rank}"]
+    torchrun.main([*nodes, *address, "--module", "lightning_gaudi", args.script, *script_args])
