@@ -50,8 +50,8 @@ class Preempted(SIGTERMException):
 
 def _parse_signal(value: str | int) -> signal.Signals:
     try:
-        name = value.strip().upper() if isinstance(value, str) else ""
-        sig = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"] if name else signal.Signals(value)
+        name = value.strip().upper() if isinstance(value, str) else None
+        sig = signal.Signals(int(value)) if name is None else signal.Signals["SIG" + name.removeprefix("SIG")]
     except (KeyError, ValueError):
         raise ValueError(f"PreemptionCheckpoint got {value!r}, which is not a signal: pass e.g. 'SIGTERM'.") from None
     if sig in _UNCATCHABLE:
@@ -87,9 +87,8 @@ class PreemptionCheckpoint(Callback):
             raise ValueError(
                 f"PreemptionCheckpoint(filename={filename!r}) must be a file name without a folder (see dirpath)."
             )
-        parsed = tuple(
-            dict.fromkeys(_parse_signal(s) for s in ([signals] if isinstance(signals, str | int) else signals))
-        )
+        listed = [signals] if isinstance(signals, str | int) else signals
+        parsed = tuple(dict.fromkeys(_parse_signal(s) for s in listed))
         if not parsed:
             raise ValueError("PreemptionCheckpoint(signals=()) handles nothing: pass ['SIGTERM'] or enabled=False.")
         self.grace_period, self.dirpath, self.filename = float(grace_period), dirpath, filename

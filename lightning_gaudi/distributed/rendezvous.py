@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -79,13 +80,10 @@ def probe_store(addr: str, port: int, rank: int, timeout: timedelta) -> None:
             time.sleep(min(next(pauses), max(_remaining(deadline), 0)))
     window = max(min(STORE_ANSWER_S, _remaining(deadline)), 1.0)
     answered = threading.Event()
-    failed: list[BaseException] = []
 
     def connect() -> None:
-        try:
+        with contextlib.suppress(BaseException):  # an error is the caller's own connection's to report
             dist.TCPStore(addr, port, None, False, timeout=timedelta(seconds=window), wait_for_workers=False)
-        except BaseException as err:  # reported by the caller's own connection
-            failed.append(err)
         answered.set()
 
     # a daemon thread: a client stuck in torch's handshake cannot be interrupted, and must not keep the process alive
@@ -193,9 +191,9 @@ def init_process_group(
     except RuntimeError as err:  # DistError subclasses it; gloo raises plain RuntimeErrors
         if _port_in_use(err):
             addr = master_addr or launch.master_addr or os.environ.get("MASTER_ADDR") or "this machine"
-            port = master_port or launch.master_port or os.environ.get("MASTER_PORT")
+            held = master_port or launch.master_port or os.environ.get("MASTER_PORT")
             raise PortInUseError(
-                f"Rank {rank}: MASTER_PORT={port} on {addr} is already in use, so the rendezvous store cannot listen"
-                f" there: {_pick_another(port, addr)}"
+                f"Rank {rank}: MASTER_PORT={held} on {addr} is already in use, so the rendezvous store cannot listen"
+                f" there: {_pick_another(held, addr)}"
             ) from err
         raise _join_error(rank, world_size, timeout, f"{type(err).__name__}: {err}") from err
