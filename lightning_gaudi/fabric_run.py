@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from lightning.fabric import Fabric
-from lightning.fabric.cli import _get_supported_strategies, _set_env_variables
-from lightning.fabric.strategies import ParallelStrategy
+from lightning.fabric.strategies import STRATEGY_REGISTRY, ParallelStrategy
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch.distributed import run as torchrun
 
@@ -23,10 +23,26 @@ from lightning_gaudi.fabric import RUN_COMMAND
 
 #: The command, as users type it (Fabric's refusal of an unlaunched multi-device job on the HPU names it).
 COMMAND = RUN_COMMAND
+#: The variables Lightning's ``fabric run`` sets for the script's ``Fabric()`` (``lightning.fabric.cli``), by option.
+ENV = {
+    "accelerator": "LT_ACCELERATOR",
+    "strategy": "LT_STRATEGY",
+    "devices": "LT_DEVICES",
+    "num_nodes": "LT_NUM_NODES",
+    "precision": "LT_PRECISION",
+}
+CLI_USED_ENV = "LT_CLI_USED"
 
 
 class LaunchError(ValueError):
     """The options cannot start a job; raised before any process starts, with what to change."""
+
+
+def strategies() -> list[str]:
+    """The strategy names ``--strategy`` takes: Fabric's registry (the HPU's included) less the ones Lightning's
+    ``fabric run`` leaves out (they start processes themselves or need more configuration)."""
+    excluded = re.compile(r".*(spawn|fork|notebook|xla|tpu|offload).*")
+    return [name for name in STRATEGY_REGISTRY.available_strategies() if not excluded.match(name)]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,7 +78,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     args, script_args = parser().parse_known_args(argv)
     if not Path(args.script).is_file():
         raise LaunchError(f"SCRIPT {args.script!r} is not a file. Pass the path of the Python script to run.")
-    if args.strategy is not None and args.strategy not in (known := _get_supported_strategies()):
+    if args.strategy is not None and args.strategy not in (known := strategies()):
         raise LaunchError(
             f"--strategy {args.strategy!r} is not a strategy `{COMMAND}` can start. Choose one of: {', '.join(known)}."
         )
@@ -75,6 +91,14 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if not 0 < args.main_port < 65536:
         raise LaunchError(f"--main-port must be a TCP port (1 ... 65535), got {args.main_port}.")
     return args, script_args
+
+
+def environment(args: argparse.Namespace) -> dict[str, str]:
+    """The variables the ranks' ``Fabric()`` reads (Lightning's names and rules: unset options are left out)."""
+    return {
+        CLI_USED_ENV: "1",
+        **{name: str(v) for option, name in ENV.items() if (v := getattr(args, option)) is not None},
+    }
 
 
 def check(args: argparse.Namespace) -> int:
@@ -98,7 +122,7 @@ def main(argv: list[str]) -> None:
         processes = check(args)
     except LaunchError as error:
         raise SystemExit(f"error: {error}") from None
-    _set_env_variables(args)  # Lightning's: the LT_* variables its Fabric() reads
+    os.environ.update(environment(args))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpus // processes)))  # as Lightning's `fabric run`
     # each rank runs `python -m lightning_gaudi SCRIPT ARGS`

@@ -30,15 +30,7 @@ from lightning_gaudi.fabric import RUN_COMMAND
 
 PROGRAMS = Path(__file__).parent / "programs"
 SCRIPT = str(PROGRAMS / "fabric_examples.py")
-LT_NAMES = (
-    "LT_ACCELERATOR",
-    "LT_STRATEGY",
-    "LT_DEVICES",
-    "LT_NUM_NODES",
-    "LT_PRECISION",
-    "LT_CLI_USED",
-    "OMP_NUM_THREADS",
-)
+LT_NAMES = (*fabric_run.ENV.values(), fabric_run.CLI_USED_ENV, "OMP_NUM_THREADS")
 
 
 def test_the_command_is_routed_and_lightnings_other_fabric_commands_are_not() -> None:
@@ -61,11 +53,12 @@ def test_options_as_lightnings_before_and_after_the_script() -> None:
 
 
 def test_the_strategies_are_the_hpu_ones_and_lightnings_that_fabric_run_starts() -> None:
-    """Lightning's `fabric run` choices, the HPU's included once registered."""
-    names = lightning_cli._get_supported_strategies()
+    names = fabric_run.strategies()
     for name in ("hpu_single", "hpu_parallel", "hpu_fsdp", "hpu_model_parallel", "ddp", "fsdp", "deepspeed"):
         assert name in names
     assert not [name for name in names if re.search("spawn|fork|notebook|xla|offload", name)]
+    # Lightning's `fabric run` offers the same names once the HPU's are registered
+    assert set(lightning_cli._get_supported_strategies()) == set(names)
 
 
 @pytest.mark.parametrize(
@@ -141,6 +134,31 @@ def test_what_the_hpu_cannot_run_is_refused_before_any_process(
     with pytest.raises(SystemExit, match=f"error: `{re.escape(RUN_COMMAND)}"):
         fabric_run.main([SCRIPT, *argv])
     assert started == []
+
+
+def test_the_ranks_get_lightnings_variables() -> None:
+    """Canary: the variables are the ones Lightning's `fabric run` sets (and the connector reads) for each option."""
+    args, _ = fabric_run.parse(
+        [SCRIPT, "--accelerator", "hpu", "--strategy", "ddp", "--devices", "2", "--precision", "bf16-mixed"]
+    )
+    expected = fabric_run.environment(args)
+    saved = {name: os.environ.get(name) for name in LT_NAMES}
+    try:
+        lightning_cli._set_env_variables(argparse.Namespace(**vars(args)))
+        assert {name: os.environ[name] for name in expected} == expected
+        assert expected == {
+            "LT_CLI_USED": "1",
+            "LT_ACCELERATOR": "hpu",
+            "LT_STRATEGY": "ddp",
+            "LT_DEVICES": "2",
+            "LT_NUM_NODES": "1",
+            "LT_PRECISION": "bf16-mixed",
+        }
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+    source = inspect.getsource(lightning_cli._set_env_variables)
+    assert set(re.findall(r"LT_[A-Z_]+", source)) == set(expected), "Lightning's `fabric run` sets other variables now"
 
 
 def test_each_node_starts_its_ranks_through_lightning_gaudi(

@@ -40,9 +40,6 @@ REGISTRY = {
     "_data_parallel_size": "lightning.pytorch.strategies:ModelParallelStrategy#_data_parallel_size",
     "_tensor_parallel_size": "lightning.pytorch.strategies:ModelParallelStrategy#_tensor_parallel_size",
     "_save_distributed_checkpoint": "lightning.pytorch.strategies:ModelParallelStrategy#_save_distributed_checkpoint",
-    # Lightning's `fabric run`: its strategy choices and the LT_* variables it sets (fabric_run.py)
-    "_get_supported_strategies": "lightning.fabric.cli:_get_supported_strategies",
-    "_set_env_variables": "lightning.fabric.cli:_set_env_variables",
     # torch: pytree, the op list, DDP's first bucket, dynamo's counters and caches (callbacks/dynamo.py)
     "torch.utils._pytree": "torch.utils._pytree:tree_map",
     "_C": "torch:_C._dispatch_get_all_op_names",
