@@ -331,16 +331,11 @@ class LaunchEnvironment:
         per_node, n = self.local_world_size, devices_on_node
         if per_node is None or per_node <= n:
             return
-        if self.launcher == "slurm":
-            fix = f"Allocate with `--ntasks-per-node={n}` (one task per HPU)."
-        elif self.launcher == "mpi":
-            fix = f"Start `mpirun --map-by ppr:{n}:node` (one process per HPU)."
-        else:
-            fix = (
-                "numProcPerNode: auto (Kubeflow) and torchrun --nproc-per-node auto count GPUs only (on a node"
-                f" without them, CPUs): set it to the number of Gaudi cards (numProcPerNode: {n}, torchrun"
-                f" --nproc-per-node {n})."
-            )
+        fix = {"slurm": f"Allocate `--ntasks-per-node={n}`.", "mpi": f"Start `mpirun --map-by ppr:{n}:node`."}.get(
+            self.launcher,
+            "numProcPerNode: auto (Kubeflow) and torchrun --nproc-per-node auto count GPUs only (on a node without"
+            f" them, CPUs): set it to the number of Gaudi cards (numProcPerNode: {n}, torchrun --nproc-per-node {n}).",
+        )
         raise InvalidLaunchError(
             f"The launcher starts {per_node} processes on this node ({self.source('local_world_size')}={per_node}),"
             f" but the node has {n} HPUs and each process drives one. {fix}"
@@ -355,17 +350,13 @@ class LaunchEnvironment:
         if type(cluster_environment) is not LightningEnvironment:
             return
         if self.launcher == "mpi":
-            if importlib.util.find_spec("mpi4py") is None:
-                cause, fix = (
-                    "Lightning sees MPI only through mpi4py, which is not installed",
-                    "`pip install mpi4py` (scripts/install-mpi.sh)",
-                )
-            else:
-                cause = "mpi4py reports a single process: it loads another MPI library than the one mpirun runs"
-                fix = "Reinstall mpi4py against the MPI of this mpirun (`pip install --no-binary mpi4py mpi4py`)"
+            cause = "Lightning sees MPI only through mpi4py, which is not installed (scripts/install-mpi.sh)"
+            if importlib.util.find_spec("mpi4py") is not None:
+                cause = "mpi4py reports a single process: rebuild it for this mpirun's MPI (`pip install --no-binary"
+                cause += " mpi4py mpi4py`)"
             raise InvalidLaunchError(
                 f"mpirun started this process ({self.source('world_size')}={self.world_size}), but {cause}: every"
-                f" rank would train on its own. {fix}, or launch with torchrun or SLURM."
+                " rank would train on its own. Fix mpi4py, or launch with torchrun or SLURM."
             )
         if self.launcher == "none" and dict(self.torchrun_settings).get("PET_NNODES", "1") not in ("1", "1:1"):
             listed = ", ".join(f"{name}={value}" for name, value in self.torchrun_settings)

@@ -373,7 +373,7 @@ def test_mpi_checks(changes: dict[str, str], message: str, parse: Parse) -> None
 
 @pytest.mark.parametrize(
     ("installed", "message"),
-    [(False, "mpi4py, which is not installed"), (True, "mpi4py reports a single process: it loads another MPI")],
+    [(False, "mpi4py, which is not installed"), (True, "mpi4py reports a single process: rebuild it")],
 )
 def test_mpirun_that_lightning_does_not_see_is_named(
     monkeypatch: pytest.MonkeyPatch, installed: bool, message: str, parse: Parse
