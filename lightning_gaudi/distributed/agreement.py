@@ -40,22 +40,20 @@ class StopVote:
         self._error: BaseException | None = None
         self._errors = collective_errors("the stop vote (preemption)", timeout)
 
-    def setup(self, namespace: str, address: tuple[str, int] | None = None) -> None:
-        """Starts voting on the job's store (``address``, default ``MASTER_ADDR``/``MASTER_PORT``) under the keys
-        ``namespace`` (the same on every rank, fresh for this vote) when a process group of several ranks exists."""
+    def setup(self, namespace: str) -> None:
+        """Starts voting on the job's store (``MASTER_ADDR``/``MASTER_PORT``) under the keys ``namespace`` (the same on
+        every rank, fresh for this vote) when a process group of several ranks exists."""
         self.close()
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return
-        if address is None:
-            host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-            if not host or not port.isdigit():
-                raise RuntimeError(
-                    f"PreemptionCheckpoint: MASTER_ADDR={host!r}, MASTER_PORT={port!r} do not name the job's rendezvous"
-                    " store, where the ranks agree when to stop. Set both or pass PreemptionCheckpoint(enabled=False)."
-                )
-            address = (host, int(port))
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+        if not host or not port.isdecimal():
+            raise RuntimeError(
+                f"PreemptionCheckpoint: MASTER_ADDR={host!r}, MASTER_PORT={port!r} do not name the job's rendezvous"
+                " store, where the ranks agree when to stop. Set both or pass PreemptionCheckpoint(enabled=False)."
+            )
         with collective_errors("connecting the stop vote to the job's store", self.timeout):
-            store = dist.TCPStore(address[0], address[1], None, False, timeout=self.timeout, wait_for_workers=False)
+            store = dist.TCPStore(host, int(port), None, False, timeout=self.timeout, wait_for_workers=False)
         self.start(store, dist.get_rank(), dist.get_world_size(), f"{_KEY}/{namespace}")
 
     def start(self, store: dist.Store, rank: int, world_size: int, namespace: str) -> None:
