@@ -118,9 +118,7 @@ def parse_slurm_tasks_per_node(value: str) -> list[int]:
     for item in value.split(","):
         match = _TASKS_ITEM.match(item.strip())
         if match is None:
-            raise InvalidLaunchError(
-                f"SLURM_TASKS_PER_NODE={value!r} is not in SLURM's format (like '4' or '4(x2),3')."
-            )
+            raise InvalidLaunchError(f"SLURM_TASKS_PER_NODE={value!r} is not in SLURM's format (like '4(x2),3').")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
 
