@@ -177,14 +177,14 @@ def test_timeout_default_and_settable(eager_hpu: hpu.Backend) -> None:
     assert HPUParallelStrategy().timeout == DEFAULT_TIMEOUT == timedelta(minutes=10)
     assert HPUParallelStrategy(timeout=90).timeout == timedelta(seconds=90)
     assert HPUParallelStrategy(timeout=timedelta(seconds=5)).timeout == timedelta(seconds=5)
-    with pytest.raises(ValueError, match=r"`timeout=0` must be positive"):
+    with pytest.raises(ValueError, match=r"`timeout=0` must be a positive, finite number of seconds"):
         HPUParallelStrategy(timeout=0)
     with pytest.raises(TypeError, match=r"`timeout='10m'` must be a datetime.timedelta or a number of seconds"):
         HPUParallelStrategy(timeout="10m")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"`timeout=-60.0` must be positive \(seconds, or a timedelta\)"):
+    with pytest.raises(ValueError, match=r"`timeout=-60.0` must be a positive, finite number of seconds"):
         HPUParallelStrategy(timeout=-60.0)  # what Hydra passes for strategy.timeout=-60
     for not_finite in (float("nan"), float("inf")):
-        with pytest.raises(ValueError, match=r"`timeout=(nan|inf)` must be a finite number of seconds"):
+        with pytest.raises(ValueError, match=r"`timeout=(nan|inf)` must be a positive, finite number of seconds"):
             HPUParallelStrategy(timeout=not_finite)
 
 
