@@ -66,8 +66,8 @@ def translate_error(err: BaseException, what: str, timeout: timedelta) -> BaseEx
         why = "a peer process died (its connection closed; its log shows why: a crash, an out-of-memory kill, or gloo's"
         why += " 'Received data size doesn't match expected size': the ranks passed different shapes or dtypes)"
     return kind(
-        f"Rank {rank}/{world}: {what} failed: {why}.{_RESTART} HPUParallelStrategy(timeout=...) sets"
-        f" timeout={timeout}. Cause: {type(err).__name__}: {err}"
+        f"Rank {rank}/{world}: {what} failed: {why}.{_RESTART} Collectives wait timeout={timeout}, set by"
+        f" HPUParallelStrategy(timeout=...). Cause: {type(err).__name__}: {err}"
     )
 
 
