@@ -1,6 +1,5 @@
-"""``python -m lightning_gaudi PROGRAM [ARGS...]`` (see :data:`USAGE`): registers the HPU, then runs PROGRAM in this
-process, so its exit code and signals are its own; the rank processes Lightning starts re-run this module and find
-PROGRAM in :data:`PROGRAM_ENV`."""
+"""``python -m lightning_gaudi PROGRAM [ARGS...]`` (:data:`USAGE`): registers the HPU, then runs PROGRAM in this
+process; the rank processes Lightning starts re-run this module and find PROGRAM in :data:`PROGRAM_ENV`."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ USAGE = """usage: python -m lightning_gaudi PROGRAM [ARGS...]
 
 Registers the Intel Gaudi HPU with Lightning, then runs PROGRAM (a console script such as `litgpt`, or a Python file)
 or MODULE with ARGS, so a tool that builds its own Trainer or Fabric trains on the HPU; `fabric run` is Lightning's
-`fabric run` for the HPU (`--accelerator hpu`; see `python -m lightning_gaudi fabric run --help`). Examples:
+`fabric run` for the HPU. Examples:
 
   python -m lightning_gaudi litgpt pretrain pythia-14m --devices 2 ...
   python -m lightning_gaudi train.py --max_epochs 3
@@ -38,9 +37,8 @@ class ProgramError(Exception):
 
 
 def parse(argv: list[str]) -> tuple[tuple[str, str], list[str]]:
-    """``(kind, target), args`` from the arguments; ``kind`` is ``"module"``, ``"entry_point"``, ``"script"`` or
-    ``"fabric_run"`` (``fabric run ...``: :mod:`lightning_gaudi.fabric_run`); :class:`ProgramError` when PROGRAM is
-    missing or not found."""
+    """``(kind, target), args`` from the arguments (``kind``: ``"module"``, ``"entry_point"``, ``"script"`` or
+    ``"fabric_run"``); :class:`ProgramError` when PROGRAM is missing or not found."""
     if not argv or argv[0] in ("-h", "--help"):
         raise ProgramError(USAGE)
     if argv[:2] == ["fabric", "run"]:  # Lightning's other `fabric` commands run as they are (a console script)
@@ -70,16 +68,14 @@ def parse(argv: list[str]) -> tuple[tuple[str, str], list[str]]:
 
 
 def _is_python(path: Path) -> bool:
-    if path.suffix == ".py":
-        return True
     with path.open("rb") as file:
         first = file.readline(200)
-    return first.startswith(b"#!") and b"python" in first
+    return path.suffix == ".py" or (first.startswith(b"#!") and b"python" in first)
 
 
 def _exec_as_main(code: CodeType, path: str) -> None:
-    # as `python path` or `python -m module` runs code, except for `__spec__`: Lightning builds the command of the rank
-    # processes it starts from `__main__.__spec__` (`python -m <its name> ARGS`), which must come back here
+    # as `python path` runs code, but with this module's `__spec__`: Lightning starts the rank processes as
+    # `python -m <__main__.__spec__.name> ARGS`, which must come back here
     main = ModuleType("__main__")
     main.__file__ = path
     main.__spec__ = ModuleSpec(__spec__.name if __spec__ is not None else "lightning_gaudi", None)
@@ -92,8 +88,8 @@ def _exec_as_main(code: CodeType, path: str) -> None:
 
 
 def run(kind: str, target: str, args: list[str]) -> Any:
-    """Runs the program ``(kind, target)`` with ``args`` (as its ``sys.argv[1:]``); returns what an entry point
-    returns. Raises :class:`ProgramError` when the module cannot be found."""
+    """Runs the program ``(kind, target)`` with ``args`` as its ``sys.argv[1:]``; returns what an entry point returns.
+    Raises :class:`ProgramError` when the module cannot be found."""
     if kind == "fabric_run":
         from lightning_gaudi import fabric_run
 

@@ -1,12 +1,8 @@
 """``python -m lightning_gaudi fabric run [OPTIONS] SCRIPT [ARGS...]``: Lightning's ``fabric run`` on the HPU.
 
-Lightning's ``fabric run`` starts a Fabric script that does not call ``fabric.launch()`` in one process per device
-(torchrun), telling each script's ``Fabric()`` its settings through ``LT_*`` variables. It cannot start HPU jobs: its
-``--accelerator`` is a fixed list without ``hpu``, the ``fabric`` command never imports ``lightning_gaudi`` (so the HPU
-strategies are unknown to it too), and its ranks run ``python SCRIPT``, where ``Fabric(accelerator="hpu")`` is unknown.
-This command takes the same options and arguments, checks them by building the Fabric the ranks will build before any
-process starts, and runs each rank as ``python -m lightning_gaudi SCRIPT ARGS`` (the HPU registered before the script
-runs, whether it imports ``lightning_gaudi`` or not).
+Lightning's ``fabric run`` cannot start HPU jobs: its ``--accelerator`` choices lack ``hpu``, it never imports
+``lightning_gaudi``, and its ranks run ``python SCRIPT``. This command takes the same options, checks them by building
+the ranks' Fabric before any process starts, and runs each rank as ``python -m lightning_gaudi SCRIPT ARGS``.
 """
 
 from __future__ import annotations
@@ -27,11 +23,6 @@ from lightning_gaudi.fabric import RUN_COMMAND
 
 #: The command, as users type it (Fabric's refusal of an unlaunched multi-device job on the HPU names it).
 COMMAND = RUN_COMMAND
-#: What ``--accelerator`` takes: the HPU, and the CPU (as Lightning's ``fabric run`` runs it, for comparisons);
-#: ``auto`` (the default) is the HPU where there is one.
-ACCELERATORS = ("hpu", "cpu", "auto")
-#: Strategy names Lightning's ``fabric run`` leaves out: they start processes themselves or need more configuration.
-EXCLUDED_STRATEGIES = re.compile(r".*(spawn|fork|notebook|xla|tpu|offload).*")
 #: The variables Lightning's ``fabric run`` sets for the script's ``Fabric()`` (``lightning.fabric.cli``), by option.
 ENV = {
     "accelerator": "LT_ACCELERATOR",
@@ -48,9 +39,10 @@ class LaunchError(ValueError):
 
 
 def strategies() -> list[str]:
-    """The strategy names ``--strategy`` takes: Fabric's registry (the HPU strategies included, ``lightning_gaudi``
-    imported), without the ones Lightning's ``fabric run`` leaves out."""
-    return [name for name in STRATEGY_REGISTRY.available_strategies() if not EXCLUDED_STRATEGIES.match(name)]
+    """The strategy names ``--strategy`` takes: Fabric's registry (the HPU's included) less the ones Lightning's
+    ``fabric run`` leaves out (they start processes themselves or need more configuration)."""
+    excluded = re.compile(r".*(spawn|fork|notebook|xla|tpu|offload).*")
+    return [name for name in STRATEGY_REGISTRY.available_strategies() if not excluded.match(name)]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -58,24 +50,13 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=COMMAND,
         usage=f"{COMMAND} [OPTIONS] SCRIPT [SCRIPT_ARGS...]",
-        description=(
-            "Runs a Lightning Fabric script on several HPUs, as Lightning's `fabric run` does on GPUs: one process per"
-            " device (torchrun), each with the HPU registered. SCRIPT builds `Fabric()` and does not call"
-            " `fabric.launch()`; options this command does not know, and everything after SCRIPT that is not one of"
-            " its options, go to SCRIPT."
-        ),
+        description="Runs a Lightning Fabric script (without `fabric.launch()`) on HPUs, one process per device."
+        " Options this command does not know, and what follows SCRIPT, go to SCRIPT.",
         allow_abbrev=False,
     )
     parser.add_argument("script", metavar="SCRIPT", help="the Python script to run; it must build a Fabric object")
-    parser.add_argument(
-        "--accelerator", choices=ACCELERATORS, default=None, help="the hardware to run on (default: the HPU)"
-    )
-    parser.add_argument(
-        "--strategy",
-        default=None,
-        help="how to run across several devices: a name Fabric knows on the HPU (hpu_parallel, ddp, hpu_fsdp, fsdp,"
-        " hpu_model_parallel, ...; default: hpu_parallel on several devices)",
-    )
+    parser.add_argument("--accelerator", choices=("hpu", "cpu", "auto"), help="the hardware (default: the HPU)")
+    parser.add_argument("--strategy", help="hpu_parallel (the default on several devices), hpu_fsdp, ddp, ...")
     parser.add_argument(
         "--devices", default="1", help="the number of devices per node, their indices ('0,1'), or 'auto' (every card)"
     )
@@ -83,23 +64,17 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--node-rank", "--node_rank", type=int, default=0, help="the index of this node, 0 ... num_nodes - 1"
     )
-    parser.add_argument(
-        "--main-address",
-        "--main_address",
-        default="127.0.0.1",
-        help="the host name or IP address of the node with node rank 0",
-    )
+    parser.add_argument("--main-address", "--main_address", default="127.0.0.1", help="the node of node rank 0")
     parser.add_argument(
         "--main-port", "--main_port", type=int, default=29400, help="the port on the main node to connect to"
     )
-    parser.add_argument("--precision", default=None, help="32-true, bf16-mixed, bf16-true, 16-mixed, fp8, ...")
+    parser.add_argument("--precision", help="32-true, bf16-mixed, bf16-true, 16-mixed, fp8, ...")
     return parser
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """``(options, script_args)`` from the command's arguments (as Lightning's: options may follow SCRIPT, and what
-    is not an option of this command goes to SCRIPT); :class:`LaunchError` for a missing or non-file SCRIPT, an
-    unknown strategy or a bad node layout. ``--help`` and a missing SCRIPT exit as argparse does."""
+    """``(options, script_args)`` from the command's arguments (options may follow SCRIPT, as Lightning's);
+    :class:`LaunchError` for a SCRIPT that is no file, an unknown strategy or a bad node layout."""
     args, script_args = parser().parse_known_args(argv)
     if not Path(args.script).is_file():
         raise LaunchError(f"SCRIPT {args.script!r} is not a file. Pass the path of the Python script to run.")
@@ -120,21 +95,17 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def environment(args: argparse.Namespace) -> dict[str, str]:
     """The variables the ranks' ``Fabric()`` reads (Lightning's names and rules: unset options are left out)."""
-    env = {CLI_USED_ENV: "1"}
-    for option, name in ENV.items():
-        value = getattr(args, option)
-        if value is not None:
-            env[name] = str(value)
-    return env
+    return {
+        CLI_USED_ENV: "1",
+        **{name: str(v) for option, name in ENV.items() if (v := getattr(args, option)) is not None},
+    }
 
 
 def check(args: argparse.Namespace) -> int:
-    """Builds the Fabric each rank's ``Fabric()`` will build, here, and returns the number of processes to start on
-    this node; :class:`LaunchError` (with Fabric's or the HPU's reason) when it cannot be built."""
-    settings: dict[str, Any] = {"devices": args.devices, "num_nodes": args.num_nodes}
-    for option in ("accelerator", "strategy", "precision"):
-        if getattr(args, option) is not None:
-            settings[option] = getattr(args, option)
+    """Builds the ranks' Fabric here and returns the number of processes to start on this node; raises
+    :class:`LaunchError` with Fabric's reason when it cannot be built."""
+    options = ("accelerator", "strategy", "devices", "num_nodes", "precision")
+    settings: dict[str, Any] = {name: value for name in options if (value := getattr(args, name)) is not None}
     try:
         fabric = Fabric(**settings)
     except (ValueError, TypeError, RuntimeError, MisconfigurationException) as error:
@@ -142,21 +113,6 @@ def check(args: argparse.Namespace) -> int:
         raise LaunchError(f"`{COMMAND} {shown}` cannot start: {error}") from error
     strategy = fabric.strategy
     return len(strategy.parallel_devices or ()) if isinstance(strategy, ParallelStrategy) else 1
-
-
-def torchrun_arguments(args: argparse.Namespace, script_args: list[str], processes: int) -> list[str]:
-    """torchrun's arguments: ``processes`` ranks on this node, each ``python -m lightning_gaudi SCRIPT ARGS``."""
-    return [
-        f"--nproc-per-node={processes}",
-        f"--nnodes={args.num_nodes}",
-        f"--node-rank={args.node_rank}",
-        f"--master-addr={args.main_address}",
-        f"--master-port={args.main_port}",
-        "--module",
-        "lightning_gaudi",
-        args.script,
-        *script_args,
-    ]
 
 
 def main(argv: list[str]) -> None:
@@ -169,4 +125,7 @@ def main(argv: list[str]) -> None:
     os.environ.update(environment(args))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpus // processes)))  # as Lightning's `fabric run`
-    torchrun.main(torchrun_arguments(args, script_args, processes))
+    # each rank runs `python -m lightning_gaudi SCRIPT ARGS`
+    address = [f"--master-addr={args.main_address}", f"--master-port={args.main_port}"]
+    nodes = [f"--nproc-per-node={processes}", f"--nnodes={args.num_nodes}", f"--node-rank={args.node_rank}"]
+    torchrun.main([*nodes, *address, "--module", "lightning_gaudi", args.script, *script_args])

@@ -19,8 +19,6 @@ from typing_extensions import override
 from lightning_gaudi.callbacks.preemption import PreemptionCheckpoint
 from lightning_gaudi.distributed.shutdown import cleanup_on_abort
 
-__all__ = ["LOCK_FILENAME", "CheckpointFolderLock", "CheckpointLock", "FolderLockedError", "add_default_lock"]
-
 log = logging.getLogger(__name__)
 
 #: The lock's file name in each checkpoint folder (not ``*.ckpt``: no resume policy takes it for a checkpoint).
@@ -35,9 +33,8 @@ class FolderLockedError(RuntimeError):
 
 
 def _holder_gone(holder: dict[str, Any], age: float, stale_after: float) -> str | None:
-    """Why the lock's holder is gone (``None``: it may be alive): on this host, no process with its pid (or it is this
-    process's pid: an earlier run of this process or of a restarted container); on any host, a heartbeat older than
-    ``stale_after`` (another host's process cannot be asked, and a pid may have been reused)."""
+    """Why the lock's holder is gone, or ``None``: on this host, no process with its pid (or this process's pid: an
+    earlier run, or a restarted container); on any host, a heartbeat older than ``stale_after``."""
     if holder.get("host") == socket.gethostname():
         pid = holder.get("pid")
         if pid == os.getpid():
@@ -55,14 +52,11 @@ def _holder_gone(holder: dict[str, Any], age: float, stale_after: float) -> str 
 
 
 class CheckpointFolderLock:
-    """The lock file ``<folder>/.lightning_gaudi.lock`` (JSON: host, pid, start time), created exclusively, its
-    modification time refreshed every ``heartbeat`` seconds by a background thread while held. A lock whose holder is
-    gone (:func:`_holder_gone`) is taken over with a warning; a live one raises :class:`FolderLockedError`."""
+    """The lock file ``<folder>/.lightning_gaudi.lock`` (JSON: host, pid, start time), created exclusively and touched
+    every ``heartbeat`` seconds while held. A gone holder's lock is taken over with a warning."""
 
     def __init__(self, folder: str, heartbeat: float = HEARTBEAT_S, stale_after: float = STALE_AFTER_S) -> None:
-        self.path = os.path.join(folder, LOCK_FILENAME)
-        self.heartbeat = heartbeat
-        self.stale_after = stale_after
+        self.path, self.heartbeat, self.stale_after = os.path.join(folder, LOCK_FILENAME), heartbeat, stale_after
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._record = ""
@@ -92,9 +86,9 @@ class CheckpointFolderLock:
             gone = _holder_gone(holder, age, self.stale_after)
             if gone is None:
                 raise FolderLockedError(
-                    f"The checkpoint folder {os.path.dirname(self.path)!r} is in use by another live job ({who}):"
-                    " two jobs would mix their checkpoints there. Give this run its own folder (ModelCheckpoint's"
-                    f" dirpath or default_root_dir), or stop the other job. If it is gone, delete {self.path}."
+                    f"The checkpoint folder {os.path.dirname(self.path)!r} is in use by another live job ({who}). Give"
+                    " this run its own folder (ModelCheckpoint's dirpath or default_root_dir), or stop the other job;"
+                    f" if it is gone, delete {self.path}."
                 )
             aside = f"{self.path}.{uuid.uuid4().hex}"
             with contextlib.suppress(FileNotFoundError):  # another taker renamed it first: try again
@@ -142,24 +136,22 @@ class CheckpointFolderLock:
 
 
 class CheckpointLock(Callback):
-    """Holds a :class:`CheckpointFolderLock` in every local checkpoint folder while ``fit`` runs (global rank 0 only;
-    released when the fit ends or fails). Validate, test and predict write no checkpoint and take none. The HPU
-    strategies add it (docs/recipes.md, "One job per checkpoint folder").
+    """Holds a :class:`CheckpointFolderLock` in every local checkpoint folder while ``fit`` runs (global rank 0 only).
+    The HPU strategies add it (docs/recipes.md, "One job per checkpoint folder").
 
     Args:
         heartbeat: seconds between two refreshes of the lock file while it is held.
-        stale_after: seconds without a refresh after which another host's lock counts as abandoned (keep it well
-            above ``heartbeat`` and the clock skew between the hosts sharing the folder).
+        stale_after: seconds without a refresh after which a lock counts as abandoned (well above ``heartbeat`` and
+            the clock skew between the hosts sharing the folder).
     """
 
     def __init__(self, heartbeat: float = HEARTBEAT_S, stale_after: float = STALE_AFTER_S) -> None:
         if not 0 < heartbeat < stale_after:
             raise ValueError(
-                f"CheckpointLock needs 0 < heartbeat < stale_after, got heartbeat={heartbeat!r},"
-                f" stale_after={stale_after!r}: a live holder would look abandoned. Keep stale_after a few heartbeats."
+                f"CheckpointLock needs 0 < heartbeat < stale_after (a few heartbeats), got heartbeat={heartbeat!r},"
+                f" stale_after={stale_after!r}."
             )
-        self.heartbeat = heartbeat
-        self.stale_after = stale_after
+        self.heartbeat, self.stale_after = heartbeat, stale_after
         self._locks: list[CheckpointFolderLock] = []
         self._on_abort = contextlib.ExitStack()
 
@@ -207,8 +199,8 @@ class CheckpointLock(Callback):
 
 
 def add_default_lock(trainer: pl.Trainer) -> None:
-    """Adds a :class:`CheckpointLock` to ``trainer.callbacks`` unless one is there, and keeps it after the checkpoint
-    callbacks (Lightning orders those last), so that their folders are set up when it locks them."""
+    """Adds a :class:`CheckpointLock` to ``trainer.callbacks`` unless one is there, after the checkpoint callbacks
+    (whose folders are set up by then)."""
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
     lock = next((c for c in callbacks if isinstance(c, CheckpointLock)), None) or CheckpointLock()
     if lock in callbacks:

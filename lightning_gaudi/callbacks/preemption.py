@@ -24,15 +24,6 @@ from lightning_gaudi.distributed.rendezvous import DEFAULT_TIMEOUT
 from lightning_gaudi.distributed.shutdown import cleanup_on_abort, end_job
 from lightning_gaudi.patches import signals as signal_patch
 
-__all__ = [
-    "DEFAULT_GRACE_PERIOD",
-    "PREEMPTION_CHECKPOINT_NAME",
-    "Preempted",
-    "PreemptionCheckpoint",
-    "add_default_preemption",
-    "preempted_exit_code",
-]
-
 log = logging.getLogger(__name__)
 
 #: Seconds from the signal to the exit: under the 30 s SLURM, Kubernetes and torchrun wait before they kill.
@@ -59,25 +50,18 @@ class Preempted(SIGTERMException):
 
 def _parse_signal(value: str | int) -> signal.Signals:
     try:
-        if isinstance(value, str):
-            name = value.strip().upper()
-            sig = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
-        else:
-            sig = signal.Signals(value)
+        name = value.strip().upper() if isinstance(value, str) else None
+        sig = signal.Signals(int(value)) if name is None else signal.Signals["SIG" + name.removeprefix("SIG")]
     except (KeyError, ValueError):
-        raise ValueError(
-            f"PreemptionCheckpoint got signal {value!r}, which is not a signal: pass names such as 'SIGTERM' or"
-            " 'SIGUSR1'."
-        ) from None
+        raise ValueError(f"PreemptionCheckpoint got {value!r}, which is not a signal: pass e.g. 'SIGTERM'.") from None
     if sig in _UNCATCHABLE:
         raise ValueError(f"PreemptionCheckpoint cannot handle {sig.name}: no process can catch it. Pass 'SIGTERM'.")
     return sig
 
 
 class PreemptionCheckpoint(Callback):
-    """Saves a checkpoint and stops every rank within ``grace_period`` seconds when the job gets SIGTERM, in place of
-    Lightning's handling: the ranks agree in a background vote (``distributed.agreement.StopVote``), stop
-    at the same optimizer step, save ``<dirpath>/last-preempted.ckpt`` and raise :class:`Preempted` (exit 143).
+    """On SIGTERM, every rank stops at the same optimizer step (agreed in a background vote), saves
+    ``<dirpath>/last-preempted.ckpt`` and raises :class:`Preempted` (exit 143), all within ``grace_period`` seconds.
 
     Args:
         grace_period: seconds from the signal to the exit: below the scheduler's kill delay, above a step plus a save.
@@ -97,24 +81,18 @@ class PreemptionCheckpoint(Callback):
         number = isinstance(grace_period, int | float) and not isinstance(grace_period, bool)
         if not number or not math.isfinite(grace_period) or grace_period <= 0:
             raise ValueError(
-                f"PreemptionCheckpoint(grace_period={grace_period!r}) must be a positive, finite number of seconds:"
-                " the time from the signal to the exit."
+                f"PreemptionCheckpoint(grace_period={grace_period!r}) must be a positive, finite number of seconds."
             )
         if not filename or "/" in filename or os.sep in filename:
             raise ValueError(
-                f"PreemptionCheckpoint(filename={filename!r}) must be a file name without a folder (set dirpath for"
-                " the folder), e.g. 'last-preempted'."
+                f"PreemptionCheckpoint(filename={filename!r}) must be a file name without a folder (see dirpath)."
             )
-        if isinstance(signals, str | int):
-            signals = (signals,)  # type: ignore[assignment]
-        parsed = tuple(dict.fromkeys(_parse_signal(s) for s in signals))
+        listed = [signals] if isinstance(signals, str | int) else signals
+        parsed = tuple(dict.fromkeys(_parse_signal(s) for s in listed))
         if not parsed:
             raise ValueError("PreemptionCheckpoint(signals=()) handles nothing: pass ['SIGTERM'] or enabled=False.")
-        self.grace_period = float(grace_period)
-        self.dirpath = dirpath
-        self.filename = filename
-        self.signals = parsed
-        self.enabled = enabled
+        self.grace_period, self.dirpath, self.filename = float(grace_period), dirpath, filename
+        self.signals, self.enabled = parsed, enabled
         self._trainer: pl.Trainer | None = None
         self._vote: StopVote | None = None
         self._requested = 0  # the first signal this rank received
@@ -128,20 +106,17 @@ class PreemptionCheckpoint(Callback):
         if stage != "fit":
             return
         self._trainer = trainer
-        if not self.enabled:
-            # SIGTERM ends the ranks as any program, without Lightning's per-batch broadcast (a blocking collective)
-            if signal.SIGTERM in self.signals:
-                self._took_sigterm = signal_patch.take_over_sigterm(trainer, self._end)
-            return
-        self._requested = self._agreed = 0
-        # a signal reaches every rank within a quarter of the grace period; the rest is for the step and the save
-        self._vote = StopVote(getattr(trainer.strategy, "timeout", DEFAULT_TIMEOUT), latency=self.grace_period / 4)
-        # one name per vote, the same on every rank: torchrun's restart count differs between nodes after a restart
-        # that one node counts as a failure and another as a membership change
-        self._vote.setup(trainer.strategy.broadcast(uuid.uuid4().hex))
+        if self.enabled:
+            self._requested = self._agreed = 0
+            # a signal reaches every rank within a quarter of the grace period; the rest is for the step and the save
+            self._vote = StopVote(getattr(trainer.strategy, "timeout", DEFAULT_TIMEOUT), latency=self.grace_period / 4)
+            # one name per vote, the same on every rank (torchrun's restart count may differ between nodes)
+            self._vote.setup(trainer.strategy.broadcast(uuid.uuid4().hex))
         if signal.SIGTERM in self.signals:
-            # Lightning registers its own SIGTERM handler after setup; it registers this one in its place
-            self._took_sigterm = signal_patch.take_over_sigterm(trainer, self._on_signal)
+            # the handler Lightning registers after setup; disabled, SIGTERM ends the ranks without Lightning's
+            # per-batch broadcast (a blocking collective)
+            handler = self._on_signal if self.enabled else self._end
+            self._took_sigterm = signal_patch.take_over_sigterm(trainer, handler)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -155,10 +130,8 @@ class PreemptionCheckpoint(Callback):
     @property
     def checkpoint_path(self) -> str | None:
         """Where the checkpoint is saved (known once the fit has set up), or ``None``."""
-        dirpath = self.dirpath
-        if dirpath is None and self._trainer is not None:
-            callback = self._trainer.checkpoint_callback
-            dirpath = getattr(callback, "dirpath", None) if isinstance(callback, Checkpoint) else None
+        callback = self._trainer.checkpoint_callback if self._trainer is not None else None
+        dirpath = self.dirpath or getattr(callback, "dirpath", None)
         if dirpath is None:
             return None
         name = f"{self.filename}.ckpt"
@@ -170,13 +143,9 @@ class PreemptionCheckpoint(Callback):
             return
         self._requested = signum
         self._arm(signum)
-        trainer = self._trainer
-        rank = trainer.global_rank if trainer is not None else 0
+        rank, name = self._trainer.global_rank if self._trainer is not None else 0, signal.Signals(signum).name
         log.warning(
-            "[rank %s] lightning_gaudi: received %s; all ranks save a checkpoint and stop within %gs",
-            rank,
-            signal.Signals(signum).name,
-            self.grace_period,
+            f"[rank {rank}] lightning_gaudi: received {name}; all ranks save and stop in {self.grace_period:g}s"
         )
         self._kill_launched(signum)  # so that each rank this process started bounds its own exit
 
@@ -220,51 +189,35 @@ class PreemptionCheckpoint(Callback):
     def _stop(self, trainer: pl.Trainer, signum: int) -> None:
         self._arm(signum)  # a rank that learned of the signal from the vote
         path = self.checkpoint_path
-        if path is None:
-            if trainer.is_global_zero:
-                log.warning(
-                    "lightning_gaudi: preempted at step %d without a checkpoint: the Trainer has no ModelCheckpoint"
-                    " and PreemptionCheckpoint has no dirpath",
-                    trainer.global_step,
-                )
-        else:
+        saved = "without a checkpoint (no ModelCheckpoint, no dirpath)"
+        if path is not None:
             self._saving = path
             with cleanup_on_abort(lambda: _remove_own_temporaries(path)):
                 trainer.save_checkpoint(path, weights_only=False)
-            self._saving = None
-            if trainer.is_global_zero:
-                log.warning(
-                    "lightning_gaudi: preempted by %s: saved %s at step %d; exiting with code %d",
-                    signal.Signals(signum).name,
-                    path,
-                    trainer.global_step,
-                    preempted_exit_code(signum),
-                )
+            self._saving, saved = None, f"saved {path}"
+        if trainer.is_global_zero:
+            name, code = signal.Signals(signum).name, preempted_exit_code(signum)
+            log.warning(
+                f"lightning_gaudi: preempted by {name}: {saved} at step {trainer.global_step}; exit code {code}"
+            )
         signal_patch.exit_on_repeat(trainer, self.signals, preempted_exit_code(signum))
         raise Preempted(signum, path)
 
-    def _release(self, trainer: pl.Trainer) -> None:
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._vote is not None:
+            self._vote.close()
+            self._vote = None
         if self._took_sigterm:
             signal_patch.release_sigterm(trainer)
             self._took_sigterm = False
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if self._vote is not None:
-            self._vote.close()  # a peer may never vote again
-            self._vote = None
-        self._release(trainer)  # the timer, once armed, keeps bounding this process's exit
-
-    @override
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._vote is not None:
-            self._vote.finish()
-            self._vote = None
-        self._release(trainer)
+        self.teardown(trainer, pl_module, "fit")  # a peer may never vote again; an armed timer still bounds the exit
 
 
 def _remove_own_temporaries(path: str) -> None:
-    """Removes the temporary files this process was writing for a local ``path``."""
     if "://" in path:
         return  # a remote store's temporary is removed by the next save, as a stale one
     directory, name = os.path.split(path)

@@ -1,4 +1,4 @@
-"""Launch environment, rank launching, process-group formation and collective errors; no Lightning import."""
+"""Launch environment, rank launching, process-group formation and collective errors; Lightning only in functions."""
 
 from lightning_gaudi.distributed.consistency import CollectiveMismatchError, check_same_layout
 from lightning_gaudi.distributed.environment import (

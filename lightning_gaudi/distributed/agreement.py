@@ -19,15 +19,12 @@ _POLL_S = (0.001, 0.02)  # first and longest pause between looks at a round that
 
 
 class StopVote:
-    """A vote in wall time on whether (and why) every rank stops, and at which step: the same answer on every rank.
+    """A vote in wall time on whether (and why) every rank stops, and after which step: the same answer on every rank.
 
-    A thread on each rank casts a ballot on the job's rendezvous store (the ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``
-    that formed the process group: no extra process group, no gloo) every ``latency / 2`` seconds: this rank's request
-    (0: go on) and the step it commits not to pass before the round ends, a quarter of ``latency`` ahead at its recent
-    step rate. When a round holds a request, every rank stops after the largest committed step. A request thus reaches
-    every rank within ``latency`` however the step time changes; the training step only counts itself under a lock
-    (and waits for a round only if it reaches its commitment first, which a slower step than the round's few store
-    round trips never does). In a single process the request is the answer.
+    A thread on each rank casts a ballot on the job's rendezvous store every ``latency / 2`` seconds: this rank's
+    request (0: go on) and the step it commits not to pass before the round ends, a quarter of ``latency`` ahead at its
+    recent step rate. When a round holds a request, every rank stops after the largest committed step, so a request
+    reaches every rank within ``latency`` however the step time changes. In a single process the request is the answer.
     """
 
     def __init__(self, timeout: timedelta, latency: float = 2.0) -> None:
@@ -43,34 +40,20 @@ class StopVote:
         self._error: BaseException | None = None
         self._errors = collective_errors("the stop vote (preemption)", timeout)
 
-    @property
-    def distributed(self) -> bool:
-        """Whether the vote runs between processes (:meth:`setup` found a process group of several)."""
-        return self._thread is not None
-
-    @property
-    def spacing(self) -> float:
-        """Seconds between two rounds of the vote."""
-        return self.latency / 2
-
-    def setup(self, namespace: str, address: tuple[str, int] | None = None) -> None:
-        """Connects to the job's store (``address``, default ``MASTER_ADDR``/``MASTER_PORT``) and starts voting under
-        the keys ``namespace`` when a process group of several ranks exists; every rank must call it, with the same
-        ``namespace``, fresh for this vote (the store can outlive a restart of the ranks: torchrun's agent store)."""
+    def setup(self, namespace: str) -> None:
+        """Starts voting on the job's store (``MASTER_ADDR``/``MASTER_PORT``) under the keys ``namespace`` (the same on
+        every rank, fresh for this vote) when a process group of several ranks exists."""
         self.close()
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return
-        if address is None:
-            host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-            if not host or not port.isdigit():
-                raise RuntimeError(
-                    f"PreemptionCheckpoint: the ranks agree on where to stop through the job's rendezvous store, but"
-                    f" MASTER_ADDR={host!r}, MASTER_PORT={port!r} do not name it (the process group was formed"
-                    " another way). Set both to the store's address, or pass PreemptionCheckpoint(enabled=False)."
-                )
-            address = (host, int(port))
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+        if not host or not port.isdecimal():
+            raise RuntimeError(
+                f"PreemptionCheckpoint: MASTER_ADDR={host!r}, MASTER_PORT={port!r} do not name the job's rendezvous"
+                " store, where the ranks agree when to stop. Set both or pass PreemptionCheckpoint(enabled=False)."
+            )
         with collective_errors("connecting the stop vote to the job's store", self.timeout):
-            store = dist.TCPStore(address[0], address[1], None, False, timeout=self.timeout, wait_for_workers=False)
+            store = dist.TCPStore(host, int(port), None, False, timeout=self.timeout, wait_for_workers=False)
         self.start(store, dist.get_rank(), dist.get_world_size(), f"{_KEY}/{namespace}")
 
     def start(self, store: dist.Store, rank: int, world_size: int, namespace: str) -> None:
@@ -104,16 +87,12 @@ class StopVote:
                     return 0
                 self._cond.wait()  # the round ends once every rank's thread cast its ballot; bounded by the timeout
 
-    def finish(self) -> None:
-        """Tells the other ranks that this one votes no more, and stops the thread."""
-        self.close()
-
     def close(self) -> None:
-        """Stops voting (the other ranks carry on without this one)."""
+        """Stops voting; the other ranks carry on without this one."""
         thread, self._thread = self._thread, None
         if thread is not None:
             self._leave.set()
-            thread.join(self.spacing + 5.0)
+            thread.join(self.latency / 2 + 5.0)
 
     def _ahead(self, per_step: float) -> int:
         return 1 if not math.isfinite(per_step) else max(1, math.ceil(self.latency / 4 / per_step))
@@ -124,7 +103,7 @@ class StopVote:
         try:
             for number in itertools.count():
                 key = f"{namespace}/{number}"
-                leaving = self._leave.wait(self.spacing)
+                leaving = self._leave.wait(self.latency / 2)
                 with self._cond:
                     steps, request, now = self._steps, self._request, time.monotonic()
                     per_step = (now - then) / (steps - steps_then) if steps > steps_then else math.inf
@@ -156,7 +135,6 @@ class StopVote:
                 self._cond.notify_all()
 
     def _wait(self, store: dist.Store, key: str) -> None:
-        """Waits until ``key`` exists (the round ended); raises after the timeout."""
         deadline = time.monotonic() + self.timeout.total_seconds()
         pause = _POLL_S[0]
         while not store.check([key]):

@@ -1,5 +1,5 @@
-"""The launcher's variables (torchrun, SLURM, LSF, MPI, ``LOCAL_RANK``) parsed once into :class:`LaunchEnvironment`
-and checked against the Trainer's ``num_nodes`` x ``devices`` before any process starts."""
+"""The launcher's variables parsed once into :class:`LaunchEnvironment` (the launcher as Lightning's cluster
+environments detect it) and checked against the Trainer's ``num_nodes`` x ``devices`` before any process starts."""
 
 from __future__ import annotations
 
@@ -21,19 +21,15 @@ RUN_ID_ENV = "LIGHTNING_GAUDI_RUN_ID"
 #: Which launcher started the process: ``"none"`` when no launcher did (a plain ``python train.py``).
 Launcher = Literal["torchelastic", "slurm", "lsf", "mpi", "local", "none"]
 
-#: The generic launcher variables whose values :meth:`LaunchEnvironment.validate` checks.
 _GENERIC = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"})
-_LSF_REQUIRED = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")
-_SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
+_MPI = frozenset({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+#: What Lightning's launcher and the process group's rendezvous set in the process that launches the ranks.
+_LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class InvalidLaunchError(ValueError):
     """The launcher's settings disagree with the Trainer's, or are malformed."""
-
-
-#: What Lightning's launcher and the process group's rendezvous set in the process that launches the ranks.
-_LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -49,9 +45,8 @@ _earlier_launch: _InProcessLaunch | None = None
 
 
 def forget_stale_launch(owner: str, world: int) -> None:
-    """Puts back the launch variables an earlier launch in this process left, once its process group is gone, so they
-    are not taken for an external launcher's; they stay while that group serves a run of its size (``world``
-    processes). Then notes the variables before a launch from this process.
+    """Puts back the launch variables an earlier launch in this process left once its process group is gone, so they
+    are not taken for an external launcher's; then notes the variables before a launch from this process.
 
     Raises:
         InvalidLaunchError: the earlier launch's group is alive, and ``world`` is not its size.
@@ -80,8 +75,8 @@ def forget_stale_launch(owner: str, world: int) -> None:
 
 
 def note_launch(owner: str, world_size: int) -> None:
-    """Records the launch variables a launch in this process (one whose rank 0 is this process) set, once it formed
-    its process group: :func:`forget_stale_launch` puts them back for a later run."""
+    """Records the launch variables a launch from this process set once it formed its process group, for
+    :func:`forget_stale_launch`."""
     global _before_launch, _earlier_launch
     before, _before_launch = _before_launch, None
     if before is None:
@@ -90,36 +85,31 @@ def note_launch(owner: str, world_size: int) -> None:
     _earlier_launch = _InProcessLaunch(owner, world_size, tuple(before.items()), left)
 
 
-def _int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
+def read_int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+    """``environ[name]`` as a whole number ``>= minimum``, ``None`` when unset or blank; otherwise raises
+    :class:`InvalidLaunchError`."""
+    raw = environ.get(name, "").strip()
+    if not raw:
         return None
-    try:
-        value: int | None = int(raw.strip())
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
+    if not raw.isdecimal() or int(raw) < minimum:
         raise InvalidLaunchError(
-            f"{name}={raw!r} is not a valid value: it must be a whole number >= {minimum}. Fix or unset it"
+            f"{name}={environ[name]!r} is not a valid value: it must be a whole number >= {minimum}. Fix or unset it"
             " (torchrun, SLURM and Lightning's own launcher set it for you)."
         )
-    return value
+    return int(raw)
 
 
-def _master_port(environ: Mapping[str, str]) -> int | None:
+def read_master_port(environ: Mapping[str, str]) -> int | None:
+    """``MASTER_PORT`` as a TCP port, ``None`` when unset; otherwise raises :class:`InvalidLaunchError`."""
     raw = environ.get("MASTER_PORT")
     if raw is None:
         return None
-    try:
-        port = int(raw.strip())
-    except ValueError:
-        port = -1
-    if not 1 <= port <= 65535:
+    if not raw.strip().isdecimal() or not 1 <= int(raw) <= 65535:
         raise InvalidLaunchError(
             f"MASTER_PORT={raw!r} is not a TCP port: it must be a number from 1 to 65535 (e.g. MASTER_PORT=29500)."
             " Set it to a free port on the MASTER_ADDR node, the same on every node, or unset it."
         )
-    return port
+    return int(raw)
 
 
 def parse_slurm_tasks_per_node(value: str) -> list[int]:
@@ -128,105 +118,70 @@ def parse_slurm_tasks_per_node(value: str) -> list[int]:
     for item in value.split(","):
         match = _TASKS_ITEM.match(item.strip())
         if match is None:
-            raise InvalidLaunchError(
-                f"SLURM_TASKS_PER_NODE={value!r} is not in SLURM's format (like '4' or '4(x2),3')."
-            )
+            raise InvalidLaunchError(f"SLURM_TASKS_PER_NODE={value!r} is not in SLURM's format (like '4(x2),3').")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
 
 
 @dataclass(frozen=True)
 class SlurmLayout:
-    """The ``SLURM_<NAME>`` variables the launch checks use (``None`` where unset); ``tasks_per_node`` is
-    ``SLURM_TASKS_PER_NODE`` expanded, ``tasks_per_node_text`` as SLURM wrote it."""
+    """SLURM's allocation: ``SLURM_NTASKS``, ``SLURM_NNODES``, ``SLURM_NTASKS_PER_NODE`` and
+    ``SLURM_TASKS_PER_NODE`` (expanded), ``None`` where unset."""
 
-    job_name: str | None = None
-    nodeid: int | None = None
     ntasks: int | None = None
     nnodes: int | None = None
     ntasks_per_node: int | None = None
     tasks_per_node: tuple[int, ...] | None = None
-    tasks_per_node_text: str | None = None
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> SlurmLayout | None:
-        """The layout from ``environ``, or ``None`` when no SLURM variable is set; a malformed one raises."""
-        text = environ.get("SLURM_TASKS_PER_NODE") or None
-        layout = cls(
-            job_name=environ.get("SLURM_JOB_NAME"),
-            nodeid=_int(environ, "SLURM_NODEID"),
-            ntasks=_int(environ, "SLURM_NTASKS", minimum=1),
-            nnodes=_int(environ, "SLURM_NNODES", minimum=1),
-            ntasks_per_node=_int(environ, "SLURM_NTASKS_PER_NODE", minimum=1),
-            tasks_per_node=tuple(parse_slurm_tasks_per_node(text)) if text else None,
-            tasks_per_node_text=text,
-        )
-        return None if layout == cls() else layout
-
-    @property
-    def launched(self) -> bool:
-        """Whether ``srun`` started this task, judged as Lightning's ``SLURMEnvironment.detect`` does."""
-        return self.ntasks is not None and self.job_name not in _SLURM_INTERACTIVE_NAMES
 
     def check(self, num_devices: int, num_nodes: int) -> None:
         """Raises :class:`InvalidLaunchError` unless the allocation runs one task per HPU on ``num_nodes`` nodes."""
-        fix = (
-            f" Allocate with `--nodes={num_nodes} --ntasks-per-node={num_devices}` (one task per HPU), or set the"
-            " Trainer's devices/num_nodes to match the allocation."
-        )
-        per_node = self.tasks_per_node
-        if per_node is not None and len(set(per_node)) > 1:
+        world, per_node = num_devices * num_nodes, self.tasks_per_node or ()
+        tasks = self.ntasks_per_node if self.ntasks_per_node is not None else next(iter(per_node), None)
+        fix = f" Allocate `--nodes={num_nodes} --ntasks-per-node={num_devices}` (a task per HPU) or change the Trainer."
+        if len(set(per_node)) > 1:
+            raise InvalidLaunchError(f"SLURM runs a different number of tasks on its nodes: {list(per_node)}.{fix}")
+        if tasks not in (None, num_devices):
             raise InvalidLaunchError(
-                "The SLURM allocation runs a different number of tasks on its nodes (SLURM_TASKS_PER_NODE="
-                f"{self.tasks_per_node_text!r}); every node must run devices={num_devices} tasks.{fix}"
+                f"SLURM starts {tasks} task(s) per node, but the Trainer has devices={num_devices}.{fix}"
             )
-        tasks = self.ntasks_per_node if self.ntasks_per_node is not None else (per_node[0] if per_node else None)
-        if tasks is not None and tasks != num_devices:
+        if self.nnodes not in (None, num_nodes):
             raise InvalidLaunchError(
-                f"SLURM starts {tasks} task(s) per node, but the Trainer has devices={num_devices}: each task drives"
-                f" one HPU, so the two must be equal.{fix}"
+                f"SLURM allocated {self.nnodes} node(s) (SLURM_NNODES), but the Trainer has num_nodes={num_nodes}.{fix}"
             )
-        if self.nnodes is not None and self.nnodes != num_nodes:
+        if self.ntasks not in (None, world):
             raise InvalidLaunchError(
-                f"The SLURM allocation has {self.nnodes} node(s) (SLURM_NNODES), but the Trainer has"
-                f" num_nodes={num_nodes}.{fix}"
-            )
-        if self.ntasks is not None and self.ntasks != num_devices * num_nodes:
-            raise InvalidLaunchError(
-                f"The SLURM allocation has {self.ntasks} task(s) (SLURM_NTASKS), but num_nodes={num_nodes} x"
-                f" devices={num_devices} = {num_devices * num_nodes} processes are needed.{fix}"
+                f"SLURM allocated {self.ntasks} task(s) (SLURM_NTASKS), but num_nodes={num_nodes} x"
+                f" devices={num_devices} = {world} processes are needed.{fix}"
             )
 
 
-def _detect(environ: Mapping[str, str], slurm: SlurmLayout | None) -> Launcher:
-    """The launcher, in the order Lightning's connector tries its cluster environments."""
-    if environ.get("TORCHELASTIC_RUN_ID") is not None:  # torch.distributed.is_torchelastic_launched()
+def _detect(environ: Mapping[str, str]) -> Launcher:
+    """The launcher, as Lightning's cluster environments detect it, torchrun first (it may run inside SLURM)."""
+    from lightning.fabric.plugins.environments import LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
+
+    if TorchElasticEnvironment.detect():
         return "torchelastic"
-    if slurm is not None and slurm.launched:
+    if SLURMEnvironment.detect():
         return "slurm"
-    if all(name in environ for name in _LSF_REQUIRED):
+    if LSFEnvironment.detect():
         return "lsf"
-    size = _int(environ, "OMPI_COMM_WORLD_SIZE", minimum=1) or _int(environ, "PMI_SIZE", minimum=1)
-    if size is not None and size > 1:  # Lightning's MPIEnvironment: MPI reports more than one process
+    # Lightning's MPIEnvironment asks mpi4py; mpirun's own variables also tell a launch that mpi4py cannot see
+    if (read_int(environ, "OMPI_COMM_WORLD_SIZE", 1) or read_int(environ, "PMI_SIZE", 1) or 1) > 1:
         return "mpi"
-    if "LOCAL_RANK" in environ:
-        return "local"
-    return "none"
+    return "local" if "LOCAL_RANK" in environ else "none"
 
 
 def _run_id(environ: Mapping[str, str]) -> str | None:
-    explicit = environ.get(RUN_ID_ENV)
-    if explicit:
+    if explicit := environ.get(RUN_ID_ENV):
         return explicit
     if "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ:
         step = environ.get("SLURM_STEP_ID")
         return f"slurm-{environ['SLURM_JOB_ID']}" + (f"-{step}" if step is not None else "")
-    if environ.get("TORCHELASTIC_RUN_ID") is not None:
-        run_id = environ.get("TORCHELASTIC_RUN_ID", "none")
-        if run_id != "none":
-            return f"torchrun-{run_id}"
-        # static rendezvous (plain torchrun on one node): the ranks share the elastic agent, their parent process
-        return f"torchrun-{environ.get('MASTER_PORT', '0')}-{os.getppid()}"
+    if (run_id := environ.get("TORCHELASTIC_RUN_ID")) is not None:
+        # static rendezvous (plain torchrun on one node, run id "none"): the ranks share the agent, their parent
+        return (
+            f"torchrun-{run_id}" if run_id != "none" else f"torchrun-{environ.get('MASTER_PORT', '0')}-{os.getppid()}"
+        )
     namespace = environ.get("PMIX_NAMESPACE")
     if namespace and "OMPI_COMM_WORLD_SIZE" in environ:
         return f"mpi-{namespace}"  # Open MPI: one PMIx namespace per mpirun job, the same on every node
@@ -254,62 +209,64 @@ class LaunchEnvironment:
     torchrun_settings: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
-        """Parses ``environ`` (``os.environ`` when ``None``); a malformed variable raises :class:`InvalidLaunchError`.
-        The run id is ``LIGHTNING_GAUDI_RUN_ID``, else the launcher's job id (SLURM, torchrun, Open MPI), else ``None``.
-        """
-        env: Mapping[str, str] = os.environ if environ is None else environ
-        slurm = SlurmLayout.from_env(env)
-        launcher = _detect(env, slurm)
+    def from_env(cls) -> LaunchEnvironment:
+        """Parses ``os.environ``; a malformed variable raises :class:`InvalidLaunchError`. The run id is
+        ``LIGHTNING_GAUDI_RUN_ID``, else the launcher's job id (SLURM, torchrun, Open MPI), else ``None``."""
+        env = os.environ
+        slurm = SlurmLayout(
+            ntasks=read_int(env, "SLURM_NTASKS", 1),
+            nnodes=read_int(env, "SLURM_NNODES", 1),
+            ntasks_per_node=read_int(env, "SLURM_NTASKS_PER_NODE", 1),
+            tasks_per_node=tuple(parse_slurm_tasks_per_node(text))
+            if (text := env.get("SLURM_TASKS_PER_NODE"))
+            else None,
+        )
+        launcher = _detect(env)
         values: dict[str, int] = {}
         sources: list[tuple[str, str]] = []
 
-        def pick(attribute: str, candidates: tuple[tuple[str, int], ...]) -> None:
+        def pick(attribute: str, *candidates: tuple[str, int]) -> None:
             for name, minimum in candidates:
-                value = _int(env, name, minimum)
+                value = read_int(env, name, minimum)
                 if value is not None and attribute not in values:
                     values[attribute] = value
                     sources.append((attribute, name))
 
         node_vars = (("GROUP_RANK", 0), ("NODE_RANK", 0))
-        pick("world_size", (("WORLD_SIZE", 1),))
-        pick("global_rank", (("RANK", 0), ("SLURM_PROCID", 0)))
-        pick("local_rank", (("LOCAL_RANK", 0),))
-        pick("node_rank", node_vars if launcher == "torchelastic" else node_vars[::-1])
-        pick("local_world_size", (("LOCAL_WORLD_SIZE", 1),))
+        pick("world_size", ("WORLD_SIZE", 1))
+        pick("global_rank", ("RANK", 0), ("SLURM_PROCID", 0))
+        pick("local_rank", ("LOCAL_RANK", 0))
+        pick("node_rank", *(node_vars if launcher == "torchelastic" else node_vars[::-1]))
+        pick("local_world_size", ("LOCAL_WORLD_SIZE", 1))
         if launcher == "slurm":
-            pick("world_size", (("SLURM_NTASKS", 1),))
-            pick("local_rank", (("SLURM_LOCALID", 0),))
-            pick("node_rank", (("SLURM_NODEID", 0),))
-            pick("local_world_size", (("SLURM_NTASKS_PER_NODE", 1),))
-            nodeid, per_node = (slurm.nodeid, slurm.tasks_per_node) if slurm else (None, None)
+            pick("world_size", ("SLURM_NTASKS", 1))
+            pick("local_rank", ("SLURM_LOCALID", 0))
+            pick("node_rank", ("SLURM_NODEID", 0))
+            pick("local_world_size", ("SLURM_NTASKS_PER_NODE", 1))
+            nodeid, per_node = read_int(env, "SLURM_NODEID"), slurm.tasks_per_node
             if "local_world_size" not in values and per_node and nodeid is not None and nodeid < len(per_node):
                 values["local_world_size"] = per_node[nodeid]
                 sources.append(("local_world_size", "SLURM_TASKS_PER_NODE"))
         elif launcher == "lsf":
-            pick("world_size", (("JSM_NAMESPACE_SIZE", 1),))
-            pick("global_rank", (("JSM_NAMESPACE_RANK", 0),))
-            pick("local_rank", (("JSM_NAMESPACE_LOCAL_RANK", 0),))
+            pick("world_size", ("JSM_NAMESPACE_SIZE", 1))
+            pick("global_rank", ("JSM_NAMESPACE_RANK", 0))
+            pick("local_rank", ("JSM_NAMESPACE_LOCAL_RANK", 0))
         elif launcher == "mpi":
-            pick("world_size", (("OMPI_COMM_WORLD_SIZE", 1), ("PMI_SIZE", 1)))
-            pick("global_rank", (("OMPI_COMM_WORLD_RANK", 0), ("PMI_RANK", 0)))
-            pick("local_rank", (("OMPI_COMM_WORLD_LOCAL_RANK", 0), ("MPI_LOCALRANKID", 0)))
+            pick("world_size", ("OMPI_COMM_WORLD_SIZE", 1), ("PMI_SIZE", 1))
+            pick("global_rank", ("OMPI_COMM_WORLD_RANK", 0), ("PMI_RANK", 0))
+            pick("local_rank", ("OMPI_COMM_WORLD_LOCAL_RANK", 0), ("MPI_LOCALRANKID", 0))
             # no node index: Open MPI's OMPI_COMM_WORLD_NODE_RANK is the process's rank among those on its node
-            pick("local_world_size", (("OMPI_COMM_WORLD_LOCAL_SIZE", 1), ("MPI_LOCALNRANKS", 1)))
+            pick("local_world_size", ("OMPI_COMM_WORLD_LOCAL_SIZE", 1), ("MPI_LOCALNRANKS", 1))
         return cls(
             launcher=launcher,
-            world_size=values.get("world_size"),
-            global_rank=values.get("global_rank"),
-            local_rank=values.get("local_rank"),
-            node_rank=values.get("node_rank"),
-            local_world_size=values.get("local_world_size"),
-            master_addr=(env.get("MASTER_ADDR") or "").strip() or None,
-            master_port=_master_port(env),
+            master_addr=env.get("MASTER_ADDR", "").strip() or None,
+            master_port=read_master_port(env),
             run_id=_run_id(env),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-            slurm=slurm,
+            slurm=None if slurm == SlurmLayout() else slurm,
             sources=tuple(sources),
             torchrun_settings=tuple(sorted((name, value) for name, value in env.items() if name.startswith("PET_"))),
+            **values,
         )
 
     def source(self, attribute: str) -> str | None:
@@ -324,24 +281,17 @@ class LaunchEnvironment:
     @property
     def is_global_zero(self) -> bool:
         """Whether this is global rank zero: by the global rank where known, else local and node rank 0."""
-        if self.global_rank is not None:
-            return self.global_rank == 0
-        return not self.local_rank and not self.node_rank
+        return self.global_rank == 0 if self.global_rank is not None else not self.local_rank and not self.node_rank
 
     @property
     def rank_label(self) -> str:
         """The global rank as text, or ``"<node rank>.<local rank>"`` when no global rank is known."""
-        if self.global_rank is not None:
-            return str(self.global_rank)
-        return f"{self.node_rank or 0}.{self.local_rank or 0}"
+        return (
+            str(self.global_rank) if self.global_rank is not None else f"{self.node_rank or 0}.{self.local_rank or 0}"
+        )
 
     def validate(
-        self,
-        num_devices: int,
-        num_nodes: int,
-        devices_on_node: int,
-        slurm: bool | None = None,
-        mpi: bool | None = None,
+        self, num_devices: int, num_nodes: int, devices_on_node: int, slurm: bool | None = None, mpi: bool | None = None
     ) -> None:
         """Raises :class:`InvalidLaunchError` unless the processes and ``devices`` fit the node's HPUs and the rank
         variables agree with ``num_nodes`` x ``devices``; SLURM's and MPI's are checked when ``slurm``/``mpi`` (by
@@ -353,111 +303,66 @@ class LaunchEnvironment:
                 f"devices={num_devices} asks for more HPUs than this node has ({devices_on_node}). Pass devices <="
                 f" {devices_on_node} and add nodes (num_nodes) for more processes."
             )
+        mpi = self.launcher == "mpi" if mpi is None else mpi
+        checked = _GENERIC | _MPI if mpi else _GENERIC
         layout = f"num_nodes={num_nodes} x devices={num_devices} = {world} processes"
-        world_size = self._generic("world_size")
-        if world_size is not None and world_size != world:
-            raise InvalidLaunchError(
-                f"The launcher says WORLD_SIZE={world_size}, but the Trainer has {layout}. Launch {world} processes"
-                f" (torchrun --nnodes {num_nodes} --nproc-per-node {num_devices}) or change num_nodes/devices."
-            )
-        rank = self._generic("global_rank")
-        if rank is not None and rank >= world:
-            raise InvalidLaunchError(
-                f"RANK={rank} is out of range for {layout} (ranks 0 to {world - 1}). Launch with matching"
-                " --nnodes/--nproc-per-node or change num_nodes/devices."
-            )
-        local_world = self._generic("local_world_size")
-        if local_world is not None and local_world != num_devices:
-            raise InvalidLaunchError(
-                f"The launcher starts LOCAL_WORLD_SIZE={local_world} process(es) per node, but the Trainer has"
-                f" devices={num_devices}. Use --nproc-per-node {num_devices} or devices={local_world}."
-            )
-        local_rank = self._generic("local_rank")
-        if local_rank is not None and local_rank >= num_devices:
-            raise InvalidLaunchError(
-                f"LOCAL_RANK={local_rank} is out of range for devices={num_devices} (local ranks 0 to"
-                f" {num_devices - 1}). Launch {num_devices} process(es) per node or change devices."
-            )
-        node_rank = self._generic("node_rank")
-        if node_rank is not None and node_rank >= num_nodes:
-            raise InvalidLaunchError(
-                f"{self.source('node_rank')}={node_rank} is out of range for num_nodes={num_nodes} (node ranks 0 to"
-                f" {num_nodes - 1}). Launch with --nnodes matching num_nodes, or change num_nodes."
-            )
+        sizes = {"world_size": (world, f", but the Trainer has {layout}")}
+        sizes["local_world_size"] = (num_devices, f" process(es) per node, but the Trainer has devices={num_devices}")
+        limits = {"global_rank": (world, layout), "local_rank": (num_devices, f"devices={num_devices}")}
+        limits["node_rank"] = (num_nodes, f"num_nodes={num_nodes}")
+        fix = f"Start `mpirun -np {world} --map-by ppr:{num_devices}:node`" if mpi else "Launch with torchrun"
+        fix += "" if mpi else f" --nnodes {num_nodes} --nproc-per-node {num_devices}"
+        for attribute, name in self.sources:
+            value = getattr(self, attribute)
+            if name in checked and attribute in sizes and value != sizes[attribute][0]:
+                why = sizes[attribute][1]
+            elif name in checked and attribute in limits and value >= limits[attribute][0]:
+                limit, setting = limits[attribute]
+                why = f" is out of range for {setting} ({attribute.split('_')[0]} ranks 0 to {limit - 1})"
+            else:
+                continue
+            raise InvalidLaunchError(f"The launcher says {name}={value}{why}. {fix}, or change num_nodes/devices.")
         if (self.launcher == "slurm" if slurm is None else slurm) and self.slurm is not None:
             self.slurm.check(num_devices, num_nodes)
-        if (self.launcher == "mpi") if mpi is None else mpi:
-            self._check_mpi(num_devices, num_nodes)
 
     def _check_processes_per_node(self, devices_on_node: int) -> None:
-        per_node = self.local_world_size
-        if per_node is None or per_node <= devices_on_node:
+        per_node, n = self.local_world_size, devices_on_node
+        if per_node is None or per_node <= n:
             return
-        n = devices_on_node
-        if self.launcher == "slurm":
-            fix = f"Allocate with `--ntasks-per-node={n}` (one task per HPU)."
-        elif self.launcher == "mpi":
-            fix = f"Start `mpirun --map-by ppr:{n}:node` (one process per HPU)."
-        else:
-            fix = (
-                "numProcPerNode: auto (Kubeflow) and torchrun --nproc-per-node auto count GPUs only (on a node"
-                " without them, CPUs): set it to the number of Gaudi cards (numProcPerNode:"
-                f" {n}, torchrun --nproc-per-node {n})."
-            )
+        fix = {"slurm": f"Allocate `--ntasks-per-node={n}`.", "mpi": f"Start `mpirun --map-by ppr:{n}:node`."}.get(
+            self.launcher,
+            "numProcPerNode: auto (Kubeflow) and torchrun --nproc-per-node auto count GPUs only (on a node without"
+            f" them, CPUs): set it to the number of Gaudi cards (numProcPerNode: {n}, torchrun --nproc-per-node {n}).",
+        )
         raise InvalidLaunchError(
             f"The launcher starts {per_node} processes on this node ({self.source('local_world_size')}={per_node}),"
             f" but the node has {n} HPUs and each process drives one. {fix}"
         )
 
-    def _check_mpi(self, num_devices: int, num_nodes: int) -> None:
-        world = num_devices * num_nodes
-        fix = (
-            f" Start `mpirun -np {world} --map-by ppr:{num_devices}:node` (one process per HPU), or set the Trainer's"
-            " devices/num_nodes to match."
-        )
-        if self.world_size is not None and self.world_size != world:
-            raise InvalidLaunchError(
-                f"mpirun starts {self.world_size} process(es) ({self.source('world_size')}), but the Trainer has"
-                f" num_nodes={num_nodes} x devices={num_devices} = {world} processes.{fix}"
-            )
-        if self.local_world_size is not None and self.local_world_size != num_devices:
-            raise InvalidLaunchError(
-                f"mpirun starts {self.local_world_size} process(es) on this node ({self.source('local_world_size')}),"
-                f" but the Trainer has devices={num_devices}.{fix}"
-            )
-
     def check_detected(self, cluster_environment: ClusterEnvironment) -> None:
-        """Raises :class:`InvalidLaunchError` when a launcher started this process but Lightning's default
-        environment (no launcher) was chosen: ``mpirun`` without ``mpi4py``, or a pod of a multi-node Kubeflow job
-        started without torchrun."""
+        """Raises :class:`InvalidLaunchError` when a launcher started this process but Lightning chose its default
+        environment (no launcher): ``mpirun`` without a working ``mpi4py``, or a multi-node Kubeflow pod without
+        torchrun."""
         from lightning.fabric.plugins.environments import LightningEnvironment
 
         if type(cluster_environment) is not LightningEnvironment:
             return
         if self.launcher == "mpi":
-            started = f"mpirun started this process ({self.source('world_size')}={self.world_size}), but"
-            if importlib.util.find_spec("mpi4py") is None:
-                cause = "Lightning sees MPI only through mpi4py, which is not installed"
-                fix = "`pip install mpi4py` (scripts/install-mpi.sh)"
-            else:
-                cause = "mpi4py reports a single process: it loads another MPI library than the one mpirun runs"
-                fix = "Reinstall mpi4py against the MPI of this mpirun (`pip install --no-binary mpi4py mpi4py`)"
+            cause = "Lightning sees MPI only through mpi4py, which is not installed (scripts/install-mpi.sh)"
+            if importlib.util.find_spec("mpi4py") is not None:
+                cause = "mpi4py reports a single process: rebuild it for this mpirun's MPI (`pip install --no-binary"
+                cause += " mpi4py mpi4py`)"
             raise InvalidLaunchError(
-                f"{started} {cause}: every rank would train on its own. {fix}, or launch with torchrun or SLURM."
+                f"mpirun started this process ({self.source('world_size')}={self.world_size}), but {cause}: every"
+                " rank would train on its own. Fix mpi4py, or launch with torchrun or SLURM."
             )
-        settings = dict(self.torchrun_settings)
-        if self.launcher == "none" and settings.get("PET_NNODES", "1") not in ("1", "1:1"):
+        if self.launcher == "none" and dict(self.torchrun_settings).get("PET_NNODES", "1") not in ("1", "1:1"):
             listed = ", ".join(f"{name}={value}" for name, value in self.torchrun_settings)
             raise InvalidLaunchError(
-                f"This pod is set up for torchrun ({listed}: torchrun's settings, set by Kubeflow's TrainJob or"
-                " PyTorchJob), but the script was started without it: every pod would train on its own. Start the"
-                " command with `torchrun` (it reads the PET_* variables), e.g. `torchrun examples/train.py ...` or"
-                " `torchrun --no-python lightning-gaudi fit ...`."
+                f"This pod is set up for torchrun ({listed}: set by Kubeflow's TrainJob or PyTorchJob), but the script"
+                " was started without it: every pod would train on its own. Start the command with `torchrun`, e.g."
+                " `torchrun examples/train.py ...` or `torchrun --no-python lightning-gaudi fit ...`."
             )
-
-    def _generic(self, attribute: str) -> int | None:
-        value: int | None = getattr(self, attribute)
-        return value if self.source(attribute) in _GENERIC else None
 
 
 def validate_launch(
@@ -468,10 +373,5 @@ def validate_launch(
 
     launch = LaunchEnvironment.from_env()
     launch.check_detected(cluster_environment)
-    launch.validate(
-        num_devices,
-        num_nodes,
-        devices_on_node,
-        slurm=isinstance(cluster_environment, SLURMEnvironment),
-        mpi=isinstance(cluster_environment, MPIEnvironment),
-    )
+    slurm, mpi = isinstance(cluster_environment, SLURMEnvironment), isinstance(cluster_environment, MPIEnvironment)
+    launch.validate(num_devices, num_nodes, devices_on_node, slurm=slurm, mpi=mpi)

@@ -60,23 +60,19 @@ def translate_error(err: BaseException, what: str, timeout: timedelta) -> BaseEx
         return err
     initialized = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else ("?", "?")
-    cause = f"Cause: {type(err).__name__}: {err}"
     if kind is CollectiveTimeoutError:
-        return CollectiveTimeoutError(
-            f"Rank {rank}/{world}: {what} failed: a peer process did not answer within timeout={timeout} (it hangs,"
-            f" or is busy elsewhere: a long checkpoint write or graph compilation on one rank).{_RESTART} Raise"
-            f" HPUParallelStrategy(timeout=...) if a rank legitimately needs longer. {cause}"
-        )
-    return PeerLostError(
-        f"Rank {rank}/{world}: {what} failed: a peer process died (its connection closed; look in its log for a"
-        f" crash, an out-of-memory kill, or gloo's 'Received data size doesn't match expected size', which means the"
-        f" ranks passed different shapes or dtypes to the same collective).{_RESTART} The timeout for collectives is"
-        f" timeout={timeout}, set by HPUParallelStrategy(timeout=...). {cause}"
+        why = f"a peer process did not answer within timeout={timeout} (it hangs, or a long save or compile holds it)"
+    else:
+        why = "a peer process died (its connection closed; its log shows why: a crash, an out-of-memory kill, or gloo's"
+        why += " 'Received data size doesn't match expected size': the ranks passed different shapes or dtypes)"
+    return kind(
+        f"Rank {rank}/{world}: {what} failed: {why}.{_RESTART} Collectives wait timeout={timeout}, set by"
+        f" HPUParallelStrategy(timeout=...). Cause: {type(err).__name__}: {err}"
     )
 
 
 class _CollectiveErrors:
-    """A plain class: entering and leaving costs well under a µs."""
+    """A plain class, not a generator: entering and leaving costs well under a µs."""
 
     __slots__ = ("timeout", "what")
 

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from lightning_gaudi.distributed.environment import InvalidLaunchError, LaunchEnvironment
+from lightning_gaudi.distributed.environment import InvalidLaunchError, read_int, read_master_port
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ def free_port() -> int:
 def launch_local_ranks(
     command: list[str], nprocs: int, num_nodes: int = 1, env: Mapping[str, str] | None = None
 ) -> list[int]:
-    """Runs ``command`` once per local rank with ``env`` (default ``os.environ``), ``MASTER_ADDR``/``MASTER_PORT``/
-    ``NODE_RANK`` (default: localhost, a free port, 0), ``WORLD_SIZE``, ``LOCAL_RANK``; returns their exit codes."""
+    """Runs ``command`` once per local rank with ``env`` (default ``os.environ``) and the rank variables (default
+    address: localhost, a free port, node rank 0); returns their exit codes."""
     if not command:
         raise InvalidLaunchError("launch_local_ranks needs a command to run, e.g. [sys.executable, 'train.py'].")
     if nprocs < 1 or num_nodes < 1:
@@ -47,11 +47,10 @@ def launch_local_ranks(
     base.setdefault("MASTER_PORT", str(free_port()))
     base.setdefault("NODE_RANK", "0")
     base["WORLD_SIZE"] = str(nprocs * num_nodes)
-    launch = LaunchEnvironment.from_env({**base, "LOCAL_RANK": "0"})  # malformed values fail here, once
-    if launch.node_rank is not None and launch.node_rank >= num_nodes:
+    read_master_port(base)  # malformed values fail here, once
+    if (node_rank := read_int(base, "NODE_RANK")) is not None and node_rank >= num_nodes:
         raise InvalidLaunchError(
-            f"NODE_RANK={launch.node_rank} is out of range for num_nodes={num_nodes} (node ranks 0 to"
-            f" {num_nodes - 1}). Give each node its own NODE_RANK."
+            f"NODE_RANK={node_rank} is out of range for num_nodes={num_nodes}. Give each node its own NODE_RANK."
         )
     log.info("lightning_gaudi: starting %d rank process(es): %s", nprocs, " ".join(command))
     procs: list[subprocess.Popen[bytes]] = []
@@ -71,8 +70,8 @@ def _stop(procs: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
-    """Waits for ``procs`` and returns their exit codes (negative: killed); when one fails, terminates the rest.
-    ``SIGTERM``/``SIGHUP`` is passed on to the ranks, then ends this process; a rank alive 30 s later is killed."""
+    """Waits for ``procs`` and returns their exit codes; when one fails, terminates the rest. ``SIGTERM``/``SIGHUP`` is
+    passed on to the ranks, then ends this process; a rank alive 30 s later is killed."""
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -80,31 +79,20 @@ def wait_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
             received.append(signum)
             _stop(procs, signal.Signals(signum))
 
-    previous = _install(forward)
+    # Python delivers signals to the main thread only; elsewhere the caller's own handling applies
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     try:
         codes = _wait(procs, received)
     except BaseException:  # interrupted (Ctrl-C): no rank may outlive the launcher
         _stop(procs, signal.SIGKILL)
         raise
     finally:
-        _restore(previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if received:
         os.kill(os.getpid(), received[0])  # the default action now: end as the signal asked
     return codes
-
-
-_FORWARDED = (signal.SIGTERM, signal.SIGHUP)
-
-
-def _install(handler: object) -> dict[signal.Signals, object]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}  # Python delivers signals to the main thread only; the caller's own handling applies
-    return {sig: signal.signal(sig, handler) for sig in _FORWARDED}  # type: ignore[arg-type]
-
-
-def _restore(previous: dict[signal.Signals, object]) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 def _wait(procs: list[subprocess.Popen[bytes]], received: list[int]) -> list[int]:

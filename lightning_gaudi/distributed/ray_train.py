@@ -23,8 +23,7 @@ def validate_ray_launch(num_devices: int, world_size: int) -> None:
         return
     here = f", {workers_here} on this node" if workers_here is not None else ""
     raise InvalidLaunchError(
-        f"Ray Train started {world_size} worker(s){here}, and each drives one HPU, but the Trainer has"
-        f" devices={num_devices} per worker. Pass devices='auto' (the worker's own card, with"
-        " `ScalingConfig(resources_per_worker={'HPU': 1})`) or devices=1, and set the number of workers in"
-        " `ScalingConfig(num_workers=...)`."
+        f"Ray Train started {world_size} worker(s){here}, each driving one HPU, but the Trainer has"
+        f" devices={num_devices} per worker. Pass devices='auto' or 1, with `ScalingConfig(num_workers=...,"
+        " resources_per_worker={'HPU': 1})`."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -30,24 +31,15 @@ def coerce_timeout(timeout: timedelta | float | int | None) -> timedelta:
     if timeout is None:
         return DEFAULT_TIMEOUT
     if isinstance(timeout, bool) or not isinstance(timeout, (timedelta, int, float)):
-        raise TypeError(
-            f"`timeout={timeout!r}` must be a datetime.timedelta or a number of seconds"
-            " (e.g. 600 or timedelta(minutes=10))."
-        )
-    if isinstance(timeout, timedelta):
-        value = timeout
-    else:
-        try:
-            value = timedelta(seconds=timeout)
-        except (ValueError, OverflowError):  # NaN, infinity, or beyond timedelta's 999999999 days
-            raise ValueError(
-                f"`timeout={timeout!r}` must be a finite number of seconds (e.g. 600): it bounds how long a collective"
-                " waits for its peers; a peer that hangs must end the job some time."
-            ) from None
+        raise TypeError(f"`timeout={timeout!r}` must be a datetime.timedelta or a number of seconds (e.g. 600).")
+    try:
+        value = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    except (ValueError, OverflowError):  # NaN, infinity, or beyond timedelta's 999999999 days
+        value = timedelta(0)
     if value.total_seconds() <= 0:
         raise ValueError(
-            f"`timeout={timeout!r}` must be positive (seconds, or a timedelta): it bounds how long a collective waits"
-            " for its peers."
+            f"`timeout={timeout!r}` must be a positive, finite number of seconds (or a timedelta), e.g. 600: it bounds"
+            " how long a collective waits for its peers."
         )
     return value
 
@@ -61,12 +53,11 @@ def _port_in_use(err: BaseException) -> bool:
     return "EADDRINUSE" in text or "address already in use" in text.lower()
 
 
-def _port_error(rank: int, addr: str | None, port: int | str | None) -> PortInUseError:
-    return PortInUseError(
-        f"Rank {rank}: MASTER_PORT={port} on {addr or 'this machine'} is already in use, so the process group's"
-        " rendezvous store cannot listen there: another job, or a process left over from an earlier run, holds it."
-        f" Pick another port: unset MASTER_PORT so that Lightning chooses a free one, or set one that is free, e.g."
-        f" MASTER_PORT={free_port()} (free on this machine now). `ss -ltnp 'sport = :{port}'` shows who holds it."
+def _pick_another(port: int | str | None, addr: str) -> str:
+    return (
+        "another job, or a process left over from an earlier run, holds it. Pick another port: unset MASTER_PORT so"
+        f" that Lightning picks one, or set a free one (e.g. MASTER_PORT={free_port()}, free on this machine now);"
+        f" `ss -ltnp 'sport = :{port}'` on {addr} shows who holds it."
     )
 
 
@@ -74,19 +65,9 @@ def _port_error(rank: int, addr: str | None, port: int | str | None) -> PortInUs
 STORE_ANSWER_S = 30.0
 
 
-def _not_a_store_error(rank: int, addr: str, port: int, waited: float) -> CollectiveTimeoutError:
-    return CollectiveTimeoutError(
-        f"Rank {rank}: MASTER_PORT={port} on {addr} accepts connections but did not answer as a PyTorch store within"
-        f" {waited:.1f}s: another program listens on that port (or a process left over from an earlier run hangs"
-        " there), and rank 0 could not open the job's store on it. Pick a free port: unset MASTER_PORT so that"
-        f" Lightning chooses one, or set one that is free on {addr}, e.g. MASTER_PORT={free_port()} (free on this"
-        f" machine now). `ss -ltnp 'sport = :{port}'` on {addr} shows who holds it."
-    )
-
-
 def probe_store(addr: str, port: int, rank: int, timeout: timedelta) -> None:
     """Raises :class:`CollectiveTimeoutError` when what listens at ``addr:port`` is no PyTorch store (torch's client
-    would wait for its handshake forever): connects until ``timeout``, then waits :data:`STORE_ANSWER_S`."""
+    would wait for its handshake forever)."""
     deadline = time.monotonic() + timeout.total_seconds()
     pauses = _pauses()
     while True:
@@ -99,19 +80,19 @@ def probe_store(addr: str, port: int, rank: int, timeout: timedelta) -> None:
             time.sleep(min(next(pauses), max(_remaining(deadline), 0)))
     window = max(min(STORE_ANSWER_S, _remaining(deadline)), 1.0)
     answered = threading.Event()
-    failed: list[BaseException] = []
 
     def connect() -> None:
-        try:
+        with contextlib.suppress(BaseException):  # an error is the caller's own connection's to report
             dist.TCPStore(addr, port, None, False, timeout=timedelta(seconds=window), wait_for_workers=False)
-        except BaseException as err:  # reported by the caller's own connection
-            failed.append(err)
         answered.set()
 
     # a daemon thread: a client stuck in torch's handshake cannot be interrupted, and must not keep the process alive
     threading.Thread(target=connect, name="lightning_gaudi-store-probe", daemon=True).start()
     if not answered.wait(window):
-        raise _not_a_store_error(rank, addr, port, window)
+        raise CollectiveTimeoutError(
+            f"Rank {rank}: MASTER_PORT={port} on {addr} accepts connections but did not answer as a PyTorch store"
+            f" within {window:.1f}s: {_pick_another(port, addr)}"
+        )
 
 
 def uses_agent_store(launch: LaunchEnvironment | None = None) -> bool:
@@ -139,8 +120,8 @@ def _join_error(rank: int, world_size: int, timeout: timedelta, detail: str) -> 
 
 
 def join_generation(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> str:
-    """Agrees on a fresh namespace of ``store`` with every live rank and returns its prefix: each rank accepts rank 0's
-    new generation only when rank 0 echoes a token the rank wrote, so a dead process's values are never used."""
+    """Agrees on a fresh namespace of ``store`` with every live rank and returns its prefix (a rank accepts rank 0's
+    generation once rank 0 echoes the rank's token, so a dead process's values are never used)."""
     deadline = time.monotonic() + timeout.total_seconds()
     pauses = _pauses()
     if rank == 0:
@@ -183,8 +164,8 @@ def init_process_group(
     **kwargs: Any,
 ) -> None:
     """``torch.distributed.init_process_group`` that waits for late peers (up to ``timeout``) and survives restarts
-    (each attempt joins a fresh namespace of torchrun's agent store, :func:`join_generation`); raises
-    :class:`CollectiveTimeoutError` (naming the missing rank) or :class:`PortInUseError`."""
+    (:func:`join_generation` on torchrun's agent store); raises :class:`CollectiveTimeoutError` or
+    :class:`PortInUseError`."""
     launch = launch or LaunchEnvironment.from_env()
     try:
         if launch.agent_store:
@@ -209,8 +190,10 @@ def init_process_group(
         raise
     except RuntimeError as err:  # DistError subclasses it; gloo raises plain RuntimeErrors
         if _port_in_use(err):
-            addr = master_addr or launch.master_addr or os.environ.get("MASTER_ADDR")
-            raise _port_error(rank, addr, master_port or launch.master_port or os.environ.get("MASTER_PORT")) from err
+            addr = master_addr or launch.master_addr or os.environ.get("MASTER_ADDR") or "this machine"
+            held = master_port or launch.master_port or os.environ.get("MASTER_PORT")
+            raise PortInUseError(
+                f"Rank {rank}: MASTER_PORT={held} on {addr} is already in use, so the rendezvous store cannot listen"
+                f" there: {_pick_another(held, addr)}"
+            ) from err
         raise _join_error(rank, world_size, timeout, f"{type(err).__name__}: {err}") from err
-    if dist.get_world_size() != world_size:  # pragma: no cover - torch enforces it
-        raise RuntimeError(f"Process group has {dist.get_world_size()} ranks, expected {world_size}.")

@@ -1,8 +1,7 @@
-"""Lightning's ``_SubprocessScriptLauncher`` (the Trainer's and Fabric's), as a subclass instance (:func:`hpu_launcher`;
-nothing is patched globally): it watches the rank processes it starts with the caller's ``watch``
-(``distributed.shutdown.watch_ranks``) in place of Lightning's ``_ChildProcessObserver`` (which SIGKILLs every
-process, its own included, when one rank ends with a non-zero code: a job that should end 143 ends -9), stops them
-with the caller's ``stop``, and runs a check of the Trainer (:func:`add_check`) before it starts them."""
+"""Lightning's ``_SubprocessScriptLauncher`` (the Trainer's and Fabric's) as a subclass instance (:func:`hpu_launcher`):
+it watches the rank processes it starts with the caller's ``watch`` in place of Lightning's ``_ChildProcessObserver``
+(which SIGKILLs every process when one rank fails: a job that should end 143 ends -9), stops them with the caller's
+``stop``, and runs a check of the Trainer (:func:`add_check`) before it starts them."""
 
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ PATCH = _State.patch(
 
 
 def _start(launcher: Any) -> None:
-    """What Lightning's ``launch`` does before it calls the function, with this package's watcher."""
+    # what Lightning's `launch` does before it calls the function, with this package's watcher
     environment = launcher.cluster_environment
     environment.validate_settings(num_devices=launcher.num_processes, num_nodes=launcher.num_nodes)
     if not environment.creates_processes_externally:
@@ -92,9 +91,8 @@ class _HPUFabricLauncher(_FabricLauncher):
 
 
 def hpu_launcher(launcher: Any, watch: Watch, stop: Stop) -> Any:
-    """``launcher`` as one that has ``watch`` watch the rank processes it starts and ``stop`` signal them
-    (``launcher.kill``), when it is Lightning's launcher of local ranks (the Trainer's or Fabric's) and this Lightning
-    was checked (:func:`install`); otherwise ``launcher`` itself."""
+    """``launcher`` as one whose rank processes ``watch`` watches and ``stop`` signals (``launcher.kill``) when it is
+    Lightning's launcher of local ranks and this Lightning was checked (:func:`install`); otherwise ``launcher``."""
     if not installed():
         return launcher
     if type(launcher) is _SubprocessScriptLauncher:
@@ -103,8 +101,7 @@ def hpu_launcher(launcher: Any, watch: Watch, stop: Stop) -> Any:
 
 
 def add_check(launcher: Any, check: Callable[[Any], None]) -> Any:
-    """``launcher`` (from :func:`hpu_launcher`) running ``check(trainer)`` before it starts any process; a launcher
-    of another kind is returned unchanged."""
+    """``launcher`` (from :func:`hpu_launcher`) running ``check(trainer)`` before it starts any process."""
     if isinstance(launcher, _HPULauncher):
         launcher.check = check
     return launcher

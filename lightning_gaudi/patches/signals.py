@@ -45,13 +45,12 @@ installed, install = _State.installed, _State.install
 
 
 def _skip() -> None:
-    return None
+    pass
 
 
 def take_over_sigterm(trainer: Any, handler: Callable[[int, Any], None]) -> bool:
-    """Makes ``handler(signum, frame)`` what ``trainer`` registers for SIGTERM when its fit starts (call it before,
-    e.g. in a callback's ``setup``), and skips the per-batch broadcast; returns whether SIGTERM was taken over
-    (``False`` on a Lightning this was not checked against)."""
+    """Makes ``handler(signum, frame)`` what ``trainer`` registers for SIGTERM when its fit starts, and skips the
+    per-batch broadcast; returns whether SIGTERM was taken over (not on a Lightning this was not checked against)."""
     if not installed():
         return False
     setattr(trainer._signal_connector, _NOTIFIER, handler)
@@ -62,9 +61,8 @@ def take_over_sigterm(trainer: Any, handler: Callable[[int, Any], None]) -> bool
 
 
 def exit_on_repeat(trainer: Any, signals: Iterable[int], code: int) -> None:
-    """After a preemption: makes what Lightning restores when ``trainer``'s fit ends, for ``signals``, a handler that
-    ends the process at once with ``code``, so a repeated signal during the exit still gives the preemption's exit code
-    (the handler from before the fit, often the default, would kill the process by the signal)."""
+    """After a preemption: makes the handler Lightning restores for ``signals`` when ``trainer``'s fit ends one that
+    exits at once with ``code``, so a repeated signal during the exit still gives the preemption's exit code."""
 
     def end(signum: int, frame: Any) -> None:
         os._exit(code)

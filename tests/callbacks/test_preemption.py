@@ -390,7 +390,7 @@ def _vote_ranks(
             if votes[rank].step(request):
                 stopped[rank], when[rank] = step, time.monotonic()
                 break
-        votes[rank].finish()
+        votes[rank].close()
 
     threads = [threading.Thread(target=train, args=(rank,)) for rank in range(2)]
     for thread in threads:

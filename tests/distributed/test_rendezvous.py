@@ -36,7 +36,7 @@ def test_coerce_timeout() -> None:
     assert coerce_timeout(90) == timedelta(seconds=90)
     assert coerce_timeout(0.5) == timedelta(seconds=0.5)
     assert coerce_timeout(timedelta(seconds=5)) == timedelta(seconds=5)
-    with pytest.raises(ValueError, match=r"`timeout=0` must be positive"):
+    with pytest.raises(ValueError, match=r"`timeout=0` must be a positive"):
         coerce_timeout(0)
     with pytest.raises(TypeError, match=r"`timeout='10m'` must be a datetime.timedelta or a number of seconds"):
         coerce_timeout("10m")  # type: ignore[arg-type]
@@ -46,20 +46,23 @@ def test_coerce_timeout() -> None:
 
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -float("inf"), 1e20])
 def test_coerce_timeout_refuses_what_is_not_finite(seconds: float) -> None:
-    with pytest.raises(ValueError, match=r"`timeout=.*` must be a finite number of seconds"):
+    with pytest.raises(ValueError, match=r"`timeout=.*` must be a positive, finite number of seconds"):
         coerce_timeout(seconds)
 
 
 @pytest.mark.parametrize("seconds", [-60, -60.0, 0.0])
 def test_coerce_timeout_refuses_what_is_not_positive(seconds: float) -> None:
-    with pytest.raises(ValueError, match=r"` must be positive \(seconds, or a timedelta\): it bounds how long"):
+    with pytest.raises(ValueError, match=r"` must be a positive, finite number of seconds \(or a timedelta\)"):
         coerce_timeout(seconds)
 
 
-def test_uses_agent_store() -> None:
-    assert uses_agent_store(LaunchEnvironment.from_env({"TORCHELASTIC_USE_AGENT_STORE": "True"}))
-    assert not uses_agent_store(LaunchEnvironment.from_env({"TORCHELASTIC_USE_AGENT_STORE": "False"}))
+def test_uses_agent_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert uses_agent_store(LaunchEnvironment(agent_store=True))
     assert not uses_agent_store(LaunchEnvironment())
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert uses_agent_store()
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    assert not uses_agent_store()
 
 
 @pytest.fixture
@@ -119,14 +122,14 @@ def no_group() -> Iterator[None]:
 
 
 def test_agent_store_needs_an_address(no_group: None) -> None:
-    launch = LaunchEnvironment.from_env({"TORCHELASTIC_USE_AGENT_STORE": "True"})
+    launch = LaunchEnvironment(agent_store=True)
     with pytest.raises(InvalidLaunchError, match=r"TORCHELASTIC_USE_AGENT_STORE=True but MASTER_ADDR=None"):
         init_process_group("gloo", 0, 1, timedelta(seconds=5), launch=launch)
 
 
 def test_a_group_forms_on_the_agents_store_from_explicit_arguments(store: dist.TCPStore, no_group: None) -> None:
     """The agent's store at an address given as arguments (the environment says nothing about it)."""
-    launch = LaunchEnvironment.from_env({"TORCHELASTIC_USE_AGENT_STORE": "True"})
+    launch = LaunchEnvironment(agent_store=True)
     init_process_group(
         "gloo", 0, 1, timedelta(seconds=10), master_addr="127.0.0.1", master_port=store.port, launch=launch
     )
