@@ -6,7 +6,8 @@ Per card count, in one run folder: ``cold`` (a fresh temp directory, so an empty
 same temp directory: torch's caches still there), ``other_node`` (a fresh temp directory: only what the run folder
 holds beside its checkpoints), ``other_node_off`` (the same with the policy off: what the job did before it), each
 requeue resuming the last and training ``--steps`` more; then ``cold_again`` in a fresh run folder and temp
-directory, the A/A control of ``cold``. For each: seconds from the process start to the
+directory, the A/A control of ``cold``, and ``cold_every_rank``, the same with ``HPUCompile(once_per_node=False)``
+(each rank compiles every graph itself). For each: seconds from the process start to the
 first training step done, the first step, the median steady step (the steps after the second), and the graphs each
 rank compiled (dynamo frames) beside the FX graph and AOTAutograd cache hits, misses and bypasses of rank 0. Writes
 ``results/warm_start.json`` and ``.md``.
@@ -30,7 +31,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from benchmarks.common import child_env, machine, machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("cold", "same_node", "other_node", "other_node_off", "cold_again")
+SCENARIOS = ("cold", "same_node", "other_node", "other_node_off", "cold_again", "cold_every_rank")
 
 
 class StepClock(Callback):
@@ -60,7 +61,9 @@ class StepClock(Callback):
         Path(f"{self.path}.rank{trainer.global_rank}").write_text(json.dumps(record))
 
 
-def run(cards: int, steps: int, run_dir: Path, tmp: Path, clock: Path, policy: bool = True) -> dict[str, Any]:
+def run(
+    cards: int, steps: int, run_dir: Path, tmp: Path, clock: Path, policy: bool = True, every_rank: bool = False
+) -> dict[str, Any]:
     """One job of ``steps`` more steps in ``run_dir`` with ``tmp`` as its temp directory; its timings."""
     done_before = run_dir / "steps.json"
     total = (json.loads(done_before.read_text()) if done_before.exists() else 0) + steps
@@ -75,6 +78,11 @@ def run(cards: int, steps: int, run_dir: Path, tmp: Path, clock: Path, policy: b
     ]
     if cards > 1:
         args += ["strategy=hpu_parallel", f"trainer.devices={cards}"]
+    if every_rank:
+        args += [
+            "+callbacks.hpu_compile._target_=lightning_gaudi.callbacks.HPUCompile",
+            "+callbacks.hpu_compile.once_per_node=false",
+        ]
     env = child_env(TMPDIR=str(tmp), LIGHTNING_GAUDI_EMULATE="eager", PYTHONPATH=str(ROOT))
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     if not policy:
@@ -135,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for cards in args.cards:
             runs = results["runs"][str(cards)] = {}
             run_dir, again_dir = base / f"run{cards}", base / f"again{cards}"
-            tmps = {name: base / f"tmp{cards}_{name}" for name in ("first", "other", "off", "again")}
+            tmps = {name: base / f"tmp{cards}_{name}" for name in ("first", "other", "off", "again", "every")}
             for tmp in tmps.values():
                 tmp.mkdir()
             plan = {
@@ -144,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                 "other_node": (run_dir, tmps["other"]),
                 "other_node_off": (run_dir, tmps["off"]),
                 "cold_again": (again_dir, tmps["again"]),
+                "cold_every_rank": (base / f"every{cards}", tmps["every"]),
             }
             for name, (folder, tmp) in ((name, plan[name]) for name in args.only):
                 clock = base / f"clock{cards}_{name}"
-                runs[name] = run(cards, args.steps, folder, tmp, clock, policy=name != "other_node_off")
+                policy, every_rank = name != "other_node_off", name == "cold_every_rank"
+                runs[name] = run(cards, args.steps, folder, tmp, clock, policy=policy, every_rank=every_rank)
                 print(f"{cards} card(s), {name}: {runs[name]}", file=sys.stderr, flush=True)
                 text = write(results, args.out)  # after each run: a long run cut short keeps what it measured
     print(text)

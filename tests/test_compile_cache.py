@@ -361,3 +361,17 @@ def test_fabric_saves_the_artifacts_beside_its_checkpoint_and_loads_them_first(
     for artifacts in path.parent.glob("compile_cache-*"):
         artifacts.unlink()
     assert step(load=True) == {"hit": 0, "miss": 2}  # the control: without the artifacts it compiles
+
+
+@pytest.mark.parametrize("once_per_node", [True, False])
+def test_hpu_compile_locks_each_graph_unless_told_not_to(
+    eager_hpu: hpu.Backend, policy: Path, monkeypatch: pytest.MonkeyPatch, once_per_node: bool
+) -> None:
+    from helpers.workload import Workload, loader, quiet_trainer
+
+    from lightning_gaudi.callbacks import HPUCompile
+
+    monkeypatch.setenv(runtime.COMPILE_BACKEND_ENV, "aot_eager")
+    quiet_trainer(max_steps=1, callbacks=[HPUCompile(once_per_node=once_per_node)]).fit(Workload(), loader(2))
+    locks = list(policy.glob("*/locks/*.lock"))
+    assert len(locks) == (1 if once_per_node else 0)  # the training graph (forward and backward under one lock)

@@ -175,6 +175,8 @@ class HPUCompile(Callback):
         use_cache: the ``use_cache`` Hugging Face model configs in the module read outside ``predict`` (until
             teardown). ``False``: no KV cache, whose per-layer state would put every decoder layer into a graph of
             its own (training never reads it; ``generate`` passes its own). ``None`` leaves the configs alone.
+        once_per_node: under the compile cache policy, a node's ranks compile each graph once
+            (:class:`~lightning_gaudi.compile_cache.NodeCompile`); ``False``: each rank compiles its own.
     """
 
     def __init__(
@@ -186,6 +188,7 @@ class HPUCompile(Callback):
         options: dict[str, Any] | None = None,
         recompile_limit: int | None = None,
         use_cache: bool | None = False,
+        once_per_node: bool = True,
         **compile_kwargs: Any,
     ) -> None:
         if "backend" in compile_kwargs:
@@ -198,7 +201,7 @@ class HPUCompile(Callback):
             raise ValueError(
                 f"HPUCompile got unknown argument(s) {sorted(compile_kwargs)}; torch.compile's are {known}."
             )
-        for name, value in (("regional", regional), ("fullgraph", fullgraph)):
+        for name, value in (("regional", regional), ("fullgraph", fullgraph), ("once_per_node", once_per_node)):
             if not isinstance(value, bool):
                 raise ValueError(f"HPUCompile `{name}={value!r}` must be true or false.")
         if dynamic is not None and not isinstance(dynamic, bool):
@@ -208,7 +211,7 @@ class HPUCompile(Callback):
         if recompile_limit is not None and (isinstance(recompile_limit, bool) or not int(recompile_limit) >= 1):
             raise ValueError(f"HPUCompile `recompile_limit={recompile_limit!r}` must be a positive number or None.")
         self.regional, self.dynamic, self.fullgraph, self.mode = regional, dynamic, fullgraph, mode
-        self.recompile_limit, self.use_cache = recompile_limit, use_cache
+        self.recompile_limit, self.use_cache, self.once_per_node = recompile_limit, use_cache, once_per_node
         self._restore: list[tuple[Any, str, Any]] = []
         self.options = dict(options) if options is not None else None
         self.compiled: dict[str, CompiledForward] = {}
@@ -253,7 +256,8 @@ class HPUCompile(Callback):
                 "HPUCompile(regional=True) found no repeated blocks (an nn.ModuleList of layers) under"
                 f" {[path for path, _ in targets]}; compiling them whole."
             )
-        compile_fn = functools.partial(torch.compile, backend=compile_cache.node_backend(name), **self.compile_kwargs)
+        compiler = compile_cache.node_backend(name) if self.once_per_node else name
+        compile_fn = functools.partial(torch.compile, backend=compiler, **self.compile_kwargs)
         for path, module in targets:
             compiled = CompiledForward(module, compile_fn)
             self._saved[path] = (module, module_forward.set_forward(module, compiled))

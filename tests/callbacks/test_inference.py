@@ -315,6 +315,7 @@ def test_compile_refuses_lazy_mode(lazy_hpu: hpu.Backend) -> None:
         ({"disable": True}, r"unknown argument\(s\) \['disable'\].*`dynamic`, `fullgraph`, `mode`, `options`"),
         ({"mode": "max-autotune", "options": {"epilogue_fusion": True}}, "both `mode='max-autotune'` and `options`"),
         ({"regional": "yes"}, "`regional='yes'` must be true or false"),
+        ({"once_per_node": None}, "`once_per_node=None` must be true or false"),
         ({"dynamic": "auto"}, "`dynamic='auto'` must be true, false or None"),
         ({"recompile_limit": 0}, "`recompile_limit=0` must be a positive number or None"),
     ],
