@@ -146,10 +146,10 @@ def strategy_key(strategy: Any) -> tuple[str, dict[str, Any]]:
 
 class NodeCompile:
     """A ``torch.compile`` backend that compiles each graph once per node: the ranks that share the policy's folder take
-    a lock per graph in it, so one compiles while the others wait and then read its work from torch's caches. The
-    backward graph is compiled with the forward (``force_non_lazy_backward_lowering``), inside the lock, and the lock
-    is never held across a collective. ``mode`` and ``options`` reach the wrapped backend as ``torch.compile`` passes
-    them.
+    a lock per graph in it, so one compiles while the others wait and then, in parallel, read its work from torch's
+    caches; a graph already compiled on the node takes no lock. The backward graph is compiled with the forward
+    (``force_non_lazy_backward_lowering``), inside the lock, and the lock is never held across a collective. ``mode``
+    and ``options`` reach the wrapped backend as ``torch.compile`` passes them.
 
     Args:
         backend: the ``torch.compile`` backend doing the work (``"hpu_backend"``, ``"inductor"``, ...).
@@ -168,7 +168,15 @@ class NodeCompile:
             inner = torch._TorchCompileWrapper(self.backend, mode, options, None)
         shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in example_inputs]
         digest = hashlib.sha256(f"{self.backend} {mode} {options} {shapes}\n{graph.code}".encode()).hexdigest()[:20]
-        with _exclusive(self.locks / f"{digest}.lock", self.timeout), _eager_backward():
+        done = self.locks / f"{digest}.done"  # compiled once on this node: the others read it in parallel
+        if not done.exists():
+            with _exclusive(self.locks / f"{digest}.lock", self.timeout):
+                if not done.exists():
+                    with _eager_backward():
+                        compiled = inner(graph, example_inputs)
+                    done.touch()
+                    return compiled
+        with _eager_backward():
             return inner(graph, example_inputs)
 
 

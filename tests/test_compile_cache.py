@@ -375,3 +375,38 @@ def test_hpu_compile_locks_each_graph_unless_told_not_to(
     quiet_trainer(max_steps=1, callbacks=[HPUCompile(once_per_node=once_per_node)]).fit(Workload(), loader(2))
     locks = list(policy.glob("*/locks/*.lock"))
     assert len(locks) == (1 if once_per_node else 0)  # the training graph (forward and backward under one lock)
+    assert all(lock.with_suffix(".done").exists() for lock in locks)
+
+
+def test_a_graph_compiled_on_the_node_takes_no_lock(policy: Path) -> None:
+    import threading
+
+    folder = compile_cache.use(*compile_cache.cache_key("GAUDI2", 2, "HPUParallelStrategy", "32-true"))
+    assert folder is not None
+    node = compile_cache.NodeCompile("eager", folder, timeout=0.2)
+
+    def compile_again() -> None:
+        torch._dynamo.reset()
+        torch.compile(lambda t: t * 2, backend=node)(torch.ones(3))
+
+    compile_again()
+    (lock,) = folder.glob("locks/*.lock")
+    assert lock.with_suffix(".done").exists()
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with compile_cache._exclusive(lock, timeout=5):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(5)
+    try:
+        compile_again()  # another rank compiling something under that lock does not hold this one up
+        lock.with_suffix(".done").unlink()
+        with pytest.raises(Exception, match=r"waited 0.2 s for another process on this node"):
+            compile_again()
+    finally:
+        release.set()
+        thread.join()
