@@ -103,7 +103,8 @@ class HPUAccelerator(Accelerator):
         if visible is not None:
             note += (
                 f" This process sees only the cards {hpu.VISIBLE_MODULES_ENV}={visible!r} lists: where the launcher"
-                " gives each process its card (Ray Train), pass devices='auto' and set the processes there."
+                " gives each process its card (Ray Train), pass devices='auto' and set the number of processes in the"
+                " launcher (`ScalingConfig(num_workers=N)`)."
             )
         return _parse_indices(devices, backend.device_count(), note)
 

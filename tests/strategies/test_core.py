@@ -222,6 +222,8 @@ CORE_OVERRIDES = {
         "setup_optimizer",
         "backward",
         "optimizer_step",
+        "save_checkpoint",
+        "load_checkpoint",
     },
     "DDPCore": {"optimizer_step"},
     "SingleDeviceCore": {"root_device"},
@@ -244,7 +246,7 @@ CORE_OWN = {
     },
     "TrainerCore": {"_prepare_trainer", "load_checkpoint_files"},
     "TrainerParallelCore": {"_set_ranks"},
-    "FabricCore": {"_bind_mark_step", "compile_backend"},
+    "FabricCore": {"_bind_mark_step", "compile_backend", "_artifacts_path"},
     "DDPCore": {
         "ddp_kwargs",
         "_on_ddp_wrapped",
