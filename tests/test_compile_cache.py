@@ -242,7 +242,12 @@ def _two_ranks(tmp_path: Path, how: str) -> list[dict[str, int]]:
     import sys
     import time
 
-    env = {**os.environ, runtime.COMPILE_CACHE_ENV: str(tmp_path / f"cache_{how}")}
+    # one compile thread each: no pool of compile workers per process, which would crowd the suite's other tests
+    env = {
+        **os.environ,
+        runtime.COMPILE_CACHE_ENV: str(tmp_path / f"cache_{how}"),
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
     env.pop(compile_cache.TORCH_CACHE_ENV, None)
     ranks = [
         subprocess.Popen([sys.executable, "-c", _NODE_RANK, str(tmp_path), how], env=env, stdout=subprocess.PIPE)
