@@ -69,6 +69,13 @@ def artifacts_path(dirpath: str | os.PathLike[str], key: str) -> Path:
     return Path(dirpath) / f"{ARTIFACTS_PREFIX}{key}.bin"
 
 
+def strategy_artifacts(dirpath: str | os.PathLike[str] | None, strategy: Any) -> Path | None:
+    """:func:`artifacts_path` of ``strategy``'s key in ``dirpath``; ``None`` for no folder or a remote one."""
+    if not dirpath or "://" in str(dirpath):
+        return None
+    return artifacts_path(dirpath, strategy_key(strategy)[0])
+
+
 def _kernels(path: Path) -> Path:
     return path.with_suffix(".kernels.tar")
 

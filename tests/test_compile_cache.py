@@ -3,6 +3,7 @@ so a changed torch or layout never reads another's entries; portable artifacts t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -216,6 +217,28 @@ def test_the_bridge_loads_with_the_policys_recipe_cache(
     assert runtime.RecipeCache.parse(value).delete_on_start is False
 
 
+@contextlib.contextmanager
+def _held(lock: Path) -> Iterator[None]:
+    """``lock`` held by another thread (as another rank would hold it) until the block ends."""
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with compile_cache._exclusive(lock, timeout=5):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(5)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join()
+
+
 _NODE_RANK = """
 import json, os, sys, time
 from pathlib import Path
@@ -281,26 +304,13 @@ def test_node_backend_only_under_the_policy(policy: Path, monkeypatch: pytest.Mo
 
 
 def test_a_rank_waits_for_the_compiling_one_and_gives_up_naming_it(tmp_path: Path) -> None:
-    import threading
-
     lock = tmp_path / "locks" / "graph.lock"
-    held, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with compile_cache._exclusive(lock, timeout=5):
-            held.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    held.wait(5)
     with (
+        _held(lock),
         pytest.raises(TimeoutError, match=rf"waited 0.3 s for another process on this node \(.*pid {os.getpid()}"),
         compile_cache._exclusive(lock, timeout=0.3),
     ):
         pass
-    release.set()
-    thread.join()
     with compile_cache._exclusive(lock, timeout=0.3):  # the holder is done: taken at once
         pass
 
@@ -384,8 +394,6 @@ def test_hpu_compile_locks_each_graph_unless_told_not_to(
 
 
 def test_a_graph_compiled_on_the_node_takes_no_lock(policy: Path) -> None:
-    import threading
-
     folder = compile_cache.use(*compile_cache.cache_key("GAUDI2", 2, "HPUParallelStrategy", "32-true"))
     assert folder is not None
     node = compile_cache.NodeCompile("eager", folder, timeout=0.2)
@@ -397,21 +405,8 @@ def test_a_graph_compiled_on_the_node_takes_no_lock(policy: Path) -> None:
     compile_again()
     (lock,) = folder.glob("locks/*.lock")
     assert lock.with_suffix(".done").exists()
-    held, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with compile_cache._exclusive(lock, timeout=5):
-            held.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    held.wait(5)
-    try:
+    with _held(lock):
         compile_again()  # another rank compiling something under that lock does not hold this one up
         lock.with_suffix(".done").unlink()
         with pytest.raises(Exception, match=r"waited 0.2 s for another process on this node"):
             compile_again()
-    finally:
-        release.set()
-        thread.join()

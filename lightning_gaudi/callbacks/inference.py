@@ -319,9 +319,7 @@ class HPUCompile(Callback):
         dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
         if resumed and trainer.ckpt_path:
             dirpath = os.path.dirname(trainer.ckpt_path)
-        if not dirpath or "://" in str(dirpath):
-            return None
-        return compile_cache.artifacts_path(dirpath, compile_cache.strategy_key(trainer.strategy)[0])
+        return compile_cache.strategy_artifacts(dirpath, trainer.strategy)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

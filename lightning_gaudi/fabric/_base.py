@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.distributed import ReduceOp
@@ -90,23 +90,17 @@ class FabricCore(HPUStrategyCore):
             module.register_forward_hook(_explain_forward_error, always_call=True)
         return super().setup_module(module)  # type: ignore[misc,no-any-return]
 
-    def _artifacts_path(self, path: Any) -> Path | None:
-        """Where the portable compile artifacts go beside checkpoint ``path`` (none for a remote one)."""
-        if "://" in str(path):
-            return None
-        return compile_cache.artifacts_path(Path(path).parent, compile_cache.strategy_key(self)[0])
-
     def save_checkpoint(self, path: Any, state: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         """Lightning's save, then (global rank 0) torch's portable compile artifacts beside it when they changed."""
         super().save_checkpoint(path, state, *args, **kwargs)  # type: ignore[misc]
-        artifacts = self._artifacts_path(path)
+        artifacts = compile_cache.strategy_artifacts(os.path.dirname(str(path)), self)
         if artifacts is not None and self.is_global_zero:  # type: ignore[attr-defined]
             self._artifacts = compile_cache.save_artifacts(artifacts, unless=self._artifacts)
 
     def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> Any:
         """The portable compile artifacts beside ``path`` into torch's caches (before the model's first call compiles
         it), then Lightning's load."""
-        artifacts = self._artifacts_path(path)
+        artifacts = compile_cache.strategy_artifacts(os.path.dirname(str(path)), self)
         if artifacts is not None and (loaded := compile_cache.load_artifacts(artifacts)) is not None:
             self._artifacts = loaded
         return super().load_checkpoint(path, *args, **kwargs)  # type: ignore[misc]

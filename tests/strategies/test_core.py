@@ -246,7 +246,7 @@ CORE_OWN = {
     },
     "TrainerCore": {"_prepare_trainer", "load_checkpoint_files"},
     "TrainerParallelCore": {"_set_ranks"},
-    "FabricCore": {"_bind_mark_step", "compile_backend", "_artifacts_path"},
+    "FabricCore": {"_bind_mark_step", "compile_backend"},
     "DDPCore": {
         "ddp_kwargs",
         "_on_ddp_wrapped",
