@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import socket
 import tarfile
 import time
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 TORCH_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 #: The portable artifacts' file name beside the checkpoints: ``compile_cache-<key>.bin``.
 ARTIFACTS_PREFIX = "compile_cache-"
+#: The kernels' archive keeps inductor's precompiled headers under this folder name (inductor's own).
+_HEADERS = "precompiled_headers"
 
 
 def cache_key(device_name: str, world_size: int, layout: str, precision: str) -> tuple[str, dict[str, Any]]:
@@ -89,7 +92,8 @@ def _safe(member: tarfile.TarInfo) -> bool:
 def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
     """Writes torch's portable cache artifacts of this process (``torch.compiler.save_cache_artifacts``, torch 2.7
     and newer) to ``path``, and the kernels inductor built into the policy's folder (shared libraries, which the
-    artifacts leave out and a CPU build finds by path) to ``<path>.kernels.tar``, unless the artifacts equal
+    artifacts leave out and a CPU build finds by path) with the headers it precompiled for them to
+    ``<path>.kernels.tar`` (gzip), unless the artifacts equal
     ``unless``; returns the artifacts, ``None`` when this torch has none to give or the policy is off."""
     save = getattr(torch.compiler, "save_cache_artifacts", None)
     saved = save() if save is not None and runtime.compile_cache_root() is not None else None
@@ -98,13 +102,16 @@ def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
     if saved[0] == unless:
         return unless
     folder = os.environ.get(TORCH_CACHE_ENV, "")  # torch's folder, where inductor built the kernels
+    headers = _header_folder()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _write(path, saved[0])
         with io.BytesIO() as packed:
-            with tarfile.open(fileobj=packed, mode="w") as tar:
+            with tarfile.open(fileobj=packed, mode="w:gz", compresslevel=1) as tar:
                 for kernel in sorted(Path(folder).glob("*/*.so")) if folder else []:
                     tar.add(kernel, str(kernel.relative_to(folder)))
+                for header in sorted(headers.glob("*.h*")) if headers else []:
+                    tar.add(header, f"{_HEADERS}/{header.name}")
             _write(_kernels(path), packed.getvalue())
     except OSError as error:  # never in the way of the checkpoint being saved
         log.warning("lightning_gaudi: could not save the compile cache artifacts %s (%s).", path, error)
@@ -113,9 +120,10 @@ def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
 
 
 def load_artifacts(path: Path) -> bytes | None:
-    """Loads the portable artifacts at ``path`` into torch's caches (``torch.compiler.load_cache_artifacts``) and the
-    kernels beside them into the policy's folder; returns the artifacts, ``None`` when there are none, the policy is
-    off, or they do not load (logged: the job then compiles what they lack)."""
+    """Loads the portable artifacts at ``path`` into torch's caches (``torch.compiler.load_cache_artifacts``), the
+    kernels beside them into the policy's folder and the precompiled headers into inductor's; returns the artifacts,
+    ``None`` when there are none, the policy is off, or they do not load (logged: the job then compiles what they
+    lack)."""
     load = getattr(torch.compiler, "load_cache_artifacts", None)
     if load is None or runtime.compile_cache_root() is None or not path.is_file():
         return None
@@ -125,21 +133,43 @@ def load_artifacts(path: Path) -> bytes | None:
         if load(artifacts) is None:
             raise ValueError("torch could not read them")
         if folder and _kernels(path).is_file():
+            headers = _header_folder()
             with tarfile.open(_kernels(path)) as tar:
                 for member in tar.getmembers():
-                    kernel = Path(folder, member.name)
-                    if _safe(member) and not kernel.exists() and (data := tar.extractfile(member)) is not None:
-                        kernel.parent.mkdir(exist_ok=True)
-                        _write(kernel, data.read())  # whole or not at all: a node's ranks load at once
+                    top, name = Path(member.name).parts[0], Path(member.name).name
+                    kernel = Path(headers or "", name) if top == _HEADERS else Path(folder, member.name)
+                    if (top != _HEADERS or headers) and _safe(member) and not kernel.exists():
+                        kernel.parent.mkdir(parents=True, exist_ok=True)
+                        _extract(tar, member, kernel)
     except Exception as error:  # and whatever its deserializer or tarfile meets in a damaged or foreign file
         log.warning("lightning_gaudi: the compile cache artifacts %s did not load (%s); compiling cold.", path, error)
         return None
     return artifacts
 
 
+def _header_folder() -> Path | None:
+    """Where inductor keeps the C++ headers it precompiles for CPU kernels: the node's temp folder, outside torch's
+    cache folder, so a requeue on another node builds them again (about 10 s) before its first kernel loads."""
+    from torch._inductor import codecache
+
+    folder = getattr(codecache, "_HEADER_DIR", None)
+    return Path(folder) if isinstance(folder, str) else None
+
+
 def _write(path: Path, data: bytes) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> None:
+    """Whole or not at all: a node's ranks load at once."""
+    source = tar.extractfile(member)
+    if source is None:
+        return
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with source, open(partial, "wb") as sink:
+        shutil.copyfileobj(source, sink)
     os.replace(partial, path)
 
 

@@ -116,7 +116,9 @@ def test_changed_torch_or_layout_does_not_load_stale_entries(policy: Path, monke
 
 
 @pytest.mark.subprocess
-def test_portable_artifacts_warm_an_empty_folder_and_only_their_key(policy: Path, tmp_path: Path) -> None:
+def test_portable_artifacts_warm_an_empty_folder_and_only_their_key(
+    policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key, parts = compile_cache.cache_key("GAUDI2", 1, "SingleHPUStrategy", "32-true")
     compile_cache.use(key, parts)
     _compile_once(torch.cos)
@@ -130,12 +132,23 @@ def test_portable_artifacts_warm_an_empty_folder_and_only_their_key(policy: Path
     assert compile_cache.save_artifacts(blocked / "x.bin") is None  # logged, never in the checkpoint's way
     kernels = sorted(str(p.relative_to(policy / key)) for p in (policy / key).glob("*/*.so"))
     assert kernels  # inductor built the CPU kernel, which the artifacts leave out
-    os.environ[runtime.COMPILE_CACHE_ENV] = str(tmp_path / "other_node")  # empty: a requeue elsewhere
-    folder = compile_cache.use(key, parts)
-    assert folder is not None
-    other = compile_cache.artifacts_path(tmp_path / "checkpoints", compile_cache.cache_key("GAUDI2", 2, "x", "y")[0])
-    assert not compile_cache.load_artifacts(other)
-    assert compile_cache.load_artifacts(path)
+    with monkeypatch.context() as patched:  # inductor's precompiled headers, in a node's temp folder
+        headers = {"h1.h": b"#include <x>\n", "h1.h.gch": os.urandom(4096)}
+        for name, data in headers.items():
+            (tmp_path / "node_headers" / name).parent.mkdir(exist_ok=True)
+            (tmp_path / "node_headers" / name).write_bytes(data)
+        patched.setattr(torch._inductor.codecache, "_HEADER_DIR", str(tmp_path / "node_headers"))
+        saved = compile_cache.save_artifacts(path)
+        patched.setattr(torch._inductor.codecache, "_HEADER_DIR", str(tmp_path / "other_node_headers"))
+        os.environ[runtime.COMPILE_CACHE_ENV] = str(tmp_path / "other_node")  # empty: a requeue elsewhere
+        folder = compile_cache.use(key, parts)
+        assert folder is not None
+        other = compile_cache.artifacts_path(
+            tmp_path / "checkpoints", compile_cache.cache_key("GAUDI2", 2, "x", "y")[0]
+        )
+        assert not compile_cache.load_artifacts(other)
+        assert compile_cache.load_artifacts(path) == saved
+        assert {p.name: p.read_bytes() for p in (tmp_path / "other_node_headers").iterdir()} == headers
     assert sorted(str(p.relative_to(folder)) for p in folder.glob("*/*.so")) == kernels
     assert _compile_once(torch.cos) == {"hit": 1, "miss": 0}
 

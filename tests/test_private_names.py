@@ -60,6 +60,9 @@ REGISTRY = {
     "_TorchCompileInductorWrapper": "torch:_TorchCompileInductorWrapper",
     "_TorchCompileWrapper": "torch:_TorchCompileWrapper",
     "_functorch": "torch._functorch.config:force_non_lazy_backward_lowering",
+    # inductor's precompiled C++ headers, carried with the portable artifacts
+    "_HEADER_DIR": "torch._inductor.codecache:_HEADER_DIR",
+    "torch._inductor": "torch._inductor.codecache:_HEADER_DIR",
     # the emulator: batch norm's base class, a Python process group's backends, inductor's compiler, Lazy Tensor Core
     "_BatchNorm": "torch.nn.modules.batchnorm:_BatchNorm",
     "_register_backend": "torch.distributed:ProcessGroup._register_backend",
