@@ -9,6 +9,7 @@ gets its folder where the bridge loads (:func:`~lightning_gaudi.hpu.runtime.defa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import io
@@ -97,7 +98,7 @@ def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
     ``unless``; returns the artifacts, ``None`` when this torch has none to give or the policy is off."""
     save = getattr(torch.compiler, "save_cache_artifacts", None)
     saved = save() if save is not None and runtime.compile_cache_root() is not None else None
-    if saved is None:
+    if saved is None or _empty(saved[1]):  # torch 2.7 returns an empty record where later ones return None
         return unless
     if saved[0] == unless:
         return unless
@@ -145,6 +146,11 @@ def load_artifacts(path: Path) -> bytes | None:
         log.warning("lightning_gaudi: the compile cache artifacts %s did not load (%s); compiling cold.", path, error)
         return None
     return artifacts
+
+
+def _empty(info: Any) -> bool:
+    fields = dataclasses.fields(info) if dataclasses.is_dataclass(info) else ()
+    return bool(fields) and not any(getattr(info, field.name) for field in fields)
 
 
 def _header_folder() -> Path | None:

@@ -44,6 +44,10 @@ REAL_BRIDGE_ENV = "LIGHTNING_GAUDI_TEST_REAL_BRIDGE"
 # traces the same graphs without building code. Subprocesses started with this environment inherit it; a value
 # exported before pytest starts wins.
 os.environ.setdefault(COMPILE_BACKEND_ENV, "aot_eager")
+# A CUDA build of torch (PyPI's, the compat runs') warms inductor's pool of compile workers, Python processes, when
+# inductor is imported (torch 2.7 `_inductor/async_compile.py:456-467`, with the triton package installed): off, so a
+# quick test starts none; a test that compiles with inductor starts its workers and is marked subprocess.
+os.environ.setdefault("TORCH_WARM_POOL", "0")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -26,6 +26,12 @@ __all__ = ["EmulatedHCCLGroup", "register_emulated_hccl"]
 _options: Any = dist  # the collectives' option classes, which torch's stubs do not declare
 
 
+def _given(opts: Any) -> tuple[Any, ...]:
+    """``opts`` as the argument list of a gloo method, whose own default stands in for none (``AllgatherOptions`` is
+    not in ``torch.distributed``'s namespace)."""
+    return () if opts is None else (opts,)
+
+
 def _flat(tensors: Any) -> list[Tensor]:
     if isinstance(tensors, Tensor):
         return [tensors]
@@ -143,17 +149,17 @@ class EmulatedHCCLGroup(dist.ProcessGroup):
     @_not_traced
     def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
         check_dtype(_flat(outputs) + inputs)
-        return self._gloo.allgather(outputs, inputs, _options.AllgatherOptions() if opts is None else opts)
+        return self._gloo.allgather(outputs, inputs, *_given(opts))
 
     @_not_traced
     def _allgather_base(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
         check_dtype([output, input])
-        return self._gloo._allgather_base(output, input, _options.AllgatherOptions() if opts is None else opts)
+        return self._gloo._allgather_base(output, input, *_given(opts))
 
     @_not_traced
     def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:  # torch >= 2.12's name
         check_dtype([output, input])
-        return self._gloo._allgather_base(output, input, _options.AllgatherOptions() if opts is None else opts)
+        return self._gloo._allgather_base(output, input, *_given(opts))
 
     @_not_traced
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> Any:
