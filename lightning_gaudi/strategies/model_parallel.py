@@ -81,21 +81,20 @@ def reduce_with_sums(module: nn.Module, data_parallel_size: int, strategy_name: 
     (``set_force_sum_reduction_for_comms``, per module); returns how many it set.
 
     FSDP2 reduces with ``ReduceOp.AVG`` or ``PREMUL_SUM``, which HCCL lacks (``_get_gradient_divide_factors`` in
-    ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). torch 2.7 has no public route to a sum: over more
-    than one data-parallel rank this raises ``RuntimeError`` at set-up instead of HCCL's at the first backward.
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). torch 2.7 has no public route to a sum, and its
+    FSDP2 reduce-scatters with ``AVG`` even over one data-parallel rank (``foreach_reduce``, torch 2.7.1
+    ``_fsdp_collectives.py:404-410``): this raises ``RuntimeError`` at set-up instead of HCCL's at the first backward.
     """
     fsdp_modules = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not fsdp_modules:
         return 0
     if not fsdp_reduces_with_sums():
-        if data_parallel_size > 1:
-            raise RuntimeError(
-                f"{strategy_name!r} cannot shard with FSDP2 over {data_parallel_size} data-parallel HPUs on torch"
-                f" {torch.__version__}: this FSDP2 averages gradients with ReduceOp.AVG, which HCCL does not have, and"
-                " can sum only in torch 2.8. Use Intel Gaudi software 1.23 or later (torch 2.9), strategy 'hpu_fsdp',"
-                " or `data_parallel_size=1`."
-            )
-        return 0
+        raise RuntimeError(
+            f"{strategy_name!r} cannot shard with FSDP2 on torch {torch.__version__} ({data_parallel_size}"
+            " data-parallel HPUs): this FSDP2 reduces gradients with ReduceOp.AVG, which HCCL does not have, and can"
+            " sum only in torch 2.8. Use Intel Gaudi software 1.23 or later (torch 2.9), strategy 'hpu_fsdp', or"
+            " tensor parallelism alone (no fully_shard in the plan)."
+        )
     for fsdp_module in fsdp_modules:
         fsdp_module.set_force_sum_reduction_for_comms(True)
     return len(fsdp_modules)

@@ -70,6 +70,10 @@ def _reference(initial: dict[str, list[Any]], rows: list[list[int]]) -> dict[str
 @pytest.mark.subprocess
 @pytest.mark.parametrize("kind", ["tp", "fsdp2", "fsdp"])
 def test_two_processes_match_one_and_a_sharded_checkpoint_resumes(tmp_path: Path, kind: str) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    if kind == "fsdp2" and not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+        pytest.skip(f"torch {torch.__version__}'s FSDP2 cannot reduce with HCCL's ops: refused at set-up")
     run_helper("fabric_sharded.py", tmp_path, kind, str(STEPS), str(TOTAL))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["initial"] == ranks[1]["initial"]
