@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import hmac
 import io
 import json
 import logging
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 TORCH_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 #: The portable artifacts' file name beside the checkpoints: ``compile_cache-<key>.bin``.
 ARTIFACTS_PREFIX = "compile_cache-"
+#: This user's key that signs the portable artifacts (:func:`_user_key`), in ``$XDG_CACHE_HOME/lightning_gaudi``.
+KEY_FILE = "compile_cache.key"
 #: The kernels' archive keeps inductor's precompiled headers under this folder name (inductor's own).
 _HEADERS = "precompiled_headers"
 
@@ -94,8 +97,9 @@ def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
     """Writes torch's portable cache artifacts of this process (``torch.compiler.save_cache_artifacts``, torch 2.7
     and newer) to ``path``, and the kernels inductor built into the policy's folder (shared libraries, which the
     artifacts leave out and a CPU build finds by path) with the headers it precompiled for them to
-    ``<path>.kernels.tar`` (gzip), unless the artifacts equal
-    ``unless``; returns the artifacts, ``None`` when this torch has none to give or the policy is off."""
+    ``<path>.kernels.tar`` (gzip), and their signature under this user's key (:func:`_user_key`) to ``<path>.sig``,
+    unless the artifacts equal ``unless``; returns the artifacts, ``None`` when this torch has none to give or the
+    policy is off."""
     save = getattr(torch.compiler, "save_cache_artifacts", None)
     saved = save() if save is not None and runtime.compile_cache_root() is not None else None
     if saved is None or _empty(saved[1]):  # torch 2.7 returns an empty record where later ones return None
@@ -105,15 +109,19 @@ def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
     folder = os.environ.get(TORCH_CACHE_ENV, "")  # torch's folder, where inductor built the kernels
     headers = _header_folder()
     try:
+        key = _user_key()
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write(path, saved[0])
         with io.BytesIO() as packed:
             with tarfile.open(fileobj=packed, mode="w:gz", compresslevel=1) as tar:
                 for kernel in sorted(Path(folder).glob("*/*.so")) if folder else []:
                     tar.add(kernel, str(kernel.relative_to(folder)))
                 for header in sorted(headers.glob("*.h*")) if headers else []:
                     tar.add(header, f"{_HEADERS}/{header.name}")
-            _write(_kernels(path), packed.getvalue())
+            kernels = packed.getvalue()
+        _signature(path).unlink(missing_ok=True)  # signed last: a set written in part never verifies
+        _write(path, saved[0])
+        _write(_kernels(path), kernels)
+        _write(_signature(path), _sign(key, saved[0], kernels).encode())
     except OSError as error:  # never in the way of the checkpoint being saved
         log.warning("lightning_gaudi: could not save the compile cache artifacts %s (%s).", path, error)
         return unless
@@ -122,7 +130,8 @@ def save_artifacts(path: Path, unless: bytes | None = None) -> bytes | None:
 
 def load_artifacts(path: Path) -> bytes | None:
     """Loads the portable artifacts at ``path`` into torch's caches (``torch.compiler.load_cache_artifacts``), the
-    kernels beside them into the policy's folder and the precompiled headers into inductor's; returns the artifacts,
+    kernels beside them into the policy's folder and the precompiled headers into inductor's, when ``<path>.sig``
+    says this user's jobs wrote them (they hold code that runs: another user's are not loaded); returns the artifacts,
     ``None`` when there are none, the policy is off, or they do not load (logged: the job then compiles what they
     lack)."""
     load = getattr(torch.compiler, "load_cache_artifacts", None)
@@ -131,11 +140,18 @@ def load_artifacts(path: Path) -> bytes | None:
     folder = os.environ.get(TORCH_CACHE_ENV, "")
     try:
         artifacts = path.read_bytes()
+        kernels = _kernels(path).read_bytes() if _kernels(path).is_file() else b""
+        signature = _signature(path).read_text() if _signature(path).is_file() else ""
+        if not hmac.compare_digest(signature, _sign(_user_key(), artifacts, kernels)):
+            raise ValueError(
+                f"their signature ({_signature(path).name}) is not this user's: loading them would run code that"
+                " another user's job compiled"
+            )
         if load(artifacts) is None:
             raise ValueError("torch could not read them")
-        if folder and _kernels(path).is_file():
+        if folder and kernels:
             headers = _header_folder()
-            with tarfile.open(_kernels(path)) as tar:
+            with tarfile.open(fileobj=io.BytesIO(kernels)) as tar:
                 for member in tar.getmembers():
                     top, name = Path(member.name).parts[0], Path(member.name).name
                     kernel = Path(headers or "", name) if top == _HEADERS else Path(folder, member.name)
@@ -146,6 +162,38 @@ def load_artifacts(path: Path) -> bytes | None:
         log.warning("lightning_gaudi: the compile cache artifacts %s did not load (%s); compiling cold.", path, error)
         return None
     return artifacts
+
+
+def _signature(path: Path) -> Path:
+    return path.with_suffix(".sig")
+
+
+def _sign(key: bytes, artifacts: bytes, kernels: bytes) -> str:
+    mac = hmac.new(key, hashlib.sha256(artifacts).digest(), "sha256")
+    mac.update(hashlib.sha256(kernels).digest())
+    return mac.hexdigest()
+
+
+def _user_key() -> bytes:
+    """This user's key that signs the portable artifacts (loading them runs the code torch compiled, so a job loads
+    only what this user's jobs wrote): 32 random bytes in ``$XDG_CACHE_HOME/lightning_gaudi/compile_cache.key``
+    (``~/.cache``), made on first use, readable by the user alone. ``OSError`` when it cannot be made or is not
+    private."""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning_gaudi"
+    path = folder / KEY_FILE
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{KEY_FILE}.{os.getpid()}"
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(os.urandom(32))
+        with contextlib.suppress(FileExistsError):  # a node's ranks start together: the first one's key stands
+            os.link(partial, path)
+        partial.unlink()
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise OSError(f"{path} must belong to this user and be readable by them alone (chmod 600)")
+    return path.read_bytes()
 
 
 def _empty(info: Any) -> bool:

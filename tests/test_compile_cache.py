@@ -23,6 +23,7 @@ from lightning_gaudi.hpu import runtime
 def policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(compile_cache.TORCH_CACHE_ENV, str(tmp_path / "torch_default"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home_cache"))  # this user's key that signs the artifacts
     torch._dynamo.reset()
     yield tmp_path / "cache"
     torch._dynamo.reset()
@@ -158,9 +159,38 @@ def test_damaged_artifacts_are_skipped_with_a_warning(
 ) -> None:
     path = tmp_path / "compile_cache-x.bin"
     path.write_bytes(b"not torch's")
+    path.with_suffix(".sig").write_text(compile_cache._sign(compile_cache._user_key(), b"not torch's", b""))
     assert not compile_cache.load_artifacts(path)
     assert "did not load" in caplog.text
     assert str(path) in caplog.text
+    assert "could not read them" in caplog.text  # signed by this user: torch's reader met them
+
+
+def test_artifacts_another_user_wrote_or_changed_are_not_loaded(
+    policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refused(path: Path) -> bool:
+        caplog.clear()
+        return compile_cache.load_artifacts(path) is None and "is not this user's" in caplog.text
+
+    path = tmp_path / "compile_cache-x.bin"
+    path.write_bytes(b"artifacts")
+    path.with_suffix(".kernels.tar").write_bytes(b"kernels")
+    path.with_suffix(".sig").write_text(compile_cache._sign(compile_cache._user_key(), b"artifacts", b"kernels"))
+    key_file = tmp_path / "home_cache" / "lightning_gaudi" / compile_cache.KEY_FILE
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert not refused(path)  # this user's: past the signature, to torch's reader
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "another_user"))
+    assert refused(path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home_cache"))
+    path.with_suffix(".kernels.tar").write_bytes(b"kernels, changed")
+    assert refused(path)
+    path.with_suffix(".kernels.tar").write_bytes(b"kernels")
+    path.with_suffix(".sig").unlink()
+    assert refused(path)
+    key_file.chmod(0o644)  # a key others can read signs nothing
+    assert compile_cache.load_artifacts(path) is None
+    assert "chmod 600" in caplog.text
 
 
 def test_strategy_key_reads_layout_world_and_precision(eager_hpu: hpu.Backend) -> None:
@@ -203,6 +233,7 @@ def test_a_requeue_on_another_node_reads_its_graphs_from_beside_the_checkpoint(
     assert sorted(p.name for p in checkpoints.glob("compile_cache-*")) == [
         f"compile_cache-{key}.bin",
         f"compile_cache-{key}.kernels.tar",
+        f"compile_cache-{key}.sig",
     ]
     monkeypatch.setenv(runtime.COMPILE_CACHE_ENV, str(tmp_path / "other_node"))  # an empty node-local folder
     assert fit(4, checkpoints / "last.ckpt") == {"hit": 2, "miss": 0}  # forward and backward: none compiled
