@@ -23,7 +23,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch.distributed.constants import default_pg_timeout
@@ -153,11 +153,16 @@ def load_artifacts(path: Path) -> bytes | None:
             headers = _header_folder()
             with tarfile.open(fileobj=io.BytesIO(kernels)) as tar:
                 for member in tar.getmembers():
-                    top, name = Path(member.name).parts[0], Path(member.name).name
-                    kernel = Path(headers or "", name) if top == _HEADERS else Path(folder, member.name)
-                    if (top != _HEADERS or headers) and _safe(member) and not kernel.exists():
-                        kernel.parent.mkdir(parents=True, exist_ok=True)
-                        _extract(tar, member, kernel)
+                    if Path(member.name).parts[0] != _HEADERS:
+                        target = Path(folder, member.name)
+                    elif headers is not None:
+                        target = headers / Path(member.name).name
+                    else:
+                        continue
+                    if _safe(member) and not target.exists() and (data := tar.extractfile(member)) is not None:
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        with data:
+                            _write(target, data)  # whole or not at all: a node's ranks load at once
     except Exception as error:  # and whatever its deserializer or tarfile meets in a damaged or foreign file
         log.warning("lightning_gaudi: the compile cache artifacts %s did not load (%s); compiling cold.", path, error)
         return None
@@ -210,20 +215,14 @@ def _header_folder() -> Path | None:
     return Path(folder) if isinstance(folder, str) else None
 
 
-def _write(path: Path, data: bytes) -> None:
+def _write(path: Path, data: bytes | IO[bytes]) -> None:
+    """``data`` (bytes, or a file read in chunks) to ``path`` through a temporary beside it."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
-
-
-def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> None:
-    """Whole or not at all: a node's ranks load at once."""
-    source = tar.extractfile(member)
-    if source is None:
-        return
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with source, open(partial, "wb") as sink:
-        shutil.copyfileobj(source, sink)
+    with open(partial, "wb") as sink:
+        if isinstance(data, bytes):
+            sink.write(data)
+        else:
+            shutil.copyfileobj(data, sink)
     os.replace(partial, path)
 
 
