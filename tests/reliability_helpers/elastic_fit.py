@@ -1,7 +1,8 @@
 """A tiny ``hpu_parallel`` fit for the reliability tests, run once per rank by torchrun (or Lightning's launcher).
 
 ``python elastic_fit.py OUT_DIR [--num-nodes N] [--devices D] [--max-steps S] [--every S] [--kill-rank R]
-[--kill-step S] [--timeout SECONDS] [--hang-rank R] [--grace SECONDS]`` under ``LIGHTNING_GAUDI_EMULATE=eager``.
+[--kill-step S] [--kill ATTEMPT:RANK:STEP ...] [--timeout SECONDS] [--hang-rank R] [--grace SECONDS]`` under
+``LIGHTNING_GAUDI_EMULATE=eager``.
 
 Every rank sees the same batch on every step (rank r always gets sample r), so the weights after ``n`` optimizer
 steps depend on ``n`` alone: a run that loses steps or applies one twice ends with different weights than
@@ -16,9 +17,10 @@ What each rank writes under ``OUT_DIR``:
 - ``final-rank<r>.pt``: the weights at the end of a run that reached ``--max-steps``.
 
 ``--kill-rank R --kill-step S``: rank R SIGKILLs itself after optimizer step S in the first attempt
-(attempt 0). ``--hang-rank R``: rank R stops answering (sleeps) before the first barrier. ``--grace``: the
-``PreemptionCheckpoint`` grace period (3 s; the default 25 s would keep a hung rank alive that long after torchrun's
-SIGTERM, since it never reaches a step to stop at).
+(attempt 0); ``--kill ATTEMPT:RANK:STEP`` (repeatable) does the same in attempt ATTEMPT, so one job can lose a rank
+in several attempts in a row. ``--hang-rank R``: rank R stops answering (sleeps) before the first barrier.
+``--grace``: the ``PreemptionCheckpoint`` grace period (3 s; the default 25 s would keep a hung rank alive that long
+after torchrun's SIGTERM, since it never reaches a step to stop at).
 An attempt is one start of a rank's process that reached the training loop (torchrun's
 ``TORCHELASTIC_RESTART_COUNT`` cannot tell: a restart for a peer's failure does not count there).
 """
@@ -129,12 +131,18 @@ class Recorder(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         step = trainer.global_step
         self._append("steps", trainer, f"{self.attempt} {step}")
-        if self.attempt == 0 and trainer.global_rank == self.args.kill_rank and step == self.args.kill_step:
+        kills = [(0, self.args.kill_rank, self.args.kill_step), *self.args.kill]
+        if (self.attempt, trainer.global_rank, step) in kills:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_step == self.args.max_steps:
             torch.save(pl_module.state_dict(), self.out / f"final-rank{trainer.global_rank}.pt")
+
+
+def _kill(text: str) -> tuple[int, int, int]:
+    attempt, rank, step = map(int, text.split(":"))
+    return attempt, rank, step
 
 
 def main() -> None:
@@ -146,6 +154,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-step", type=int, default=-1)
+    parser.add_argument("--kill", type=_kill, action="append", default=[], help="ATTEMPT:RANK:STEP, repeatable")
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--grace", type=float, default=3.0)
