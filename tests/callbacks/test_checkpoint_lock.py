@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from helpers.workload import Workload, loader
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from callbacks.test_preemption import FIT, SIGTERM_EXIT, START_TIMEOUT_S, Job, _env
+from callbacks.test_preemption import SIGTERM_EXIT, whole_job
 from lightning_gaudi.callbacks import PreemptionCheckpoint
 from lightning_gaudi.callbacks.checkpoint_lock import (
     LOCK_FILENAME,
@@ -162,26 +161,24 @@ def test_fit_then_test_is_one_job_and_the_lock_is_released_at_the_end(tmp_path: 
 
 
 @pytest.mark.subprocess
-def test_a_second_two_card_job_is_refused_and_the_first_releases_the_folder_when_preempted(tmp_path: Path) -> None:
-    first = Job(tmp_path / "first")
-    folder = tmp_path / "first" / "ckpt"
-    try:
-        holder = json.loads((folder / LOCK_FILENAME).read_text())
-        assert (holder["host"], holder["pid"]) == (socket.gethostname(), first.pids[0])  # global rank 0
-        (tmp_path / "second").mkdir()
-        command = [sys.executable, str(FIT), str(tmp_path / "second"), "--ckpt-dir", str(folder)]
-        second = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=START_TIMEOUT_S)
-        assert second.returncode != 0
-        assert f"The checkpoint folder {str(folder)!r} is in use by another live job" in second.stderr
-        assert f"pid {first.pids[0]}" in second.stderr
-        assert not list((tmp_path / "second").glob("rank*.step"))  # neither rank trained
-        assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILENAME]  # nor wrote there
-        os.kill(first.pids[0], signal.SIGTERM)
-        first.wait_gone(within=60)
-    finally:
-        first.kill()
-    assert first.proc.returncode == SIGTERM_EXIT
-    assert sorted(p.name for p in folder.iterdir()) == ["last-preempted.ckpt"]  # the lock released at the exit
+def test_a_second_two_card_job_is_refused_and_the_first_releases_the_folder_when_preempted(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The 2-card job of ``test_sigterm_to_the_whole_job_saves_a_checkpoint_and_ends_every_rank``: while it trained, a
+    second job was started on its checkpoint folder; then the job was preempted."""
+    out, end = whole_job(tmp_path_factory)
+    folder = out / "ckpt"
+    first_rank_0 = end["pids"][0]
+    holder = end["holder"]
+    assert (holder["host"], holder["pid"]) == (socket.gethostname(), first_rank_0)  # global rank 0
+    second = end["second"]
+    assert second["returncode"] != 0
+    assert f"The checkpoint folder {str(folder)!r} is in use by another live job" in second["stderr"]
+    assert f"pid {first_rank_0}" in second["stderr"]
+    assert not second["trained"]  # neither rank trained
+    assert second["folder"] == [LOCK_FILENAME]  # nor wrote there
+    assert end["returncode"] == SIGTERM_EXIT, end["log"][-4000:]
+    assert end["ckpt"] == ["last-preempted.ckpt"]  # the lock released at the exit
 
 
 @pytest.mark.parametrize(("heartbeat", "stale_after"), [(0, 60), (10, 10), (30, 20)])

@@ -7,22 +7,27 @@ The jobs run ``tests/reliability_helpers/preempt_fit.py`` (eager emulation, a ti
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from helpers.shared_job import run_once
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_gaudi import hpu, resume
 from lightning_gaudi.callbacks import PreemptionCheckpoint
+from lightning_gaudi.callbacks.checkpoint_lock import LOCK_FILENAME
 from lightning_gaudi.callbacks.preemption import Preempted, add_default_preemption, preempted_exit_code
 from lightning_gaudi.distributed import agreement
 from lightning_gaudi.patches import signals as signals_patch
@@ -117,67 +122,146 @@ class Job:
         return self.out / "ckpt" / "last-preempted.ckpt"
 
 
-def _assert_resumes(job: Job) -> None:
-    """The checkpoint verifies, the resume policies pick it, and training goes on from its step on one device."""
-    info = resume.verify_checkpoint(job.checkpoint)
+def signal_job(
+    out: Path,
+    *args: str,
+    rank: int | None = None,
+    within: float,
+    meanwhile: Callable[[Job], dict[str, Any]] | None = None,
+) -> None:
+    """Starts a 2-rank ``Job`` in ``out``, runs ``meanwhile`` on it while it trains, sends SIGTERM to the whole job
+    (``rank`` None) or to rank ``rank`` alone, waits (at most ``within`` seconds) until every process is gone, and
+    records how it ended in ``out/ended.json`` (with what ``meanwhile`` returned): a job several tests read through
+    ``run_once``, each checking its own claims."""
+    job = Job(out, *args)
+    try:
+        facts = meanwhile(job) if meanwhile is not None else {}
+    except BaseException:
+        job.kill()
+        raise
+    if rank is None:
+        os.killpg(job.proc.pid, signal.SIGTERM)  # what a scheduler does: every process of the job
+    else:
+        os.kill(job.pids[rank], signal.SIGTERM)
+    took = job.wait_gone(within=within)
+    ckpt = sorted(p.name for p in (out / "ckpt").iterdir()) if (out / "ckpt").exists() else []
+    ended = {"returncode": job.proc.returncode, "took": took, "pids": job.pids, "ckpt": ckpt, **facts}
+    (out / "ended.json").write_text(json.dumps(ended))
+
+
+def ended(out: Path) -> dict[str, Any]:
+    """What :func:`signal_job` recorded, with the job's log (``log``) and the step each rank stopped after
+    (``steps``)."""
+    facts = json.loads((out / "ended.json").read_text())
+    facts["log"] = (out / "job.log").read_text()
+    facts["steps"] = {int((out / f"rank{rank}.step").read_text()) for rank in range(2)}
+    return facts
+
+
+def _second_job_on_its_folder(job: Job) -> dict[str, Any]:
+    """For ``test_checkpoint_lock``: the lock's holder while the job trains, and how a second job started on the job's
+    checkpoint folder ended (its stderr, whether a rank trained, the folder meanwhile)."""
+    folder = job.out / "ckpt"
+    holder = json.loads((folder / LOCK_FILENAME).read_text())
+    second_out = job.out / "second"
+    second_out.mkdir()
+    command = [sys.executable, str(FIT), str(second_out), "--ckpt-dir", str(folder)]
+    second = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    return {
+        "holder": holder,
+        "second": {
+            "returncode": second.returncode,
+            "stderr": second.stderr,
+            "trained": bool(list(second_out.glob("rank*.step"))),
+            "folder": sorted(p.name for p in folder.iterdir()),
+        },
+    }
+
+
+def _whole_job(out: Path) -> None:
+    """A DDP job that takes SIGTERM on every process, after a second job on its checkpoint folder was tried."""
+    signal_job(out, "--grace", "20", within=20 + EXIT_ALLOWANCE_S, meanwhile=_second_job_on_its_folder)
+
+
+def whole_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The job of ``_whole_job``, run once for this test and ``test_checkpoint_lock``'s second-job test: its folder and
+    how it ended."""
+    out = run_once(tmp_path_factory, "preempt-whole-job", _whole_job)
+    return out, ended(out)
+
+
+def _assert_resumes(out: Path) -> None:
+    """The checkpoint in ``out/ckpt`` verifies, the resume policies pick it, and training goes on from its step on one
+    device."""
+    checkpoint = out / "ckpt" / "last-preempted.ckpt"
+    info = resume.verify_checkpoint(checkpoint)
     assert info.global_step is not None
     assert info.global_step > 0
-    ckpt_dir = job.out / "ckpt"
-    assert resume.resolve_ckpt_path("auto", ckpt_dir) == str(job.checkpoint)
-    assert resume.resolve_ckpt_path("last", ckpt_dir) == str(job.checkpoint)
+    ckpt_dir = out / "ckpt"
+    assert resume.resolve_ckpt_path("auto", ckpt_dir) == str(checkpoint)
+    assert resume.resolve_ckpt_path("last", ckpt_dir) == str(checkpoint)
     model = RegressionModel()
     trainer = Trainer(
         accelerator="hpu",
         devices=1,
-        default_root_dir=job.out,
+        default_root_dir=out,
         callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_top_k=0)],
         **trainer_kwargs(max_steps=info.global_step + 2, max_epochs=None, enable_checkpointing=True),
     )
     trainer.fit(model, regression_loader(), ckpt_path="last")  # Lightning's own "last" finds it too
     assert trainer.global_step == info.global_step + 2
-    restored = torch.load(job.checkpoint, weights_only=False)
+    restored = torch.load(checkpoint, weights_only=False)
     assert restored["global_step"] == info.global_step
 
 
 @pytest.mark.subprocess
 def test_sigterm_to_the_whole_job_saves_a_checkpoint_and_ends_every_rank(
-    tmp_path: Path, eager_hpu: hpu.Backend
+    tmp_path_factory: pytest.TempPathFactory, eager_hpu: hpu.Backend
 ) -> None:
-    grace = 20.0
-    job = Job(tmp_path / "job", "--grace", str(grace))
-    os.killpg(job.proc.pid, signal.SIGTERM)  # what a scheduler does: every process of the job
-    took = job.wait_gone(within=grace + EXIT_ALLOWANCE_S)
-    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
-    steps = {int((job.out / f"rank{rank}.step").read_text()) for rank in range(2)}
+    out, end = whole_job(tmp_path_factory)
+    assert end["returncode"] == SIGTERM_EXIT, end["log"][-4000:]
+    steps = end["steps"]
     assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
-    print(f"2 ranks, SIGTERM to the job: all gone {took:.2f}s after the signal")
-    _assert_resumes(job)
+    print(f"2 ranks, SIGTERM to the job: all gone {end['took']:.2f}s after the signal")
+    assert not [name for name in end["ckpt"] if name.endswith(".tmp")]
+    _assert_resumes(out)  # saves nothing there: test_checkpoint_lock reads what the job left from ended.json
     # the callbacks' batch-end hooks (which stop) run before the model's (which records the step)
-    assert resume.read_checkpoint_info(job.checkpoint).global_step == steps.pop() + 1
-    assert not [p for p in (job.out / "ckpt").iterdir() if p.name.endswith(".tmp")]
+    assert resume.read_checkpoint_info(out / "ckpt" / "last-preempted.ckpt").global_step == steps.pop() + 1
+
+
+def _fsdp_job_signalled_on_rank_1(out: Path) -> None:
+    """The ``hpu_fsdp`` job takes SIGTERM on rank 1 alone, with the ranks' torchrun restart counts differing: the
+    sharded-strategy test and the one-rank test read it (a whole-job SIGTERM: the other strategies' jobs)."""
+    args = ("--grace", "20", "--strategy", "hpu_fsdp", "--restart-counts", "0,1")
+    signal_job(out, *args, rank=1, within=20 + EXIT_ALLOWANCE_S)
 
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("strategy", ["hpu_fsdp", "hpu_fsdp_sharded_checkpoint", "hpu_deepspeed_stage_2"])
-def test_sigterm_ends_a_sharded_job_as_it_ends_a_ddp_job(tmp_path: Path, strategy: str) -> None:
+def test_sigterm_ends_a_sharded_job_as_it_ends_a_ddp_job(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, strategy: str
+) -> None:
     """The shared strategy core behaves the same for every distributed strategy: a checkpoint at one step, exit 143
     from every process, none left."""
     if strategy.startswith("hpu_deepspeed"):
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed")
-    grace = 20.0
-    job = Job(tmp_path / "job", "--grace", str(grace), "--strategy", strategy)
-    os.killpg(job.proc.pid, signal.SIGTERM)
-    took = job.wait_gone(within=grace + EXIT_ALLOWANCE_S)
-    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
-    steps = {int((job.out / f"rank{rank}.step").read_text()) for rank in range(2)}
+    if strategy == "hpu_fsdp":
+        out = run_once(tmp_path_factory, "preempt-hpu_fsdp-rank1", _fsdp_job_signalled_on_rank_1)
+    else:
+        out = tmp_path / "job"
+        signal_job(out, "--grace", "20", "--strategy", strategy, within=20 + EXIT_ALLOWANCE_S)
+    end = ended(out)
+    assert end["returncode"] == SIGTERM_EXIT, end["log"][-4000:]
+    steps = end["steps"]
     assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
-    assert job.checkpoint.exists(), job.log.read_text()[-4000:]
-    assert sorted(p.name for p in (job.out / "ckpt").iterdir()) == ["last-preempted.ckpt"]
+    checkpoint = out / "ckpt" / "last-preempted.ckpt"
+    assert checkpoint.exists(), end["log"][-4000:]
+    assert end["ckpt"] == ["last-preempted.ckpt"]
     # a restart continues from it: the resume policies verify the checkpoint (a folder for DeepSpeed) and pick it
-    assert resume.verify_checkpoint(job.checkpoint).global_step == steps.pop() + 1
-    assert resume.resolve_ckpt_path("auto", job.out / "ckpt") == str(job.checkpoint)
-    assert resume.resolve_ckpt_path("last", job.out / "ckpt") == str(job.checkpoint)
-    print(f"2 ranks of {strategy}, SIGTERM to the job: all gone {took:.2f}s after the signal")
+    assert resume.verify_checkpoint(checkpoint).global_step == steps.pop() + 1
+    assert resume.resolve_ckpt_path("auto", out / "ckpt") == str(checkpoint)
+    assert resume.resolve_ckpt_path("last", out / "ckpt") == str(checkpoint)
+    print(f"2 ranks of {strategy}, SIGTERM: all gone {end['took']:.2f}s after the signal")
 
 
 @pytest.mark.subprocess
@@ -205,18 +289,18 @@ def test_a_second_sigterm_during_the_exit_keeps_the_preemption_exit_code(tmp_pat
 
 
 @pytest.mark.subprocess
-def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Also when the ranks' torchrun restart counts differ (two nodes' agents after a peer's restart): the vote's keys
-    are the same on every rank all the same."""
-    grace = 20.0
-    job = Job(tmp_path / "job", "--grace", str(grace), "--restart-counts", "0,1")
-    os.kill(job.pids[1], signal.SIGTERM)  # rank 1 alone: rank 0 learns it from the vote
-    took = job.wait_gone(within=grace + EXIT_ALLOWANCE_S)
-    assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
-    steps = {int((job.out / f"rank{rank}.step").read_text()) for rank in range(2)}
+    are the same on every rank all the same. (The ``hpu_fsdp`` job of the sharded-strategy test: the vote is the
+    strategies' shared core.)"""
+    out = run_once(tmp_path_factory, "preempt-hpu_fsdp-rank1", _fsdp_job_signalled_on_rank_1)
+    end = ended(out)  # rank 1 alone got the signal: rank 0 learns it from the vote
+    assert end["took"] <= 20 + EXIT_ALLOWANCE_S
+    assert end["returncode"] == SIGTERM_EXIT, end["log"][-4000:]
+    steps = end["steps"]
     assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"
-    assert resume.verify_checkpoint(job.checkpoint).global_step == steps.pop() + 1
-    print(f"2 ranks, SIGTERM to rank 1 only: all gone {took:.2f}s after the signal")
+    assert resume.verify_checkpoint(out / "ckpt" / "last-preempted.ckpt").global_step == steps.pop() + 1
+    print(f"2 ranks, SIGTERM to rank 1 only: all gone {end['took']:.2f}s after the signal")
 
 
 @pytest.mark.subprocess
@@ -278,7 +362,7 @@ def test_sigterm_on_one_device_saves_and_stops(tmp_path: Path, eager_hpu: hpu.Ba
     job.proc.send_signal(signal.SIGTERM)
     job.wait_gone(within=grace + EXIT_ALLOWANCE_S)
     assert job.proc.returncode == SIGTERM_EXIT, job.log.read_text()[-4000:]
-    _assert_resumes(job)
+    _assert_resumes(job.out)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
