@@ -61,21 +61,18 @@ def _error(event: dict[str, Any]) -> RuntimeError:
 
 @pytest.mark.subprocess
 def test_what_gloo_raises_for_an_exited_and_a_hung_peer(tmp_path: Path) -> None:
-    """A peer that exits: "Connection closed by peer" (lost). A peer that sleeps past 2 s: a timeout, then every
-    later collective fails with "Application timeout caused pair closure" (still a timeout)."""
-    codes, events, log = _run_pair("raw-exit", tmp_path / "exit")
+    """A peer that sleeps past 2 s: a timeout, then every later collective fails with "Application timeout caused pair
+    closure" (still a timeout). Then, in a new group of the same processes, a peer that exits: "Connection closed by
+    peer" (lost)."""
+    codes, events, log = _run_pair("raw-hang-exit", tmp_path)
     assert codes == [0, 1], log
-    [reduce] = events[0]
-    assert "Connection closed by peer" in reduce["message"], reduce
-    assert classify(_error(reduce)) is PeerLostError
-
-    codes, events, log = _run_pair("raw-hang", tmp_path / "hang")
-    assert codes == [0, 0], log
-    first, again = events[0]
+    first, again, reduce = events[0]
     assert "Timed out waiting 2000ms for recv operation to complete" in first["message"], first
     assert again["message"] == "Application timeout caused pair closure", again
     assert classify(_error(first)) is CollectiveTimeoutError
     assert classify(_error(again)) is CollectiveTimeoutError
+    assert "Connection closed by peer" in reduce["message"], reduce
+    assert classify(_error(reduce)) is PeerLostError
 
 
 @pytest.mark.subprocess

@@ -8,6 +8,8 @@ Scenarios:
 
 - ``raw-exit``: rank 1 exits; rank 0 runs ``all_reduce`` (plain torch);
 - ``raw-hang``: rank 1 sleeps past the group's 2 s timeout; rank 0 runs ``all_reduce`` twice (plain torch);
+- ``raw-hang-exit``: ``raw-hang``, then both ranks form a new group and run ``raw-exit`` in it (one pair of processes
+  for both);
 - ``raw-mismatch``: ``all_gather`` of shapes (2,) and (3,) (plain torch, as Lightning's all_gather calls it);
 - ``strategy``: through ``HPUParallelStrategy``: ``all_gather`` and ``reduce`` of mismatched shapes, then a good
   ``all_gather``, then rank 1 exits and rank 0 waits at a ``barrier``.
@@ -45,20 +47,24 @@ def _attempt(out: Path, rank: int, step: str, action: Any) -> Any:
     return result
 
 
-def _raw(scenario: str, rank: int, out: Path) -> None:
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=2))
+def _raw(scenario: str, rank: int, out: Path, store: Any = None) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=2), store=store)
     dist.barrier()
     if scenario == "raw-exit":
         if rank == 1:
             os._exit(1)
         time.sleep(0.5)
         _attempt(out, rank, "all_reduce", lambda: dist.all_reduce(torch.ones(4)))
-    elif scenario == "raw-hang":
+    elif scenario in ("raw-hang", "raw-hang-exit"):
         if rank == 1:
             time.sleep(4)
+        else:
+            _attempt(out, rank, "all_reduce", lambda: dist.all_reduce(torch.ones(4)))
+            _attempt(out, rank, "all_reduce again", lambda: dist.all_reduce(torch.ones(4)))
+        if scenario == "raw-hang":
             os._exit(0)
-        _attempt(out, rank, "all_reduce", lambda: dist.all_reduce(torch.ones(4)))
-        _attempt(out, rank, "all_reduce again", lambda: dist.all_reduce(torch.ones(4)))
+        dist.destroy_process_group()
+        _raw("raw-exit", rank, out, dist.PrefixStore("exit", store.underlying_store))
     elif scenario == "raw-mismatch":
         tensor = torch.zeros(2 + rank)
         gathered = [torch.empty_like(tensor) for _ in range(2)]
@@ -86,6 +92,9 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     if scenario == "strategy":
         _strategy(rank, out)
+    elif scenario == "raw-hang-exit":  # two groups in turn on one store, each under its own prefix
+        store = dist.TCPStore("127.0.0.1", int(port), 2, rank == 0, timeout=timedelta(seconds=30))
+        _raw(scenario, rank, out, dist.PrefixStore("hang", store))
     else:
         _raw(scenario, rank, out)
     os._exit(0)  # no process-group teardown: the peer may be gone
