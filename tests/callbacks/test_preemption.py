@@ -1,7 +1,9 @@
 """Preemption (``PreemptionCheckpoint``): SIGTERM saves a checkpoint at a step all ranks agree on and stops every rank
 within the grace period, under Lightning's launcher, under torchrun, and on one device.
 
-The jobs run ``tests/reliability_helpers/preempt_fit.py`` (eager emulation, a tiny model).
+The jobs run ``tests/reliability_helpers/preempt_fit.py`` (eager emulation, a tiny model). Each process that imports
+Lightning costs seconds of CPU, so a job several tests can read runs once (:func:`signal_job` with ``run_once``): the
+whole-job SIGTERM job also serves ``test_checkpoint_lock``, the ``hpu_fsdp`` job the one-rank SIGTERM test.
 """
 
 from __future__ import annotations
