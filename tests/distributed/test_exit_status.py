@@ -119,10 +119,15 @@ def test_a_rank_failing_in_on_train_end_fails_the_job_under_torchrun(tmp_path: P
     assert "rank 1 failed in on_train_end" in job.stderr
 
 
+#: The launching rank's part: ``shutdown`` loaded from its file alone (torch and the standard library), since importing
+#: it through the package imports Lightning first, seconds of CPU this test does not need.
 WATCHER = """
-import subprocess, sys, time
+import importlib.util, subprocess, sys, time
 from pathlib import Path
-from lightning_gaudi.distributed import shutdown
+package = importlib.util.find_spec("lightning_gaudi")
+spec = importlib.util.spec_from_file_location("shutdown", Path(package.origin).parent / "distributed" / "shutdown.py")
+shutdown = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shutdown)
 staging = Path(sys.argv[1])
 ranks = [subprocess.Popen([sys.executable, "-c", code]) for code in sys.argv[2:]]
 shutdown.watch_ranks(ranks, first_rank=1)
