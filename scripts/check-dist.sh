@@ -15,7 +15,7 @@
 #
 # Usage: scripts/check-dist.sh. PYTHON (default .venv/bin/python, from scripts/setup.sh) runs build and twine (the dev
 # extra); the fresh venv is made by python3. Exits non-zero, naming the step, on any failure. Measured: 113 CPU-seconds,
-# 9 min 2 s on 2 cores shared with a load average of 8 to 10 (with the device check alone, step 4 was 1 min 34 s at
+# 9 min 2 s on 2 cores shared with a load average of 8 to 10 (the whole script with the device check alone: 1 min 34 s at
 # load average 5), torch from this machine's disk; most of it is the fresh venv's installs and the doctor's processes
 # (each check group's worker, the all-reduce's 2 ranks and the fit, each importing torch and Lightning).
 set -euo pipefail
