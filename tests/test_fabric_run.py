@@ -205,12 +205,13 @@ NUMBER = re.compile(r"-?\d+\.\d+")
 
 
 def _words(workdir: Path) -> None:
-    """``data/wikitext-2.txt`` for WikiText2 (which downloads only a missing file): about 5600 words of local text."""
+    """``data/wikitext-2.txt`` for WikiText2 (which downloads only a missing file): about 3850 words of local text,
+    about 110 samples: the language model's 2 training batches per rank (its 20-sample splits aside)."""
     lines: list[str] = []
     for line in inspect.getsource(argparse).splitlines():
         if line.split():
             lines.append(" ".join(line.split()))
-        if sum(len(kept.split()) + 1 for kept in lines) > 5600:
+        if sum(len(kept.split()) + 1 for kept in lines) > 3850:
             break
     (workdir / "data").mkdir(parents=True)
     (workdir / "data" / "wikitext-2.txt").write_text("\n".join(lines) + "\n")
@@ -288,5 +289,5 @@ def test_lightnings_fabric_examples_on_2_hpus_equal_2_cpus(tmp_path: Path) -> No
         assert [NUMBER.sub("#", line) for line in hpu_lines] == [NUMBER.sub("#", line) for line in cpu_lines]
         cpu_numbers = [float(n) for line in cpu_lines for n in NUMBER.findall(line)]
         hpu_numbers = [float(n) for line in hpu_lines for n in NUMBER.findall(line)]
-        assert len(cpu_numbers) >= 18  # the classifier: 16 losses, 2 test losses (rank 0: the language model 2 more)
+        assert len(cpu_numbers) >= 10  # the classifier: 8 losses, 2 test losses (rank 0: the language model 2 more)
         assert hpu_numbers == pytest.approx(cpu_numbers, rel=1e-4, abs=1e-4), "\n".join(hpu_lines)

@@ -282,5 +282,5 @@ def test_rays_own_hpu_path_runs_on_the_bridge_double(ray_job: Path) -> None:
 def test_a_checkpoint_reported_through_ray_resumes(ray_job: Path) -> None:
     reported = json.loads((ray_job / "reported.json").read_text())
     assert {(r["case"], r["epoch"]) for r in reported} >= {(1.0, 0), (1.0, 1)}  # ddp_hpu reported each epoch
-    # the second job started from ddp_hpu's first-epoch checkpoint and trained its second epoch
+    # "resumed" started from the checkpoint Ray kept after ddp_hpu's first epoch and trained its second epoch
     _assert_equal(ray_job, "resumed", "ddp_hpu")

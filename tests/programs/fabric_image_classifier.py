@@ -54,9 +54,9 @@ DATASETS_PATH = path.join(path.dirname(__file__), "..", "..", "..", "Datasets")
 
 
 def MNIST(root, download, train, transform):  # lightning_gaudi: torchvision's MNIST, offline
-    """Random 1x28x28 images (normalized) and labels, 256 to train and 64 to test, the same in every process."""
+    """Random 1x28x28 images (normalized) and labels, 128 to train and 32 to test, the same in every process."""
     generator = torch.Generator().manual_seed(0 if train else 1)
-    count = 256 if train else 64
+    count = 128 if train else 32
     images = torch.randn(count, 1, 28, 28, generator=generator)
     labels = torch.randint(10, (count,), generator=generator)
     return torch.utils.data.TensorDataset(images, labels)

@@ -4,7 +4,7 @@
 # (http://www.apache.org/licenses/LICENSE-2.0). Vendored for tests/test_fabric_run.py, which runs it with `fabric run`
 # (Lightning's, on 2 CPUs) and `python -m lightning_gaudi fabric run` (2 emulated HPUs).
 # Changed, sizes only (the example has no options; each change is marked "lightning_gaudi:"): 1 epoch instead of 20,
-# and validation and test splits of 20 samples instead of 2000, for the small `data/wikitext-2.txt` (about 160 samples
+# and validation and test splits of 20 samples instead of 2000, for the small `data/wikitext-2.txt` (about 110 samples
 # of 35 words) the test writes in the working directory: WikiText2 downloads the file only when it is missing.
 # Kept as Lightning wrote it: not linted or formatted here.
 # ruff: noqa

@@ -381,28 +381,7 @@ def test_first_screen_and_run_log(tmp_path: Path) -> None:
     assert "[lightning.pytorch.utilities.rank_zero][INFO] - Throughput over" in run_log  # lightning_gaudi's callback
 
 
-@pytest.mark.subprocess
-def test_the_cli_example_is_quiet_too(tmp_path: Path) -> None:
-    """`examples/cli.py` leaves the same upstream notices off the console."""
-    command = [
-        sys.executable,
-        str(ROOT / "examples" / "cli.py"),
-        "fit",
-        f"--config={ROOT / 'examples' / 'gpt_recipe' / 'cli.yaml'}",
-        *("--model.n_layer=1", "--model.n_embd=16", "--model.n_head=2", "--model.block_size=16"),
-        *("--data.seq_len=16", "--data.batch_size=4", "--data.max_bytes=20000"),
-        *("--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.val_check_interval=2"),
-        f"--trainer.default_root_dir={tmp_path}",
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_GAUDI_")}
-    env[hpu.EMULATE_ENV] = "eager"
-    done = subprocess.run(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=tmp_path
-    )
-    assert done.returncode == 0, done.stdout[-4000:]
-    assert "`Trainer.fit` stopped: `max_steps=2` reached." in done.stdout
-    assert "LeafSpec" not in done.stdout
-    assert "Tip:" not in done.stdout
+# examples/cli.py's console is as quiet: tests/test_cli.py::test_fit_with_the_example_cli checks its fit's output
 
 
 @pytest.fixture
