@@ -1,7 +1,8 @@
 """A real 2-process ``hpu_fsdp`` job under eager emulation, for ``tests/strategies/test_fsdp_emulated.py``.
 
-Run as ``python fsdp_fit.py OUT_DIR STEPS RESUMED_STEPS EPOCHS`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's
-popen launcher re-runs it for rank 1, and the process group the first Trainer forms serves the later ones. In turn:
+Run as ``python fsdp_fit.py OUT_DIR STEPS RESUMED_STEPS EPOCHS [STRATEGIES OPTIMIZERS MODELS]`` with
+``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher re-runs it for rank 1, and the process group the first
+Trainer forms serves the later ones. In turn:
 
 - ``fit``: train ``STEPS`` steps, then save the run as a sharded checkpoint ``OUT_DIR/sharded.ckpt`` and as a full one
   ``OUT_DIR/full.ckpt`` (rank 0 writes the sha256 of each of their files to ``OUT_DIR/saved.json``), then validate,
@@ -11,7 +12,9 @@ popen launcher re-runs it for rank 1, and the process group the first Trainer fo
 - ``resume-auto``: for each case of :data:`CASES` in turn, the same as ``checkpointed`` in ``OUT_DIR/damaged/CASE``,
   resumed from what the ``"auto"`` resume policy picks in its ``ckpt``, which rank 0 fills with copies of the first
   two checkpoints, the newer one's rank-1 shard with bytes flipped (its checksum index removed in the case without),
-  announced in stderr (``job_runs.announce_run(CASE)``).
+  announced in stderr (``job_runs.announce_run(CASE)``);
+- given ``STRATEGIES OPTIMIZERS MODELS``: ``optimizer_saves.py``'s cases of them (comma-separated) into
+  ``OUT_DIR/optimizer_saves``.
 
 Each training (one Trainer, with a model, strategy and loader of its own, seeded afresh: what a process of its own
 would train) writes ``<folder>/<name>-rank<r>.json`` on each rank: its batches, how many parameter and optimizer-state
@@ -144,6 +147,10 @@ def main() -> None:
     for case in CASES.values():
         announce_run(case)
         train(damaged / case, "resume-auto", epochs)
+    if len(sys.argv) > 5:
+        from optimizer_saves import run_cases
+
+        run_cases(out / "optimizer_saves", *(arg.split(",") for arg in sys.argv[5:8]))
 
 
 if __name__ == "__main__":

@@ -67,15 +67,26 @@ def _reference(initial: dict[str, list[Any]], steps: list[tuple[Any, Any]]) -> d
     return {f"net.{name}": tensor for name, tensor in net.state_dict().items()}
 
 
-def _job(out: Path) -> None:
-    (out / "stderr.txt").write_text(_run(out, str(STEPS), str(RESUMED_STEPS), str(EPOCHS)).stderr)
+#: ``helpers/optimizer_saves.py``'s cases the job runs too (for tests/strategies/test_optimizer_saves.py)
+SAVES = {"strategies": ["hpu_fsdp", "hpu_fsdp_sharded_checkpoint"], "optimizers": ["sgd", "adamw"], "models": ["odd"]}
+
+
+def fsdp_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job's folder (once per pytest run): the fit, resumed from its sharded and its full checkpoint, in the
+    folder; the damaged-checkpoint runs in ``damaged``; the optimizer-saves cases in ``optimizer_saves``; its stderr in
+    ``stderr.txt``."""
+
+    def job(out: Path) -> None:
+        saves = [",".join(values) for values in SAVES.values()]
+        (out / "stderr.txt").write_text(_run(out, str(STEPS), str(RESUMED_STEPS), str(EPOCHS), *saves).stderr)
+
+    return run_once(tmp_path_factory, "fsdp-job", job)
 
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The job's folder and stderr: the fit, resumed from its sharded and its full checkpoint, in the folder; the
-    damaged-checkpoint runs in ``damaged``."""
-    out = run_once(tmp_path_factory, "fsdp-job", _job)
+    """The job's folder and stderr."""
+    out = fsdp_job(tmp_path_factory)
     return out, (out / "stderr.txt").read_text()
 
 
