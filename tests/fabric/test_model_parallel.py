@@ -1,6 +1,7 @@
 """Fabric's sharded HPU strategies (``hpu_model_parallel``, ``hpu_fsdp``): set-up checks, then real 2-process loops
 under eager emulation against one process on the same data, with ``fabric.save``/``fabric.load`` of sharded state
-(every strategy's loop in turn in one 2-process job, once per pytest run)."""
+(every strategy's loop in turn at the end of tests/strategies/test_model_parallel.py's 2-process torchrun job, once
+per pytest run)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from torch import nn
 
 from lightning_gaudi import fabric, hpu
 from lightning_gaudi.fabric import HPUFSDPPrecision, HPUFSDPStrategy, HPUModelParallelStrategy
-from tests.helpers.shared_job import run_once
-from tests.strategies.test_model_parallel import run_helper
+from tests.strategies.test_model_parallel import FABRIC_STEPS as STEPS
+from tests.strategies.test_model_parallel import FABRIC_TOTAL as TOTAL
+from tests.strategies.test_model_parallel import fsdp2_reduces_with_sums, layouts_job
 
-STEPS, TOTAL, BATCH, MOMENTUM, CLIP = 3, 5, 8, 0.9, 0.5  # helpers/fabric_sharded.py's
+BATCH, MOMENTUM, CLIP = 8, 0.9, 0.5  # helpers/fabric_sharded.py's
 
 
 def _identity(module: nn.Module, mesh: Any) -> nn.Module:
@@ -69,27 +71,16 @@ def _reference(initial: dict[str, list[Any]], rows: list[list[int]]) -> dict[str
     return {name: tensor for name, tensor in net.state_dict().items()}
 
 
-def _fsdp2_reduces_with_sums() -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
-
-
 @pytest.fixture(scope="module")
 def loops(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The job's folder: ``helpers/fabric_sharded.py``'s loop of each kind this torch runs, in the kind's subfolder."""
-
-    def job(out: Path) -> None:
-        kinds = ["tp", "fsdp2", "fsdp"] if _fsdp2_reduces_with_sums() else ["tp", "fsdp"]
-        run_helper("fabric_sharded.py", out, ",".join(kinds), str(STEPS), str(TOTAL), timeout=360)
-
-    return run_once(tmp_path_factory, "fabric-sharded-loops", job)
+    """The folder of ``helpers/fabric_sharded.py``'s loops in the layouts job, each kind's in its subfolder."""
+    return layouts_job(tmp_path_factory) / "fabric"
 
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("kind", ["tp", "fsdp2", "fsdp"])
 def test_two_processes_match_one_and_a_sharded_checkpoint_resumes(loops: Path, kind: str) -> None:
-    if kind == "fsdp2" and not _fsdp2_reduces_with_sums():
+    if kind == "fsdp2" and not fsdp2_reduces_with_sums():
         pytest.skip(f"torch {torch.__version__}'s FSDP2 cannot reduce with HCCL's ops: refused at set-up")
     out = loops / kind
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -13,7 +13,9 @@ its data-parallel rank, its batches and losses, the bytes of parameters and opti
 of the reduce-scatters it ran (FSDP2's gradients) and the full weights at the start and the end of training.
 
 ``layouts`` does the same for each ``LAYOUT`` (``PLAN,DP,TP,RESUME``: ``RESUME`` 1 resumes to ``RESUMED_STEPS``, 0
-does not) in turn, in the same processes and process group, into ``OUT_DIR/<PLAN>-dp<DP>-tp<TP>``.
+does not) in turn, in the same processes and process group, into ``OUT_DIR/<PLAN>-dp<DP>-tp<TP>``; then, given
+``--fabric KIND[,KIND...] STEPS TOTAL`` after the layouts, ``fabric_sharded.py``'s Fabric loops of those kinds into
+``OUT_DIR/fabric/<KIND>``.
 """
 
 from __future__ import annotations
@@ -165,11 +167,17 @@ def main() -> None:
     out, mode, args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
     if mode == "layouts":
         steps, resumed_steps = int(args[0]), int(args[1])
-        for layout in args[2:]:
+        fabric = args[args.index("--fabric") :] if "--fabric" in args else []
+        for layout in args[2 : len(args) - len(fabric)]:
             plan, dp, tp, resume = layout.split(",")
             folder = out / f"{plan}-dp{dp}-tp{tp}"
             folder.mkdir(parents=True, exist_ok=True)
             fit_and_resume(folder, int(dp), int(tp), plan, steps, resumed_steps if resume == "1" else None)
+        if fabric:
+            from fabric_sharded import run as fabric_loop
+
+            for kind in fabric[1].split(","):
+                fabric_loop(out / "fabric" / kind, kind, int(fabric[2]), int(fabric[3]))
     else:
         resumed_steps = int(args[4]) if len(args) > 4 else None
         fit_and_resume(out, int(args[0]), int(args[1]), args[2], int(args[3]), resumed_steps)

@@ -251,6 +251,9 @@ def assert_matches_reference(ranks: list[dict[str, Any]], expected: dict[str, to
 
 #: (plan, data-parallel size, tensor-parallel size)
 LAYOUTS = [("tp", 1, 2), ("fsdp", 2, 1), ("both", 1, 2), ("both", 2, 1)]
+#: ``helpers/fabric_sharded.py``'s loops the layouts job runs too (for tests/fabric/test_model_parallel.py): their
+#: kinds, steps before the checkpoint and steps in all
+FABRIC_KINDS, FABRIC_STEPS, FABRIC_TOTAL = ("tp", "fsdp2", "fsdp"), 3, 5
 
 
 def fsdp2_reduces_with_sums() -> bool:
@@ -261,13 +264,17 @@ def fsdp2_reduces_with_sums() -> bool:
 def layouts_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder of one torchrun job (once per pytest run) that fits every layout this torch runs, one after another
     in the same 2 processes, each into ``<plan>-dp<dp>-tp<tp>``, and resumes the tp and fsdp layouts (resuming: they
-    cover it); its stderr in ``stderr.txt``. ``tests/strategies/test_clean_exit.py`` reads its exit, too."""
+    cover it), then runs the Fabric loops into ``fabric/<kind>``; its stderr in ``stderr.txt``.
+    ``tests/strategies/test_clean_exit.py`` reads its exit, too."""
 
     def job(out: Path) -> None:
         layouts = [f"{plan},{dp},{tp},{int(plan != 'both')}" for plan, dp, tp in LAYOUTS]
+        fabric_kinds = list(FABRIC_KINDS)
         if not fsdp2_reduces_with_sums():
             layouts = [layout for layout in layouts if layout.startswith("tp,")]
-        args = ("layouts", str(STEPS), str(RESUMED_STEPS), *layouts)
+            fabric_kinds.remove("fsdp2")
+        fabric = ("--fabric", ",".join(fabric_kinds), str(FABRIC_STEPS), str(FABRIC_TOTAL))
+        args = ("layouts", str(STEPS), str(RESUMED_STEPS), *layouts, *fabric)
         proc = run_helper("model_parallel_fit.py", out, *args, timeout=480, torchrun=True)
         (out / "stderr.txt").write_text(proc.stderr)
 
