@@ -191,15 +191,15 @@ def test_a_torch_without_sum_reductions_is_refused_at_set_up(
 def run_helper(
     script: str, out: Path, *args: str, timeout: int = 240, torchrun: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """Runs ``tests/helpers/<script>`` as a fresh launch under eager emulation (Lightning, the test, or with
-    ``torchrun`` torchrun starts the other ranks; torchrun reports every rank's exit code in its own)."""
+    """Runs ``tests/helpers/<script>`` as a fresh launch under eager emulation: Lightning or the test starts the other
+    ranks or, with ``torchrun``, torchrun starts every rank (and exits with the code of any rank that failed)."""
     launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
     for name in launch_vars:
         env.pop(name, None)
+    env.pop("DS_ACCELERATOR", None)  # the strategy chooses it
     env[hpu.EMULATE_ENV] = "eager"
     out.mkdir(parents=True, exist_ok=True)
-    env.pop("DS_ACCELERATOR", None)  # the strategy chooses it
     command = [sys.executable, str(HELPERS_DIR / script), str(out), *args]
     if torchrun:
         env["OMP_NUM_THREADS"] = "1"
