@@ -1,5 +1,7 @@
 """Fabric's sharded HPU strategies (``hpu_model_parallel``, ``hpu_fsdp``): set-up checks, then real 2-process loops
-under eager emulation against one process on the same data, with ``fabric.save``/``fabric.load`` of sharded state."""
+under eager emulation against one process on the same data, with ``fabric.save``/``fabric.load`` of sharded state
+(every strategy's loop in turn at the end of tests/strategies/test_model_parallel.py's 2-process torchrun job, once
+per pytest run)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from torch import nn
 
 from lightning_gaudi import fabric, hpu
 from lightning_gaudi.fabric import HPUFSDPPrecision, HPUFSDPStrategy, HPUModelParallelStrategy
-from tests.strategies.test_model_parallel import run_helper
+from tests.strategies.test_model_parallel import FABRIC_STEPS as STEPS
+from tests.strategies.test_model_parallel import FABRIC_TOTAL as TOTAL
+from tests.strategies.test_model_parallel import fsdp2_reduces_with_sums, layouts_job
 
-STEPS, TOTAL, BATCH, MOMENTUM, CLIP = 3, 5, 8, 0.9, 0.5  # helpers/fabric_sharded.py's
+BATCH, MOMENTUM, CLIP = 8, 0.9, 0.5  # helpers/fabric_sharded.py's
 
 
 def _identity(module: nn.Module, mesh: Any) -> nn.Module:
@@ -67,21 +71,25 @@ def _reference(initial: dict[str, list[Any]], rows: list[list[int]]) -> dict[str
     return {name: tensor for name, tensor in net.state_dict().items()}
 
 
+@pytest.fixture(scope="module")
+def loops(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of ``helpers/fabric_sharded.py``'s loops in the layouts job, each kind's in its subfolder."""
+    return layouts_job(tmp_path_factory) / "fabric"
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("kind", ["tp", "fsdp2", "fsdp"])
-def test_two_processes_match_one_and_a_sharded_checkpoint_resumes(tmp_path: Path, kind: str) -> None:
-    from torch.distributed.fsdp import FSDPModule
-
-    if kind == "fsdp2" and not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+def test_two_processes_match_one_and_a_sharded_checkpoint_resumes(loops: Path, kind: str) -> None:
+    if kind == "fsdp2" and not fsdp2_reduces_with_sums():
         pytest.skip(f"torch {torch.__version__}'s FSDP2 cannot reduce with HCCL's ops: refused at set-up")
-    run_helper("fabric_sharded.py", tmp_path, kind, str(STEPS), str(TOTAL))
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    out = loops / kind
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["initial"] == ranks[1]["initial"]
     assert ranks[0]["strategy"] == ("HPUFSDPStrategy" if kind == "fsdp" else "HPUModelParallelStrategy")
     # one file per rank plus the metadata, renamed into place complete: no staging directory left
     assert {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= set(ranks[0]["checkpoint_files"])
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["newest.ckpt.unloadable", "older.ckpt"]
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["newest.ckpt.unloadable", "older.ckpt"]
     rows = [sorted({row for facts in ranks for row in facts["rows"][step]}) for step in range(TOTAL)]
     expected = _reference(ranks[0]["initial"], rows)
     for facts in ranks:

@@ -1,18 +1,19 @@
 """Real 2-process ``hpu_deepspeed`` fits under eager emulation, for ``tests/strategies/test_deepspeed_emulated.py``.
 
-Run as ``python deepspeed_fit.py OUT_DIR STRATEGY[,STRATEGY...] MODE`` with ``LIGHTNING_GAUDI_EMULATE=eager``;
-Lightning's popen launcher re-runs this script for rank 1, and the process group the first Trainer forms serves the
-later ones. ``STRATEGY`` is a registered name (``hpu_deepspeed_stage_3``, ``deepspeed_stage_2``...). Modes:
+Run as ``python deepspeed_fit.py OUT_DIR STRATEGY[,STRATEGY...] MODE[,MODE...]`` with
+``LIGHTNING_GAUDI_EMULATE=eager``, under torchrun or alone (Lightning's popen launcher re-runs this script for rank 1);
+the process group the first Trainer forms serves the later ones. ``STRATEGY`` is a registered name
+(``hpu_deepspeed_stage_3``, ``deepspeed_stage_2``...). The modes run in the order given:
 
 - ``fit``: for each strategy in the order given, 4 steps of SGD on 32 samples, batch 4 per rank, then ``validate``,
   ``test`` and ``predict`` on the same samples with the same Trainer (``OUT_DIR/<STRATEGY>/rank<r>.eval.json``: both
   losses and how many rows this rank predicted). A ZeRO-3 engine replaces ``torch.nn.functional.linear`` for the life
   of the process: name ZeRO-3 strategies last;
-- ``checkpointed``: 2 epochs of 2 steps (16 samples), a checkpoint directory written at the end of each epoch into
-  ``OUT_DIR/straight/ckpt``; then, in the same processes, the same 2 epochs resumed into ``OUT_DIR/resumed`` from the
-  first directory, and into ``OUT_DIR/auto`` from the one the ``"auto"`` resume policy picks in ``OUT_DIR/auto/ckpt``,
-  which rank 0 fills with copies of both directories, the newest made unloadable;
-- ``short``: 2 steps of ``fit`` into ``OUT_DIR``, nothing else (for the exit code at teardown).
+- ``checkpointed``: with the last strategy, 2 epochs of 2 steps (16 samples), a checkpoint directory written at the
+  end of each epoch into ``OUT_DIR/straight/ckpt``; then, in the same processes, the same 2 epochs resumed into
+  ``OUT_DIR/resumed`` from the first directory, and into ``OUT_DIR/auto`` from the one the ``"auto"`` resume policy
+  picks in ``OUT_DIR/auto/ckpt``, which rank 0 fills with copies of both directories, the newest made unloadable;
+- ``short``: with the last strategy, 2 steps of ``fit`` into ``OUT_DIR`` (for the exit code at teardown).
 
 Every run is a fresh seed, model, strategy and Trainer; rank 0 starts it with ``job_runs.announce_run(<its folder's
 name>)``. Each rank writes ``<its folder>/rank<r>.json``: its weights before and
@@ -115,21 +116,27 @@ def unloadable_newest(checkpoints: Path, folder: Path) -> None:
         make_unloadable(states)
 
 
+def checkpointed(out: Path, strategy: str) -> None:
+    """The ``checkpointed`` mode's three runs into ``out``."""
+    trainer = run(out / "straight", strategy, "checkpointed")
+    run(out / "resumed", strategy, "checkpointed", str(out / "straight" / "ckpt" / "epoch=0-step=2.ckpt"))
+    if trainer.global_rank == 0:
+        unloadable_newest(out / "straight" / "ckpt", out / "auto" / "ckpt")
+    trainer.strategy.barrier()
+    ckpt_path = resolve_ckpt_path("auto", out / "auto" / "ckpt")  # on every rank
+    run(out / "auto", strategy, "checkpointed", ckpt_path)
+
+
 def main() -> None:
-    out, strategies, mode = Path(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
-    if mode == "short":
-        run(out, strategies[0], mode)
-    elif mode == "fit":
-        for strategy in strategies:
-            run(out / strategy, strategy, mode)
-    else:
-        trainer = run(out / "straight", strategies[0], mode)
-        run(out / "resumed", strategies[0], mode, str(out / "straight" / "ckpt" / "epoch=0-step=2.ckpt"))
-        if trainer.global_rank == 0:
-            unloadable_newest(out / "straight" / "ckpt", out / "auto" / "ckpt")
-        trainer.strategy.barrier()
-        ckpt_path = resolve_ckpt_path("auto", out / "auto" / "ckpt")  # on every rank
-        run(out / "auto", strategies[0], mode, ckpt_path)
+    out, strategies, modes = Path(sys.argv[1]), sys.argv[2].split(","), sys.argv[3].split(",")
+    for mode in modes:
+        if mode == "short":
+            run(out, strategies[-1], mode)
+        elif mode == "fit":
+            for strategy in strategies:
+                run(out / strategy, strategy, mode)
+        else:
+            checkpointed(out, strategies[-1])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """A real 2-process Fabric loop on a sharded HPU strategy under eager emulation, for
 ``tests/fabric/test_model_parallel.py``.
 
-Run as ``python fabric_sharded.py OUT_DIR STRATEGY STEPS TOTAL`` with ``LIGHTNING_GAUDI_EMULATE=eager`` (Fabric's popen
-launcher re-runs it for rank 1). ``STRATEGY`` is ``tp`` (``HPUModelParallelStrategy``, tensor parallelism on 2
-cards), ``fsdp2`` (the same, FSDP2 over 2 data-parallel ranks) or ``fsdp`` (``"hpu_fsdp"``). Each rank trains
+Run as ``python fabric_sharded.py OUT_DIR STRATEGY[,STRATEGY...] STEPS TOTAL`` with ``LIGHTNING_GAUDI_EMULATE=eager``
+(Fabric's popen launcher re-runs it for rank 1; the later strategies' Fabric objects reuse its processes and process
+group). ``STRATEGY`` is ``tp`` (``HPUModelParallelStrategy``, tensor parallelism on 2 cards), ``fsdp2`` (the same,
+FSDP2 over 2 data-parallel ranks) or ``fsdp`` (``"hpu_fsdp"``); each runs in turn into ``OUT_DIR/<STRATEGY>``
+(``OUT_DIR`` below), with a Fabric object of its own. Each rank trains
 ``STEPS`` steps with gradient clipping, saves a sharded checkpoint with ``fabric.save``, trains on to ``TOTAL``, then
 loads the checkpoint into a fresh model and optimizer with ``fabric.load`` and trains the same steps again. Then it
 damages rank 1's shard of a checkpoint saved at ``TOTAL`` in ``OUT_DIR/ckpt`` and resumes with the ``"auto"`` policy
@@ -49,8 +51,9 @@ def full_weights(model: Any) -> dict[str, list[Any]]:
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).tolist() for k, v in module.state_dict().items()}
 
 
-def main() -> None:
-    out, kind, steps, total = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def run(out: Path, kind: str, steps: int, total: int) -> None:
+    """One strategy's loop, its facts in ``out/rank<r>.json``."""
+    out.mkdir(parents=True, exist_ok=True)
     if kind == "fsdp":
         strategy: Any = "hpu_fsdp"
     else:
@@ -118,6 +121,12 @@ def main() -> None:
             "resumed": full_weights(model),
         }
     (out / f"rank{fabric.global_rank}.json").write_text(json.dumps(facts))
+
+
+def main() -> None:
+    out, kinds, steps, total = Path(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
+    for kind in kinds:
+        run(out / kind, kind, steps, total)
 
 
 if __name__ == "__main__":

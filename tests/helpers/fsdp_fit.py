@@ -1,17 +1,20 @@
-"""A real 2-process ``hpu_fsdp`` fit under eager emulation, for ``tests/strategies/test_fsdp_emulated.py``.
+"""A real 2-process ``hpu_fsdp`` job under eager emulation, for ``tests/strategies/test_fsdp_emulated.py``.
 
-Run as ``python fsdp_fit.py OUT_DIR MODE STEPS [ARGS...]`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen
-launcher re-runs it for rank 1. ``MODE`` is
+Run as ``python fsdp_fit.py OUT_DIR STEPS RESUMED_STEPS EPOCHS [STRATEGIES OPTIMIZERS MODELS]`` with
+``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher re-runs it for rank 1, and the process group the first
+Trainer forms serves the later ones. In turn:
 
-- ``fit`` (``ARGS``: ``RESUMED_STEPS``): train ``STEPS`` steps, then save the run as a sharded checkpoint
-  ``OUT_DIR/sharded.ckpt`` and as a full one ``OUT_DIR/full.ckpt`` (rank 0 writes the sha256 of each of their files to
-  ``OUT_DIR/saved.json``), then validate, test and predict (``OUT_DIR/rank<r>.eval.json``); then, in the same
-  processes and process group, resume from each of the two checkpoints up to ``RESUMED_STEPS`` steps
-  (``OUT_DIR/resume-sharded-rank<r>.json``, ``OUT_DIR/resume-full-rank<r>.json``);
-- ``checkpointed``: ``STEPS`` epochs, a sharded checkpoint after each in ``OUT_DIR/ckpt``;
-- ``resume-auto`` (``ARGS``: ``CASE...``): for each folder ``OUT_DIR/CASE`` in turn, the same as ``checkpointed`` in
-  it, resumed from what the ``"auto"`` resume policy picks in ``OUT_DIR/CASE/ckpt``, announced in stderr
-  (``job_runs.announce_run(CASE)``).
+- ``fit``: train ``STEPS`` steps, then save the run as a sharded checkpoint ``OUT_DIR/sharded.ckpt`` and as a full one
+  ``OUT_DIR/full.ckpt`` (rank 0 writes the sha256 of each of their files to ``OUT_DIR/saved.json``), then validate,
+  test and predict (``OUT_DIR/rank<r>.eval.json``); then resume from each of the two checkpoints up to
+  ``RESUMED_STEPS`` steps (``OUT_DIR/resume-sharded-rank<r>.json``, ``OUT_DIR/resume-full-rank<r>.json``);
+- ``checkpointed``: ``EPOCHS`` epochs, a sharded checkpoint after each in ``OUT_DIR/damaged/straight/ckpt``;
+- ``resume-auto``: for each case of :data:`CASES` in turn, the same as ``checkpointed`` in ``OUT_DIR/damaged/CASE``,
+  resumed from what the ``"auto"`` resume policy picks in its ``ckpt``, which rank 0 fills with copies of the first
+  two checkpoints, the newer one's rank-1 shard with bytes flipped (its checksum index removed in the case without),
+  announced in stderr (``job_runs.announce_run(CASE)``);
+- given ``STRATEGIES OPTIMIZERS MODELS``: ``optimizer_saves.py``'s cases of them (comma-separated) into
+  ``OUT_DIR/optimizer_saves``.
 
 Each training (one Trainer, with a model, strategy and loader of its own, seeded afresh: what a process of its own
 would train) writes ``<folder>/<name>-rank<r>.json`` on each rank: its batches, how many parameter and optimizer-state
@@ -21,12 +24,13 @@ elements it held during training, and the full weights (gathered) at the start a
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-from damage import fingerprint
+from damage import fingerprint, flip_bytes
 from job_runs import announce_run
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -34,9 +38,11 @@ from models import Evaluated, evaluate_after_fit, regression_loader, trainer_kwa
 from torch.distributed.fsdp import FullyShardedDataParallel
 
 from lightning_gaudi import HPUFSDPStrategy
-from lightning_gaudi.resume import resolve_ckpt_path
+from lightning_gaudi.resume import CHECKSUMS_FILENAME, resolve_ckpt_path
 
 MOMENTUM = 0.9
+#: the damaged newest checkpoint's cases, by whether it keeps its checksum index
+CASES = {True: "checksums-True", False: "checksums-False"}
 
 
 class MomentumModel(Evaluated):
@@ -80,9 +86,10 @@ class FSDPProbe(Callback):
         self.facts.update(final=full_weights(trainer, pl_module), steps=trainer.global_step)
 
 
-def train(out: Path, mode: str, steps: int, ckpt_path: Path | None = None, facts: str | None = None) -> None:
+def train(out: Path, mode: str, steps: int, ckpt_path: Path | None = None, facts: str | None = None) -> Trainer:
     """One Trainer's run of ``mode`` (``fit``, ``resume`` from ``ckpt_path``, ``checkpointed`` or ``resume-auto``) in
     ``out``; writes ``out/<facts or mode>-rank<r>.json``. Everything it trains with is new and seeded here."""
+    out.mkdir(parents=True, exist_ok=True)
     seed_everything(0, verbose=False)
     model = MomentumModel()
     probe = FSDPProbe()
@@ -111,20 +118,39 @@ def train(out: Path, mode: str, steps: int, ckpt_path: Path | None = None, facts
     else:
         trainer.fit(model, train_dataloaders=loader, ckpt_path=ckpt_path)
     (out / f"{facts or mode}-rank{trainer.global_rank}.json").write_text(json.dumps(probe.facts))
+    return trainer
+
+
+def damaged_cases(checkpoints: Path, folder: Path) -> None:
+    """``folder/<case>/ckpt`` for each of :data:`CASES`: copies of the first two checkpoints in ``checkpoints``, the
+    newer one's rank-1 shard with bytes flipped (its length kept)."""
+    first, second = sorted(p.name for p in checkpoints.iterdir())[:2]
+    for checksums, case in CASES.items():
+        for name in (first, second):
+            shutil.copytree(checkpoints / name, folder / case / "ckpt" / name)
+        newest = folder / case / "ckpt" / second
+        flip_bytes(newest / "__1_0.distcp")
+        if not checksums:
+            (newest / CHECKSUMS_FILENAME).unlink()
 
 
 def main() -> None:
-    out, mode, steps, args = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-    if mode == "fit":
-        train(out, mode, steps)
-        for kind in ("sharded", "full"):
-            train(out, "resume", int(args[0]), out / f"{kind}.ckpt", facts=f"resume-{kind}")
-    elif mode == "resume-auto":
-        for case in args:
-            announce_run(case)
-            train(out / case, mode, steps)
-    else:
-        train(out, mode, steps)
+    out, steps, resumed_steps, epochs = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    train(out, "fit", steps)
+    for kind in ("sharded", "full"):
+        train(out, "resume", resumed_steps, out / f"{kind}.ckpt", facts=f"resume-{kind}")
+    damaged = out / "damaged"
+    trainer = train(damaged / "straight", "checkpointed", epochs)
+    if trainer.global_rank == 0:
+        damaged_cases(damaged / "straight" / "ckpt", damaged)
+    trainer.strategy.barrier()
+    for case in CASES.values():
+        announce_run(case)
+        train(damaged / case, "resume-auto", epochs)
+    if len(sys.argv) > 5:
+        from optimizer_saves import run_cases
+
+        run_cases(out / "optimizer_saves", *(arg.split(",") for arg in sys.argv[5:8]))
 
 
 if __name__ == "__main__":

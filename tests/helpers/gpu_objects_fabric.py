@@ -1,18 +1,18 @@
 """Fabric's strategy objects as code written for GPUs builds them (LitGPT builds ``FSDPStrategy(...)`` and
 ``ModelParallelStrategy(...)``), on 2 emulated HPUs (tests/routing/test_objects_emulated.py).
 
-Run as ``python gpu_objects_fabric.py OUT_DIR`` with ``LIGHTNING_GAUDI_EMULATE=eager``; ``fabric.launch()`` re-runs it
-for rank 1. For each kind (a library's ``DDPStrategy`` subclass, ``FSDPStrategy``, ``ModelParallelStrategy``) and
-each way of asking for it (``name``: the HPU strategy's name or class; ``object``: Lightning's object): 2 steps and
-``fabric.save``, then a new Fabric that loads it and trains 2 more, then evaluates. ``empty``: 2 steps with the
-object and the model built under ``fabric.init_module(empty_init=True)`` (the sharded kinds). Each rank writes
-``OUT_DIR/rank<r>.json`` with the losses, evaluation and strategy classes of every run.
+:func:`run_all` runs first in ``gpu_objects_fit.py``'s job (its first ``fabric.launch()`` re-runs that script for rank
+1; the later Fabric and Trainer objects reuse the processes and the process group). For each kind (a library's
+``DDPStrategy`` subclass, ``FSDPStrategy``, ``ModelParallelStrategy``) and each way of asking for it (``name``: the HPU
+strategy's name or class; ``object``: Lightning's object): 2 steps and ``fabric.save``, then a new Fabric that loads it
+and trains 2 more, then evaluates. ``empty``: 2 steps with the object and the model built under
+``fabric.init_module(empty_init=True)`` (the sharded kinds). Each rank writes ``<its folder>/rank<r>.json`` with the
+losses, evaluation and strategy classes of every run.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +74,9 @@ def run(strategy: Any, net: Any, ckpt: Path, resume: bool, empty: bool = False) 
     return result
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
+def run_all(out: Path) -> None:
+    """Every kind's runs, each rank's facts in ``out/rank<r>.json``."""
+    out.mkdir(parents=True, exist_ok=True)
     kinds: dict[str, tuple[Any, Any, Any]] = {
         "ddp": (lambda: "hpu_parallel", lambda: LibraryDDP(), make_net),
         "fsdp": (lambda: "hpu_fsdp", lambda: FSDPStrategy(), make_net),
@@ -95,8 +96,4 @@ def main() -> None:
         if kind != "ddp":
             facts[kind]["empty"] = run(as_object(), net, out / f"{kind}-empty.ckpt", resume=False, empty=True)
     (out / f"rank{torch.distributed.get_rank()}.json").write_text(json.dumps(facts))
-    torch.distributed.barrier()  # every rank has written before rank 0, whose exit the test waits for, leaves
-
-
-if __name__ == "__main__":
-    main()
+    torch.distributed.barrier()  # every rank has written before the job goes on

@@ -1,7 +1,8 @@
 """Strategy objects as code written for GPUs builds them, on 2 emulated HPUs (tests/routing/test_objects_emulated.py).
 
-Run as ``python gpu_objects_fit.py OUT_DIR`` with ``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher re-runs
-it for rank 1, and every later Trainer reuses the process group. For each kind (a third party's ``DDPStrategy``
+Run as ``python gpu_objects_fit.py OUT_DIR`` with ``LIGHTNING_GAUDI_EMULATE=eager``. First ``gpu_objects_fabric.py``'s
+Fabric runs into ``OUT_DIR/fabric`` (the first ``fabric.launch()`` re-runs this script for rank 1), then, reusing the
+processes and the process group, the Trainer runs. For each kind (a third party's ``DDPStrategy``
 subclass, ``FSDPStrategy``, ``DeepSpeedStrategy`` stage 3, ``ModelParallelStrategy``):
 
 - ``name-first``, ``name``: the HPU strategy by name (or class), 2 steps (one epoch) and a checkpoint, then a new
@@ -123,7 +124,10 @@ def run(strategy: Any, steps: int, ckpt: Path | None = None, save: Path | None =
 
 
 def main() -> None:
+    from gpu_objects_fabric import run_all
+
     out = Path(sys.argv[1])
+    run_all(out / "fabric")
     kinds: dict[str, tuple[Any, Any, bool]] = {
         "ddp": (lambda: "hpu_parallel", lambda: LibraryDDP(), False),
         "fsdp": (

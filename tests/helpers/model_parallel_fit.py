@@ -1,14 +1,21 @@
-"""A real multi-process ``hpu_model_parallel`` fit under eager emulation (tests/strategies/test_model_parallel.py).
+"""Real multi-process ``hpu_model_parallel`` fits under eager emulation (tests/strategies/test_model_parallel.py).
 
-Run as ``python model_parallel_fit.py OUT_DIR fit DP TP PLAN STEPS [RESUMED_STEPS]`` with
-``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher re-runs it for the other ranks. ``PLAN`` is ``tp``
-(tensor parallelism), ``fsdp`` (FSDP2) or ``both`` (tensor parallelism, then FSDP2 over the data-parallel dimension).
-It trains ``STEPS`` steps with gradient clipping, then saves a sharded checkpoint ``OUT_DIR/sharded.ckpt`` and a full
-one ``OUT_DIR/full.ckpt``. Given ``RESUMED_STEPS``, it then resumes, in the same processes, from each of them up to
+Run as ``python model_parallel_fit.py OUT_DIR fit DP TP PLAN STEPS [RESUMED_STEPS]`` or ``python model_parallel_fit.py
+OUT_DIR layouts STEPS RESUMED_STEPS LAYOUT...`` with ``LIGHTNING_GAUDI_EMULATE=eager``, under torchrun or alone
+(Lightning's popen launcher re-runs it for the other ranks). ``PLAN`` is ``tp`` (tensor parallelism), ``fsdp`` (FSDP2)
+or ``both`` (tensor parallelism, then FSDP2 over the data-parallel dimension).
+
+``fit`` trains ``STEPS`` steps with gradient clipping, then saves a sharded checkpoint ``OUT_DIR/sharded.ckpt`` and a
+full one ``OUT_DIR/full.ckpt``. Given ``RESUMED_STEPS``, it then resumes, in the same processes, from each of them up to
 that many steps: the sharded one through the resume policy over ``OUT_DIR/ckpt``, which holds it and a newer copy
 with a damaged shard. Each rank writes ``OUT_DIR/<run>-rank<r>.json`` (``fit``, ``resume-sharded``, ``resume-full``):
 its data-parallel rank, its batches and losses, the bytes of parameters and optimizer state it held, the reduce ops
 of the reduce-scatters it ran (FSDP2's gradients) and the full weights at the start and the end of training.
+
+``layouts`` does the same for each ``LAYOUT`` (``PLAN,DP,TP,RESUME``: ``RESUME`` 1 resumes to ``RESUMED_STEPS``, 0
+does not) in turn, in the same processes and process group, into ``OUT_DIR/<PLAN>-dp<DP>-tp<TP>``; then, given
+``--fabric KIND[,KIND...] STEPS TOTAL`` after the layouts, ``fabric_sharded.py``'s Fabric loops of those kinds into
+``OUT_DIR/fabric/<KIND>``.
 """
 
 from __future__ import annotations
@@ -144,16 +151,36 @@ def damaged_newer_copy(checkpoint: Path, folder: Path) -> None:
     flip_bytes(newer / "__1_0.distcp")
 
 
-def main() -> None:
-    out, dp, tp, plan, steps = Path(sys.argv[1]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+def fit_and_resume(out: Path, dp: int, tp: int, plan: str, steps: int, resumed_steps: int | None) -> None:
+    """The fit into ``out``, then (given ``resumed_steps``) its two resumes."""
     trainer = run(out, "fit", dp, tp, plan, steps)
-    if len(sys.argv) > 7:
+    if resumed_steps is not None:
         if trainer.global_rank == 0:
             damaged_newer_copy(out / "sharded.ckpt", out / "ckpt")
         trainer.strategy.barrier()
         sharded = resolve_ckpt_path("auto", out / "ckpt")  # every rank's policy skips the damaged copy
         for kind, ckpt_path in (("sharded", str(sharded)), ("full", str(out / "full.ckpt"))):
-            run(out, f"resume-{kind}", dp, tp, plan, int(sys.argv[7]), ckpt_path)
+            run(out, f"resume-{kind}", dp, tp, plan, resumed_steps, ckpt_path)
+
+
+def main() -> None:
+    out, mode, args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    if mode == "layouts":
+        steps, resumed_steps = int(args[0]), int(args[1])
+        fabric = args[args.index("--fabric") :] if "--fabric" in args else []
+        for layout in args[2 : len(args) - len(fabric)]:
+            plan, dp, tp, resume = layout.split(",")
+            folder = out / f"{plan}-dp{dp}-tp{tp}"
+            folder.mkdir(parents=True, exist_ok=True)
+            fit_and_resume(folder, int(dp), int(tp), plan, steps, resumed_steps if resume == "1" else None)
+        if fabric:
+            from fabric_sharded import run as fabric_loop
+
+            for kind in fabric[1].split(","):
+                fabric_loop(out / "fabric" / kind, kind, int(fabric[2]), int(fabric[3]))
+    else:
+        resumed_steps = int(args[4]) if len(args) > 4 else None
+        fit_and_resume(out, int(args[0]), int(args[1]), args[2], int(args[3]), resumed_steps)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Strategy objects as GPU code builds them train on 2 emulated HPUs exactly as the HPU strategies they map to: fit,
 checkpoint, resume, validate, test and predict, Trainer and Fabric; meta-device models built with
 ``init_module(empty_init=True)`` under every sharded strategy equal the same model built normally
-(``tests/helpers/gpu_objects_fit.py`` and ``gpu_objects_fabric.py``)."""
+(``tests/helpers/gpu_objects_fabric.py``'s runs, then ``gpu_objects_fit.py``'s, in one 2-process job once per pytest
+run)."""
 
 from __future__ import annotations
 
@@ -38,32 +39,29 @@ def _kinds(kinds: list[str]) -> list[Any]:
 FABRIC_KINDS = {"ddp": "HPUParallelStrategy", "fsdp": "HPUFSDPStrategy", "model_parallel": "HPUModelParallelStrategy"}
 
 
-def _job(script: str) -> Any:
-    def job(out: Path) -> None:
-        launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
-        for name in launch_vars:
-            env.pop(name, None)
-        env[hpu.EMULATE_ENV] = "eager"
-        out.mkdir(parents=True)
-        command = [sys.executable, str(HELPERS_DIR / script), str(out)]
-        proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=420, check=False)
-        (out / "stderr.txt").write_text(proc.stderr)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-
-    return job
+def _job(out: Path) -> None:
+    launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+    for name in launch_vars:
+        env.pop(name, None)
+    env[hpu.EMULATE_ENV] = "eager"
+    out.mkdir(parents=True)
+    command = [sys.executable, str(HELPERS_DIR / "gpu_objects_fit.py"), str(out)]
+    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=600, check=False)
+    (out / "stderr.txt").write_text(proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
 @pytest.fixture(scope="module")
 def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = run_once(tmp_path_factory, "gpu-objects-trainer", _job("gpu_objects_fit.py"))
+    out = run_once(tmp_path_factory, "gpu-objects", _job)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
 @pytest.fixture(scope="module")
 def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = run_once(tmp_path_factory, "gpu-objects-fabric", _job("gpu_objects_fabric.py"))
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    out = run_once(tmp_path_factory, "gpu-objects", _job)
+    return [json.loads((out / "fabric" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
 def _same_run(name: dict[str, Any], adopted: dict[str, Any]) -> None:

@@ -1,17 +1,15 @@
 """Real 2-process ``hpu_deepspeed`` fits under eager emulation (DeepSpeed's CPU accelerator, gloo), checked against
 one process on the union of the batches, and a checkpoint directory resumed.
 
-Two 2-process jobs of ``helpers/deepspeed_fit.py``, each once per pytest run: the ZeRO-2 and ZeRO-3 fits one after
-another (the ``fits`` fixture), and a checkpointed ZeRO-3 run followed by its two resumes (the ``job`` fixture).
-Each test reads its run's facts from the run's subfolder, and its stderr lines from the job's ``stderr.txt``.
+One 2-process torchrun job of ``helpers/deepspeed_fit.py``, once per pytest run: the ZeRO-2 and ZeRO-3 fits one after
+another, then a checkpointed ZeRO-3 run followed by its two resumes. Each test reads its run's facts from the run's
+subfolder, and its stderr lines from the job's ``stderr.txt``; ``tests/strategies/test_clean_exit.py`` reads the
+job's exit.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +20,10 @@ from helpers.models import regression_data
 from helpers.shared_job import run_once
 from lightning_utilities.core.imports import RequirementCache
 
-from lightning_gaudi import hpu
 from strategies.test_fsdp_emulated import assert_evaluated
+from strategies.test_model_parallel import run_helper
 from strategies.test_parallel_emulated import _reference, _rows
 
-HELPERS_DIR = Path(__file__).parents[1] / "helpers"
 pytestmark = [
     pytest.mark.subprocess,
     pytest.mark.skipif(
@@ -35,18 +32,16 @@ pytestmark = [
 ]
 
 
-def _run(out: Path, strategy: str, mode: str) -> None:
-    """One 2-process job into the new folder ``out``, its stderr kept in ``out/stderr.txt``."""
-    out.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name, None)
-    env.pop("DS_ACCELERATOR", None)  # the strategy chooses it
-    env[hpu.EMULATE_ENV] = "eager"
-    command = [sys.executable, str(HELPERS_DIR / "deepspeed_fit.py"), str(out), strategy, mode]
-    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=360)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    (out / "stderr.txt").write_text(proc.stderr)
+def deepspeed_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job's folder (the fits in subfolders named by their strategies; ``straight``, ``resumed`` and ``auto``:
+    the checkpointed runs), its stderr in ``stderr.txt``."""
+
+    def job(out: Path) -> None:
+        strategies = ",".join(strategy for strategy, _ in FITS)
+        proc = run_helper("deepspeed_fit.py", out, strategies, "fit,checkpointed", timeout=480, torchrun=True)
+        (out / "stderr.txt").write_text(proc.stderr)
+
+    return run_once(tmp_path_factory, "deepspeed-fits-and-checkpoints", job)
 
 
 def _ranks(out: Path) -> list[dict[str, Any]]:
@@ -64,12 +59,8 @@ FITS = [("deepspeed_stage_2", 2), ("hpu_deepspeed_stage_3", 3)]
 
 @pytest.fixture(scope="module")
 def fits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ZeRO fits one after another in one 2-process job, each into the subfolder named by its strategy."""
-
-    def job(out: Path) -> None:
-        _run(out, ",".join(strategy for strategy, _ in FITS), "fit")
-
-    return run_once(tmp_path_factory, "deepspeed-fits", job)
+    """The job's folder: each ZeRO fit in the subfolder named by its strategy."""
+    return deepspeed_job(tmp_path_factory)
 
 
 def test_the_fit_job_forms_one_process_group_for_all_its_fits(fits: Path) -> None:
@@ -117,16 +108,12 @@ def test_two_ranks_match_one_process_on_the_union(fits: Path, strategy: str, sta
     assert_evaluated(out, final0)  # validate, test and predict after fit, on the same Trainer
 
 
-def _checkpointed(out: Path) -> None:
-    _run(out, "hpu_deepspeed_stage_3", "checkpointed")
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ZeRO-3 run of 2 epochs with a checkpoint directory after each (``straight``), then in the same processes
-    epoch 2 resumed from the first directory (``resumed``) and through the ``"auto"`` policy over copies of both, the
-    newest made unloadable (``auto``)."""
-    return run_once(tmp_path_factory, "deepspeed-zero3-checkpointed", _checkpointed)
+    """The job's folder: a ZeRO-3 run of 2 epochs with a checkpoint directory after each (``straight``), then in the
+    same processes epoch 2 resumed from the first directory (``resumed``) and through the ``"auto"`` policy over
+    copies of both, the newest made unloadable (``auto``)."""
+    return deepspeed_job(tmp_path_factory)
 
 
 @pytest.fixture

@@ -1,14 +1,13 @@
 """A real 2-process ``hpu_fsdp`` run under eager emulation (gloo): weights against a 1-process reference, per-rank
 shards, and resuming from a sharded and from a full checkpoint.
 
-Each launched job trains several times in the same two processes (new Trainers reusing the process group): a Python
-process importing Lightning costs seconds of CPU to start."""
+One launched job (``helpers/fsdp_fit.py``, once per pytest run) trains every run in the same two processes (new
+Trainers reusing the process group): a Python process importing Lightning costs seconds of CPU to start."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,16 +15,17 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.damage import fingerprint, flip_bytes
+from helpers.damage import fingerprint
 from helpers.job_runs import stderr_by_run
 from helpers.models import make_net, regression_data
 from helpers.shared_job import run_once
 
-from lightning_gaudi import hpu, resume
+from lightning_gaudi import hpu
 
 MOMENTUM = 0.9  # helpers/fsdp_fit.py's optimizer
 STEPS = 4
 RESUMED_STEPS = 6
+EPOCHS = 3  # of the damaged-checkpoint runs
 BATCH = 4  # per rank
 HELPERS_DIR = Path(__file__).parents[1] / "helpers"
 
@@ -38,7 +38,7 @@ def _run(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env[hpu.EMULATE_ENV] = "eager"
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(HELPERS_DIR / "fsdp_fit.py"), str(out), *args]
-    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=360)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 
@@ -67,14 +67,26 @@ def _reference(initial: dict[str, list[Any]], steps: list[tuple[Any, Any]]) -> d
     return {f"net.{name}": tensor for name, tensor in net.state_dict().items()}
 
 
-def _fit(out: Path) -> None:
-    (out / "stderr.txt").write_text(_run(out, "fit", str(STEPS), str(RESUMED_STEPS)).stderr)
+#: ``helpers/optimizer_saves.py``'s cases the job runs too (for tests/strategies/test_optimizer_saves.py)
+SAVES = {"strategies": ["hpu_fsdp", "hpu_fsdp_sharded_checkpoint"], "optimizers": ["sgd", "adamw"], "models": ["odd"]}
+
+
+def fsdp_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job's folder (once per pytest run): the fit, resumed from its sharded and its full checkpoint, in the
+    folder; the damaged-checkpoint runs in ``damaged``; the optimizer-saves cases in ``optimizer_saves``; its stderr in
+    ``stderr.txt``."""
+
+    def job(out: Path) -> None:
+        saves = [",".join(values) for values in SAVES.values()]
+        (out / "stderr.txt").write_text(_run(out, str(STEPS), str(RESUMED_STEPS), str(EPOCHS), *saves).stderr)
+
+    return run_once(tmp_path_factory, "fsdp-job", job)
 
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The 2-process fit's folder and stderr; the same job then resumed from its sharded and its full checkpoint."""
-    out = run_once(tmp_path_factory, "fsdp-fit", _fit)
+    """The job's folder and stderr."""
+    out = fsdp_job(tmp_path_factory)
     return out, (out / "stderr.txt").read_text()
 
 
@@ -164,30 +176,23 @@ def test_a_checkpoint_resumes_to_the_same_weights(fitted: tuple[Path, str], kind
 
 
 @pytest.mark.subprocess
-def test_a_damaged_sharded_checkpoint_resumes_from_the_intact_older_one_on_every_rank(tmp_path: Path) -> None:
+def test_a_damaged_sharded_checkpoint_resumes_from_the_intact_older_one_on_every_rank(
+    fitted: tuple[Path, str],
+) -> None:
     """Rank 1's shard of the newest checkpoint has bytes flipped (its length kept). With its checksum index, every
     rank's resume policy skips it; an older folder without one verifies, fails to load (on every rank, as torch's
     reader gathers the error) and is moved aside. Both resume from the intact older checkpoint to the uninterrupted
     run's weights."""
-    straight = tmp_path / "straight"
-    _run(straight, "checkpointed", "3")
+    out, stderr = fitted
+    straight = out / "damaged" / "straight"
     written = sorted(p.name for p in (straight / "ckpt").iterdir())
     assert written == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt"]
     final = _ranks(straight, "checkpointed")[0]["final"]
     cases = {checksums: f"checksums-{checksums}" for checksums in (True, False)}
-    for checksums, case in cases.items():
-        run = tmp_path / case
-        for name in written[:2]:
-            shutil.copytree(straight / "ckpt" / name, run / "ckpt" / name)
-        newest = run / "ckpt" / written[1]
-        flip_bytes(newest / "__1_0.distcp")
-        if not checksums:
-            (newest / resume.CHECKSUMS_FILENAME).unlink()
-    stderr = _run(tmp_path, "resume-auto", "3", *cases.values()).stderr  # both cases in turn, in one job
     output = stderr_by_run(stderr)
     assert list(output) == list(cases.values()), stderr[-4000:]
     for checksums, case in cases.items():
-        run = tmp_path / case
+        run = out / "damaged" / case
         newest = run / "ckpt" / written[1]
         moved = [line for line in output[case].splitlines() if "could not load the checkpoint" in line]
         assert len(moved) == (0 if checksums else 1), output[case][-4000:]

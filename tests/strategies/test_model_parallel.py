@@ -188,18 +188,25 @@ def test_a_torch_without_sum_reductions_is_refused_at_set_up(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run_helper(script: str, out: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    """Runs ``tests/helpers/<script>`` as a fresh launch under eager emulation (Lightning or the test starts the
-    other ranks)."""
+def run_helper(
+    script: str, out: Path, *args: str, timeout: int = 240, torchrun: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``tests/helpers/<script>`` as a fresh launch under eager emulation: Lightning or the test starts the other
+    ranks or, with ``torchrun``, torchrun starts every rank (and exits with the code of any rank that failed)."""
     launch_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
     for name in launch_vars:
         env.pop(name, None)
+    env.pop("DS_ACCELERATOR", None)  # the strategy chooses it
     env[hpu.EMULATE_ENV] = "eager"
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(HELPERS_DIR / script), str(out), *args]
+    if torchrun:
+        env["OMP_NUM_THREADS"] = "1"
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.2"]
+        command[1:1] = launcher
     proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert proc.returncode == 0, f"exit code {proc.returncode}\n" + proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 
 
@@ -244,24 +251,48 @@ def assert_matches_reference(ranks: list[dict[str, Any]], expected: dict[str, to
 
 #: (plan, data-parallel size, tensor-parallel size)
 LAYOUTS = [("tp", 1, 2), ("fsdp", 2, 1), ("both", 1, 2), ("both", 2, 1)]
+#: ``helpers/fabric_sharded.py``'s loops the layouts job runs too (for tests/fabric/test_model_parallel.py): their
+#: kinds, steps before the checkpoint and steps in all
+FABRIC_KINDS, FABRIC_STEPS, FABRIC_TOTAL = ("tp", "fsdp2", "fsdp"), 3, 5
+
+
+def fsdp2_reduces_with_sums() -> bool:
+    """Whether this torch's FSDP2 can reduce with HCCL's ops (if not, it is refused at set-up: tested above)."""
+    return hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
+
+
+def layouts_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of one torchrun job (once per pytest run) that fits every layout this torch runs, one after another
+    in the same 2 processes, each into ``<plan>-dp<dp>-tp<tp>``, and resumes the tp and fsdp layouts (resuming: they
+    cover it), then runs the Fabric loops into ``fabric/<kind>``; its stderr in ``stderr.txt``.
+    ``tests/strategies/test_clean_exit.py`` reads its exit, too."""
+
+    def job(out: Path) -> None:
+        layouts = [f"{plan},{dp},{tp},{int(plan != 'both')}" for plan, dp, tp in LAYOUTS]
+        fabric_kinds = list(FABRIC_KINDS)
+        if not fsdp2_reduces_with_sums():
+            layouts = [layout for layout in layouts if layout.startswith("tp,")]
+            fabric_kinds.remove("fsdp2")
+        fabric = ("--fabric", ",".join(fabric_kinds), str(FABRIC_STEPS), str(FABRIC_TOTAL))
+        args = ("layouts", str(STEPS), str(RESUMED_STEPS), *layouts, *fabric)
+        proc = run_helper("model_parallel_fit.py", out, *args, timeout=480, torchrun=True)
+        (out / "stderr.txt").write_text(proc.stderr)
+
+    return run_once(tmp_path_factory, "model-parallel-layouts", job)
 
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=lambda layout: f"{layout[0]}-dp{layout[1]}-tp{layout[2]}")
 def fitted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Any, ...]]:
+    """One layout's folder in the layouts job, and the layout."""
     plan, dp, tp = request.param
-    if plan != "tp" and not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+    if plan != "tp" and not fsdp2_reduces_with_sums():
         pytest.skip(
             f"torch {torch.__version__}'s FSDP2 cannot reduce with HCCL's ops: refused at set-up (tested above)"
         )
-
-    def fit(out: Path) -> None:
-        resumes = [] if plan == "both" else [str(RESUMED_STEPS)]  # resuming: the tp and fsdp layouts cover it
-        proc = run_helper("model_parallel_fit.py", out, "fit", str(dp), str(tp), plan, str(STEPS), *resumes)
-        assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), HCCL emulated over gloo" in (
-            proc.stderr
-        )
-
-    return run_once(tmp_path_factory, f"model-parallel-{plan}-dp{dp}-tp{tp}", fit), request.param
+    job = layouts_job(tmp_path_factory)
+    stderr = (job / "stderr.txt").read_text()
+    assert "HPUs: 2 per node x 1 node(s), GAUDI2 emulated on the CPU (eager mode), HCCL emulated over gloo" in stderr
+    return job / f"{plan}-dp{dp}-tp{tp}", request.param
 
 
 @pytest.mark.subprocess

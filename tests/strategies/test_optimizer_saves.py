@@ -1,38 +1,29 @@
 """Checkpoints of optimizers that keep no state (SGD without momentum) and of stateful ones, odd and even parameter
 counts, saved and resumed under ``hpu_fsdp`` (full and sharded) by a real 2-process job (tests/helpers/
-optimizer_saves.py). Lightning 2.6's full-checkpoint resume failed on an optimizer without state (IndexError)."""
+optimizer_saves.py's cases, run at the end of tests/strategies/test_fsdp_emulated.py's job). Lightning 2.6's
+full-checkpoint resume failed on an optimizer without state (IndexError)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from lightning_gaudi import hpu
-
-HELPER = Path(__file__).parents[1] / "helpers" / "optimizer_saves.py"
-_LAUNCH = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK")
+from strategies.test_fsdp_emulated import fsdp_job
 
 
 @pytest.mark.subprocess
-def test_fsdp_saves_and_resumes_stateless_and_stateful_optimizers_full_and_sharded(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH and not k.startswith(("TORCHELASTIC_", "SLURM_"))}
-    env[hpu.EMULATE_ENV] = "eager"
-    env["PYTHONPATH"] = os.pathsep.join([str(HELPER.parent), env.get("PYTHONPATH", "")])
-    command = [sys.executable, str(HELPER), str(tmp_path), "hpu_fsdp,hpu_fsdp_sharded_checkpoint", "sgd,adamw", "odd"]
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-5000:]
+def test_fsdp_saves_and_resumes_stateless_and_stateful_optimizers_full_and_sharded(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    out = fsdp_job(tmp_path_factory) / "optimizer_saves"
     expected = {
         f"{strategy}/{optimizer}/odd": "ok"
         for strategy in ("hpu_fsdp", "hpu_fsdp_sharded_checkpoint")
         for optimizer in ("sgd", "adamw")
     }
     for rank in (0, 1):
-        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == expected
+        assert json.loads((out / f"rank{rank}.json").read_text()) == expected
 
 
 def test_lightning_still_fails_on_an_optimizer_without_state() -> None:

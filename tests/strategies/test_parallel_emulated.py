@@ -2,7 +2,8 @@
 1-process reference.
 
 The DDP, synchronized batch norm and fast DDP fits run one after another in one 2-process job (the ``scenarios``
-fixture, once per pytest run): each test reads its fit's facts from the job's folder.
+fixture, once per pytest run): each test reads its fit's facts from the job's folder. A second job fails on purpose
+(the ``failed_job`` fixture): a hung rank and HCCL's missing AVG, read by one test each.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -175,43 +177,55 @@ def test_sync_batchnorm_in_eager_emulation(scenarios: Path) -> None:
         torch.testing.assert_close(final[1][name], tensor, rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def failed_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """``helpers/hung_rank_fit.py``'s job (once per pytest run): in the second step rank 0 all-reduces with
+    ``ReduceOp.AVG`` while rank 1 hangs. Its exit code and whether rank 1 was gone within 10 s of its end (killed
+    then if not), and its stderr."""
+
+    def job(out: Path) -> None:
+        out.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
+        for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
+            env.pop(name, None)
+        env[hpu.EMULATE_ENV] = "eager"
+        command = [sys.executable, str(HELPERS_DIR / "hung_rank_fit.py"), str(out)]
+        proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=120)
+        (out / "stderr.txt").write_text(proc.stderr)
+        rank1 = int((out / "rank1.pid").read_text())
+        deadline, gone = time.monotonic() + 10, False
+        while not gone and time.monotonic() < deadline:
+            try:
+                os.kill(rank1, 0)
+                time.sleep(0.2)
+            except ProcessLookupError:
+                gone = True
+        if not gone:
+            os.kill(rank1, 9)
+        (out / "facts.json").write_text(json.dumps({"returncode": proc.returncode, "rank1_gone": gone}))
+
+    out = run_once(tmp_path_factory, "parallel-emulated-failed-job", job)
+    return json.loads((out / "facts.json").read_text()), (out / "stderr.txt").read_text()
+
+
 @pytest.mark.subprocess
-def test_a_failed_job_ends_its_hung_rank(tmp_path: Path) -> None:
+def test_a_failed_job_ends_its_hung_rank(failed_job: tuple[dict[str, Any], str]) -> None:
     """Rank 0 fails while rank 1 hangs: the strategy ends the rank it started instead of leaving it holding its memory,
     sockets and, on Gaudi, its card until the collective timeout (or forever, as here)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name, None)
-    env[hpu.EMULATE_ENV] = "eager"
-    command = [sys.executable, str(HELPERS_DIR / "hung_rank_fit.py"), str(tmp_path)]
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "rank 0 failed on purpose" in proc.stderr
-    rank1 = int((tmp_path / "rank1.pid").read_text())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(rank1, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    os.kill(rank1, 9)
-    pytest.fail("rank 1 outlived the failed job")
+    facts, stderr = failed_job
+    assert facts["returncode"] != 0
+    assert "RuntimeError: Unsupported ReduceOp for HCCL process group" in stderr, stderr[-3000:]
+    assert facts["rank1_gone"], "rank 1 outlived the failed job"
 
 
 @pytest.mark.subprocess
-def test_an_avg_all_reduce_in_a_step_fails_as_on_hccl(tmp_path: Path) -> None:
+def test_an_avg_all_reduce_in_a_step_fails_as_on_hccl(failed_job: tuple[dict[str, Any], str]) -> None:
     """HCCL has no ReduceOp.AVG: the emulated process group refuses it with the bridge's words (gloo alone would
     average), and the error names the way out."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTNING_GAUDI_", "TORCHELASTIC_", "SLURM_"))}
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name, None)
-    env[hpu.EMULATE_ENV] = "eager"
-    command = [sys.executable, str(HELPERS_DIR / "avg_step_fit.py")]
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode != 0
-    assert "RuntimeError: Unsupported ReduceOp for HCCL process group" in proc.stderr, proc.stderr[-3000:]
-    assert "all-reduce a SUM and divide by the world size" in proc.stderr
+    facts, stderr = failed_job
+    assert facts["returncode"] != 0
+    assert "RuntimeError: Unsupported ReduceOp for HCCL process group" in stderr, stderr[-3000:]
+    assert "all-reduce a SUM and divide by the world size" in stderr
 
 
 @pytest.mark.subprocess
