@@ -46,6 +46,8 @@ SIGTERM_EXIT = 128 + signal.SIGTERM
 #: Python after the signal, and ``end_job`` then waits up to 5 s for the ranks it started. A loaded CI machine
 #: (three workers on two cores) took an FSDP job that exits 6 s after SIGTERM on an idle one past 20 s.
 EXIT_ALLOWANCE_S = 10.0
+#: The grace period of the jobs several tests read (:func:`signal_job`).
+GRACE_S = 20.0
 
 
 def _env() -> dict[str, str]:
@@ -125,17 +127,13 @@ class Job:
 
 
 def signal_job(
-    out: Path,
-    *args: str,
-    rank: int | None = None,
-    within: float,
-    meanwhile: Callable[[Job], dict[str, Any]] | None = None,
+    out: Path, *args: str, rank: int | None = None, meanwhile: Callable[[Job], dict[str, Any]] | None = None
 ) -> None:
-    """Starts a 2-rank ``Job`` in ``out``, runs ``meanwhile`` on it while it trains, sends SIGTERM to the whole job
-    (``rank`` None) or to rank ``rank`` alone, waits (at most ``within`` seconds) until every process is gone, and
-    records how it ended in ``out/ended.json`` (with what ``meanwhile`` returned): a job several tests read through
-    ``run_once``, each checking its own claims."""
-    job = Job(out, *args)
+    """Starts a 2-rank ``Job`` in ``out`` with a grace period of :data:`GRACE_S`, runs ``meanwhile`` on it while it
+    trains, sends SIGTERM to the whole job (``rank`` None) or to rank ``rank`` alone, waits (at most the grace period
+    and :data:`EXIT_ALLOWANCE_S`) until every process is gone, and records how it ended in ``out/ended.json`` (with
+    what ``meanwhile`` returned): a job several tests read through ``run_once``, each checking its own claims."""
+    job = Job(out, "--grace", str(GRACE_S), *args)
     try:
         facts = meanwhile(job) if meanwhile is not None else {}
     except BaseException:
@@ -145,7 +143,7 @@ def signal_job(
         os.killpg(job.proc.pid, signal.SIGTERM)  # what a scheduler does: every process of the job
     else:
         os.kill(job.pids[rank], signal.SIGTERM)
-    took = job.wait_gone(within=within)
+    took = job.wait_gone(within=GRACE_S + EXIT_ALLOWANCE_S)
     ckpt = sorted(p.name for p in (out / "ckpt").iterdir()) if (out / "ckpt").exists() else []
     ended = {"returncode": job.proc.returncode, "took": took, "pids": job.pids, "ckpt": ckpt, **facts}
     (out / "ended.json").write_text(json.dumps(ended))
@@ -182,7 +180,7 @@ def _second_job_on_its_folder(job: Job) -> dict[str, Any]:
 
 def _whole_job(out: Path) -> None:
     """A DDP job that takes SIGTERM on every process, after a second job on its checkpoint folder was tried."""
-    signal_job(out, "--grace", "20", within=20 + EXIT_ALLOWANCE_S, meanwhile=_second_job_on_its_folder)
+    signal_job(out, meanwhile=_second_job_on_its_folder)
 
 
 def whole_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
@@ -234,8 +232,7 @@ def test_sigterm_to_the_whole_job_saves_a_checkpoint_and_ends_every_rank(
 def _fsdp_job_signalled_on_rank_1(out: Path) -> None:
     """The ``hpu_fsdp`` job takes SIGTERM on rank 1 alone, with the ranks' torchrun restart counts differing: the
     sharded-strategy test and the one-rank test read it (a whole-job SIGTERM: the other strategies' jobs)."""
-    args = ("--grace", "20", "--strategy", "hpu_fsdp", "--restart-counts", "0,1")
-    signal_job(out, *args, rank=1, within=20 + EXIT_ALLOWANCE_S)
+    signal_job(out, "--strategy", "hpu_fsdp", "--restart-counts", "0,1", rank=1)
 
 
 @pytest.mark.subprocess
@@ -251,7 +248,7 @@ def test_sigterm_ends_a_sharded_job_as_it_ends_a_ddp_job(
         out = run_once(tmp_path_factory, "preempt-hpu_fsdp-rank1", _fsdp_job_signalled_on_rank_1)
     else:
         out = tmp_path / "job"
-        signal_job(out, "--grace", "20", "--strategy", strategy, within=20 + EXIT_ALLOWANCE_S)
+        signal_job(out, "--strategy", strategy)
     end = ended(out)
     assert end["returncode"] == SIGTERM_EXIT, end["log"][-4000:]
     steps = end["steps"]
@@ -297,7 +294,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path_factory:
     strategies' shared core.)"""
     out = run_once(tmp_path_factory, "preempt-hpu_fsdp-rank1", _fsdp_job_signalled_on_rank_1)
     end = ended(out)  # rank 1 alone got the signal: rank 0 learns it from the vote
-    assert end["took"] <= 20 + EXIT_ALLOWANCE_S
+    assert end["took"] <= GRACE_S + EXIT_ALLOWANCE_S
     assert end["returncode"] == SIGTERM_EXIT, end["log"][-4000:]
     steps = end["steps"]
     assert len(steps) == 1, f"the ranks stopped at different steps: {steps}"

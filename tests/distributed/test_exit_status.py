@@ -119,15 +119,14 @@ def test_a_rank_failing_in_on_train_end_fails_the_job_under_torchrun(tmp_path: P
     assert "rank 1 failed in on_train_end" in job.stderr
 
 
-#: The launching rank's part: ``shutdown`` loaded from its file alone (torch and the standard library), since importing
+#: The launching rank's part: ``shutdown`` loaded from its file alone (``helpers/shutdown_alone.py``), since importing
 #: it through the package imports Lightning first, seconds of CPU this test does not need.
-WATCHER = """
-import importlib.util, subprocess, sys, time
+WATCHER = f"""
+import subprocess, sys, time
 from pathlib import Path
-package = importlib.util.find_spec("lightning_gaudi")
-spec = importlib.util.spec_from_file_location("shutdown", Path(package.origin).parent / "distributed" / "shutdown.py")
-shutdown = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(shutdown)
+sys.path.insert(0, {str(Path(__file__).parents[1] / "helpers")!r})
+from shutdown_alone import load
+shutdown = load()
 staging = Path(sys.argv[1])
 ranks = [subprocess.Popen([sys.executable, "-c", code]) for code in sys.argv[2:]]
 shutdown.watch_ranks(ranks, first_rank=1)

@@ -1,8 +1,8 @@
 """The launch variables an in-process launch left (a 1-device Fabric launch) are not taken for an external
 launcher's: a later 2-device Trainer in the same process is refused naming that launch while its group lives, and
-gets a 2-process group of its own once it is gone. One process tries both in turn (``stale_launch.py
---refused-then-destroy``): a refusal changes nothing (it is raised before any variable or record is touched), so the
-second Trainer meets what one after ``destroy_process_group`` alone would."""
+gets a 2-process group of its own once it is gone. One process tries both in turn (``helpers/stale_launch.py``): a
+refusal changes nothing (it is raised before any variable or record is touched), so the second Trainer meets what one
+after ``destroy_process_group`` alone would."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _refused_then_destroyed(out: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH and not k.startswith(("TORCHELASTIC_", "SLURM_"))}
     env[hpu.EMULATE_ENV] = "eager"
     out.mkdir(parents=True)
-    command = [sys.executable, str(SCRIPT), str(out), "--refused-then-destroy"]
+    command = [sys.executable, str(SCRIPT), str(out)]
     proc = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, timeout=120)
     (out / "job.json").write_text(json.dumps({"returncode": proc.returncode, "stderr": proc.stderr}))
 

@@ -12,36 +12,17 @@ before the finalization, and both ranks exit 0.
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
-from types import ModuleType
 
 atexit.register(sum, range(int(sys.argv[2])))  # a C call: no bytecode, so no GIL switch until it returns
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from shutdown_alone import load  # noqa: E402
 
-
-def _load_shutdown() -> ModuleType:
-    """``lightning_gaudi.distributed.shutdown`` from its file alone (it imports torch and the standard library only):
-    importing it through its package would import Lightning first, seconds of CPU per rank the race does not need."""
-    package = importlib.util.find_spec("lightning_gaudi")  # finds the package without importing it
-    assert package is not None
-    assert package.origin is not None
-    spec = importlib.util.spec_from_file_location(
-        "lightning_gaudi_shutdown", Path(package.origin).parent / "distributed" / "shutdown.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-close_process_group = _load_shutdown().close_process_group
+close_process_group = load().close_process_group
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 atexit.register(close_process_group, timedelta(seconds=60))  # as the HPU strategies register it

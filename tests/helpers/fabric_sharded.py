@@ -1,11 +1,10 @@
 """A real 2-process Fabric loop on a sharded HPU strategy under eager emulation, for
 ``tests/fabric/test_model_parallel.py``.
 
-Run as ``python fabric_sharded.py OUT_DIR STRATEGY[,STRATEGY...] STEPS TOTAL`` with ``LIGHTNING_GAUDI_EMULATE=eager``
-(Fabric's popen launcher re-runs it for rank 1; the later strategies' Fabric objects reuse its processes and process
-group). ``STRATEGY`` is ``tp`` (``HPUModelParallelStrategy``, tensor parallelism on 2 cards), ``fsdp2`` (the same,
-FSDP2 over 2 data-parallel ranks) or ``fsdp`` (``"hpu_fsdp"``); each runs in turn into ``OUT_DIR/<STRATEGY>``
-(``OUT_DIR`` below), with a Fabric object of its own. Each rank trains
+:func:`run` runs at the end of ``model_parallel_fit.py``'s layouts job (torchrun's 2 processes and process group), once
+per kind into ``OUT_DIR/<kind>`` (``OUT_DIR`` below), with a Fabric object of its own. The kind is ``tp``
+(``HPUModelParallelStrategy``, tensor parallelism on 2 cards), ``fsdp2`` (the same, FSDP2 over 2 data-parallel ranks)
+or ``fsdp`` (``"hpu_fsdp"``). Each rank trains
 ``STEPS`` steps with gradient clipping, saves a sharded checkpoint with ``fabric.save``, trains on to ``TOTAL``, then
 loads the checkpoint into a fresh model and optimizer with ``fabric.load`` and trains the same steps again. Then it
 damages rank 1's shard of a checkpoint saved at ``TOTAL`` in ``OUT_DIR/ckpt`` and resumes with the ``"auto"`` policy
@@ -16,7 +15,6 @@ global rows each step trained on, and the full weights of every run.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,13 +119,3 @@ def run(out: Path, kind: str, steps: int, total: int) -> None:
             "resumed": full_weights(model),
         }
     (out / f"rank{fabric.global_rank}.json").write_text(json.dumps(facts))
-
-
-def main() -> None:
-    out, kinds, steps, total = Path(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
-    for kind in kinds:
-        run(out / kind, kind, steps, total)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,18 +1,15 @@
 """Checkpoints of every kind of optimizer under the sharding strategies (tests/strategies/test_optimizer_saves.py).
 
-``python optimizer_saves.py OUT STRATEGIES [OPTIMIZERS [MODELS]]`` (comma-separated) with
-``LIGHTNING_GAUDI_EMULATE=eager``; Lightning's popen launcher re-runs it for rank 1, and every case runs in the same
-two processes. :func:`run_cases` does the same in a job that has started them (``fsdp_fit.py``'s). For each strategy,
-each optimizer (``sgd``: SGD without momentum, which keeps no state; ``momentum``; ``adamw``; default: all) and each
-model (``odd``: an 8-16-1 tanh MLP, 161 parameters; ``even``: 8-16-2, 178; default: both), each rank training on its
-own constant sample: 5 steps with a checkpoint after the 5th, then a resume from it to step 7. Rank r writes
-``OUT/rank<r>.json``: each case's ``"ok"`` or its error.
+:func:`run_cases` runs at the end of ``fsdp_fit.py``'s job, every case in its 2 processes and process group. For each
+strategy, each optimizer (``sgd``: SGD without momentum, which keeps no state; ``momentum``; ``adamw``) and each model
+(``odd``: an 8-16-1 tanh MLP, 161 parameters; ``even``: 8-16-2, 178), each rank training on its own constant sample: 5
+steps with a checkpoint after the 5th, then a resume from it to step 7. Rank r writes ``OUT/rank<r>.json``: each case's
+``"ok"`` or its error.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -97,14 +94,3 @@ def run_cases(out: Path, strategies: list[str], optimizers: list[str], models: l
                     traceback.print_exc()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
-
-
-def main() -> None:
-    out, strategies = Path(sys.argv[1]), sys.argv[2].split(",")
-    optimizers = sys.argv[3].split(",") if len(sys.argv) > 3 else list(OPTIMIZERS)
-    models = sys.argv[4].split(",") if len(sys.argv) > 4 else list(OUTPUTS)
-    run_cases(out, strategies, optimizers, models)
-
-
-if __name__ == "__main__":
-    main()

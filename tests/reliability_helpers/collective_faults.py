@@ -6,10 +6,9 @@ away, so a rank that gloo aborts still leaves the events before the abort.
 
 Scenarios:
 
-- ``raw-exit``: rank 1 exits; rank 0 runs ``all_reduce`` (plain torch);
-- ``raw-hang``: rank 1 sleeps past the group's 2 s timeout; rank 0 runs ``all_reduce`` twice (plain torch);
-- ``raw-hang-exit``: ``raw-hang``, then both ranks form a new group and run ``raw-exit`` in it (one pair of processes
-  for both);
+- ``raw-hang-exit`` (plain torch, one pair of processes for both faults): rank 1 sleeps past the group's 2 s timeout
+  while rank 0 runs ``all_reduce`` twice; then both ranks form a new group, rank 1 exits and rank 0 runs
+  ``all_reduce`` (the ``raw-exit`` step);
 - ``raw-mismatch``: ``all_gather`` of shapes (2,) and (3,) (plain torch, as Lightning's all_gather calls it);
 - ``strategy``: through ``HPUParallelStrategy``: ``all_gather`` and ``reduce`` of mismatched shapes, then a good
   ``all_gather``, then rank 1 exits and rank 0 waits at a ``barrier``.
@@ -55,14 +54,12 @@ def _raw(scenario: str, rank: int, out: Path, store: Any = None) -> None:
             os._exit(1)
         time.sleep(0.5)
         _attempt(out, rank, "all_reduce", lambda: dist.all_reduce(torch.ones(4)))
-    elif scenario in ("raw-hang", "raw-hang-exit"):
+    elif scenario == "raw-hang-exit":
         if rank == 1:
             time.sleep(4)
         else:
             _attempt(out, rank, "all_reduce", lambda: dist.all_reduce(torch.ones(4)))
             _attempt(out, rank, "all_reduce again", lambda: dist.all_reduce(torch.ones(4)))
-        if scenario == "raw-hang":
-            os._exit(0)
         dist.destroy_process_group()
         _raw("raw-exit", rank, out, dist.PrefixStore("exit", store.underlying_store))
     elif scenario == "raw-mismatch":

@@ -1,7 +1,7 @@
 """A tiny ``hpu_parallel`` fit for the reliability tests, run once per rank by torchrun (or Lightning's launcher).
 
-``python elastic_fit.py OUT_DIR [--num-nodes N] [--devices D] [--max-steps S] [--every S] [--kill-rank R]
-[--kill-step S] [--kill ATTEMPT:RANK:STEP ...] [--timeout SECONDS] [--hang-rank R] [--grace SECONDS]`` under
+``python elastic_fit.py OUT_DIR [--num-nodes N] [--devices D] [--max-steps S] [--every S]
+[--kill ATTEMPT:RANK:STEP ...] [--timeout SECONDS] [--hang-rank R] [--grace SECONDS]`` under
 ``LIGHTNING_GAUDI_EMULATE=eager``.
 
 Every rank sees the same batch on every step (rank r always gets sample r), so the weights after ``n`` optimizer
@@ -16,13 +16,12 @@ What each rank writes under ``OUT_DIR``:
 - ``environment-rank<r>.txt``: ``<Lightning's cluster environment class> <the launch's run id>``, one line per attempt;
 - ``final-rank<r>.pt``: the weights at the end of a run that reached ``--max-steps``.
 
-``--kill-rank R --kill-step S``: rank R SIGKILLs itself after optimizer step S in the first attempt
-(attempt 0); ``--kill ATTEMPT:RANK:STEP`` (repeatable) does the same in attempt ATTEMPT, so one job can lose a rank
-in several attempts in a row. ``--hang-rank R``: rank R stops answering (sleeps) before the first barrier.
-``--grace``: the ``PreemptionCheckpoint`` grace period (3 s; the default 25 s would keep a hung rank alive that long
-after torchrun's SIGTERM, since it never reaches a step to stop at).
-An attempt is one start of a rank's process that reached the training loop (torchrun's
-``TORCHELASTIC_RESTART_COUNT`` cannot tell: a restart for a peer's failure does not count there).
+``--kill ATTEMPT:RANK:STEP`` (repeatable): rank RANK SIGKILLs itself after optimizer step STEP in attempt ATTEMPT (the
+first is 0), so one job can lose a rank in several attempts in a row. ``--hang-rank R``: rank R stops answering (sleeps)
+before the first barrier. ``--grace``: the ``PreemptionCheckpoint`` grace period (3 s; the default 25 s would keep a
+hung rank alive that long after torchrun's SIGTERM, since it never reaches a step to stop at). An attempt is one start
+of a rank's process that reached the training loop (torchrun's ``TORCHELASTIC_RESTART_COUNT`` cannot tell: a restart for
+a peer's failure does not count there).
 """
 
 from __future__ import annotations
@@ -131,8 +130,7 @@ class Recorder(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         step = trainer.global_step
         self._append("steps", trainer, f"{self.attempt} {step}")
-        kills = [(0, self.args.kill_rank, self.args.kill_step), *self.args.kill]
-        if (self.attempt, trainer.global_rank, step) in kills:
+        if (self.attempt, trainer.global_rank, step) in self.args.kill:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -152,8 +150,6 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=20)
     parser.add_argument("--every", type=int, default=5)
-    parser.add_argument("--kill-rank", type=int, default=-1)
-    parser.add_argument("--kill-step", type=int, default=-1)
     parser.add_argument("--kill", type=_kill, action="append", default=[], help="ATTEMPT:RANK:STEP, repeatable")
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--timeout", type=float, default=20.0)
